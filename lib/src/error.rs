@@ -1,0 +1,201 @@
+//! Errors of the library, one enum, split by what the caller can do about them.
+
+use std::error::Error as StdError;
+
+/// A boxed source error (an SDK error, an I/O error) kept whole, never flattened into text.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the outbox.
+///
+/// The variants say what the caller can do: fix the input ([`Error::InvalidOption`],
+/// [`Error::InvalidMessage`], [`Error::Limit`]), fix the deployment
+/// ([`Error::Misconfiguration`]), retry later ([`Error::DynamoDb`] with
+/// [`Error::is_retryable`]), or accept a lost race ([`Error::ConditionFailed`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An option broke a rule; `field` names it (the environment variable or struct field).
+    #[error("{field}: {rule}")]
+    InvalidOption {
+        /// The option's name.
+        field: String,
+        /// The rule it broke.
+        rule: String,
+    },
+    /// A message (or a request carrying messages) broke a rule; `field` names the part.
+    #[error("{field}: {rule}")]
+    InvalidMessage {
+        /// The offending field, e.g. `messages[3].topic`.
+        field: String,
+        /// The rule it broke.
+        rule: String,
+    },
+    /// A DynamoDB limit would be exceeded; checked before any request is sent.
+    #[error("{what}: {actual} exceeds the limit of {limit}")]
+    Limit {
+        /// What is limited (`item size in bytes`, `items in one transaction`).
+        what: String,
+        /// The value the request would have.
+        actual: usize,
+        /// DynamoDB's limit.
+        limit: usize,
+    },
+    /// The deployment disagrees with itself (bucket counts, key schema); retrying will not help.
+    #[error("misconfiguration: {0}")]
+    Misconfiguration(String),
+    /// An item in the table cannot be read as what its key says it is.
+    #[error("unreadable item {pk}/{sk}: {reason}")]
+    Corrupt {
+        /// Partition key of the item.
+        pk: String,
+        /// Sort key of the item.
+        sk: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A conditional write was refused: a lost race, a lost lease, or a stale heartbeat.
+    #[error("conditional {operation} refused")]
+    ConditionFailed {
+        /// The operation (`heartbeat`, `renew`, `release`, `claim`, `put`).
+        operation: &'static str,
+    },
+    /// A transaction was cancelled; `reasons` holds each item's cancellation code, in
+    /// request order (`None` for items that were not the cause).
+    #[error("transaction cancelled: [{}]", reasons.join(", "))]
+    TransactionCanceled {
+        /// Cancellation code per item (`ConditionalCheckFailed`, `TransactionConflict`, ...).
+        reasons: Vec<String>,
+        /// Whether a retry may succeed (conflicts, throttling), as opposed to a failed condition.
+        retryable: bool,
+    },
+    /// A DynamoDB request failed.
+    #[error("dynamodb {operation} failed{}", if *.retryable { " (retryable)" } else { "" })]
+    DynamoDb {
+        /// The API operation.
+        operation: &'static str,
+        /// Whether the failure is transient (throttling, 5xx, timeouts).
+        retryable: bool,
+        /// The SDK error.
+        #[source]
+        source: BoxError,
+    },
+    /// Publishing to Kafka failed.
+    #[error("kafka: {message}")]
+    Kafka {
+        /// What was being done.
+        message: String,
+        /// Whether another try may succeed (connection lost, leader moved).
+        retryable: bool,
+        /// The client error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The broker refused one record for good (see [`Rejection`]): retrying the same record
+    /// will not help, but the records after it are unaffected. A publisher reports it for the
+    /// first record it did not acknowledge, so the relay can set that record aside.
+    #[error("kafka rejected a record for topic {topic}: {reason}")]
+    KafkaRejected {
+        /// The record's topic.
+        topic: String,
+        /// Why the record cannot be published.
+        reason: Rejection,
+        /// The client error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The caller's deadline passed before the work could finish.
+    #[error("deadline passed during {0}")]
+    DeadlineExceeded(&'static str),
+}
+
+/// Why Kafka will never accept a record (see [`Error::KafkaRejected`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The record (or, alone in its request, its batch) exceeds the broker's or topic's size limit.
+    #[error("record too large")]
+    TooLarge,
+    /// The topic does not exist (or the relay may not describe it).
+    #[error("unknown topic")]
+    UnknownTopic,
+    /// The explicit partition does not exist in the topic.
+    #[error("unknown partition")]
+    UnknownPartition,
+    /// The relay's principal may not write to the topic.
+    #[error("not authorized to write to the topic")]
+    NotAuthorized,
+    /// The broker found the record itself invalid (timestamp, format, a broker policy).
+    #[error("invalid record")]
+    InvalidRecord,
+}
+
+impl Error {
+    /// Whether retrying the same call later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::DynamoDb { retryable, .. }
+            | Error::Kafka { retryable, .. }
+            | Error::TransactionCanceled { retryable, .. } => *retryable,
+            Error::DeadlineExceeded(_) => true,
+            _ => false,
+        }
+    }
+
+    /// Shorthand for [`Error::InvalidOption`].
+    pub(crate) fn option(field: impl Into<String>, rule: impl Into<String>) -> Self {
+        Error::InvalidOption {
+            field: field.into(),
+            rule: rule.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::InvalidMessage`].
+    pub(crate) fn message(field: impl Into<String>, rule: impl Into<String>) -> Self {
+        Error::InvalidMessage {
+            field: field.into(),
+            rule: rule.into(),
+        }
+    }
+}
+
+/// Turns an SDK error into [`Error`], recognising refused conditions and transient failures.
+pub(crate) fn from_sdk<E, R>(
+    operation: &'static str,
+    err: aws_sdk_dynamodb::error::SdkError<E, R>,
+) -> Error
+where
+    E: aws_sdk_dynamodb::error::ProvideErrorMetadata + StdError + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    use aws_sdk_dynamodb::error::SdkError;
+    let retryable = match &err {
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            true
+        }
+        SdkError::ServiceError(service) => {
+            let code = service.err().code().unwrap_or_default();
+            if code == "ConditionalCheckFailedException" {
+                return Error::ConditionFailed { operation };
+            }
+            matches!(
+                code,
+                "ProvisionedThroughputExceededException"
+                    | "ThrottlingException"
+                    | "RequestLimitExceeded"
+                    | "InternalServerError"
+                    | "ServiceUnavailable"
+                    | "TransactionConflictException"
+                    | "TransactionInProgressException"
+            )
+        }
+        _ => false,
+    };
+    Error::DynamoDb {
+        operation,
+        retryable,
+        source: Box::new(err),
+    }
+}

@@ -1,0 +1,49 @@
+//! A transactional outbox for Amazon DynamoDB that publishes to Kafka.
+//!
+//! Services put Kafka records into a DynamoDB table inside the same `TransactWriteItems`
+//! as their business write ([`writer::DynamoDbOutboxWriter`]); relays lease buckets of
+//! that table, publish the records in order and delete them after the broker
+//! acknowledged them. Delivery is at-least-once with per-key order. The table layout and
+//! the lease protocol follow the reference specification, so relays of other
+//! implementations of it can share one table.
+//!
+//! # Layout
+//! - [`options`]: [`OutboxOptions`] and [`RelayOptions`], their defaults, validation and
+//!   the one place they are read from the environment.
+//! - [`message`]: [`OutboxMessage`], its bucket, and Kafka's murmur2.
+//! - [`headers`]: the header blob, format version 1.
+//! - [`schema`]: key formats, attribute names, message items both ways, item sizes.
+//! - [`clock`]: UTC ticks and the clock that leases are compared with.
+//! - [`table`]: the table definition and `create_if_not_exists`.
+//! - [`writer`]: sequence reservations, transaction items, `enqueue`, commit notification.
+//! - [`plan`]: the lease plan, a pure function of one read of the coordination partition.
+//! - [`publish`]: the [`publish::Publisher`] seam and the Kafka publisher (rskafka,
+//!   Java-compatible partitioner, Amazon MSK IAM tokens).
+//! - [`store`]: every request a relay makes: leases, fetch with gap probes, deletes, backlog.
+//! - [`relay`]: the relay loop (deadline or shutdown signal, graceful stop) and the
+//!   in-process commit notifier.
+//! - [`metrics`]: the relay's measurements, behind a trait for exporters.
+//! - [`error`]: the crate's error type.
+#![deny(missing_docs)]
+
+pub mod clock;
+pub mod error;
+pub mod headers;
+pub mod message;
+pub mod metrics;
+pub mod options;
+pub mod plan;
+pub mod publish;
+pub mod relay;
+pub mod schema;
+pub mod store;
+pub mod table;
+pub mod writer;
+
+pub use error::{Error, Result};
+pub use headers::Header;
+pub use message::OutboxMessage;
+pub use options::{OutboxOptions, RelayOptions};
+pub use relay::{LocalNotifier, Relay, RunReport, StopReason};
+pub use store::DynamoDbOutboxStore;
+pub use writer::DynamoDbOutboxWriter;

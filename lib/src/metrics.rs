@@ -1,0 +1,39 @@
+//! What the relay reports, behind a small trait so that exporters (CloudWatch EMF in the
+//! Lambda, a Prometheus endpoint in a long-lived process) plug in without the relay
+//! knowing them. Every method has a no-op default.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use crate::store::WriteKind;
+
+/// Receives the relay's measurements.
+pub trait RelayMetrics: Debug + Send + Sync {
+    /// `count` messages of `bucket` were published and deleted.
+    fn published(&self, _bucket: u32, _count: u64) {}
+    /// A publish of `bucket` failed; `permanent` when the broker rejected a record for good.
+    fn publish_failed(&self, _bucket: u32, _permanent: bool) {}
+    /// A conditional write of `kind` was refused.
+    fn refused_write(&self, _kind: WriteKind) {}
+    /// The relay owns `count` buckets after an acquisition.
+    fn owned_buckets(&self, _count: usize) {}
+    /// The relay claimed `count` leases in an acquisition.
+    fn leases_acquired(&self, _count: usize) {}
+    /// The relay lost `count` leases it believed it held (a refused renewal, a peer's take).
+    fn leases_lost(&self, _count: usize) {}
+    /// Backlog of `bucket`: pending messages (capped at the pending count limit) and the age
+    /// of its head. Sampled only by the owner of bucket zero.
+    fn backlog(&self, _bucket: u32, _pending: u32, _oldest_age: Option<Duration>) {}
+    /// A bucket is stuck on an item it cannot read (a poison item).
+    fn poison_item(&self, _bucket: u32) {}
+    /// One acquisition round took `duration`.
+    fn round_duration(&self, _duration: Duration) {}
+    /// One batch (fetch, publish, delete) took `duration`.
+    fn batch_duration(&self, _bucket: u32, _duration: Duration) {}
+}
+
+/// Discards every measurement.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoMetrics;
+
+impl RelayMetrics for NoMetrics {}

@@ -1,0 +1,471 @@
+//! Options of the store, the writer and the relay: documented defaults, validation, and
+//! the one place that reads them from the environment.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::schema::attr;
+
+/// Environment variable names shared by every binary of the project.
+pub mod env {
+    /// [`OutboxOptions::table_name`](super::OutboxOptions::table_name).
+    pub const TABLE_NAME: &str = "OUTBOX_TABLE_NAME";
+    /// [`OutboxOptions::key_prefix`](super::OutboxOptions::key_prefix).
+    pub const KEY_PREFIX: &str = "OUTBOX_KEY_PREFIX";
+    /// [`OutboxOptions::bucket_count`](super::OutboxOptions::bucket_count).
+    pub const BUCKET_COUNT: &str = "OUTBOX_BUCKET_COUNT";
+    /// [`OutboxOptions::partition_key_attribute`](super::OutboxOptions::partition_key_attribute).
+    pub const PARTITION_KEY_ATTRIBUTE: &str = "OUTBOX_PARTITION_KEY_ATTRIBUTE";
+    /// [`OutboxOptions::sort_key_attribute`](super::OutboxOptions::sort_key_attribute).
+    pub const SORT_KEY_ATTRIBUTE: &str = "OUTBOX_SORT_KEY_ATTRIBUTE";
+    /// [`OutboxOptions::max_concurrency`](super::OutboxOptions::max_concurrency).
+    pub const MAX_CONCURRENCY: &str = "OUTBOX_MAX_CONCURRENCY";
+    /// [`OutboxOptions::pending_count_limit`](super::OutboxOptions::pending_count_limit).
+    pub const PENDING_COUNT_LIMIT: &str = "OUTBOX_PENDING_COUNT_LIMIT";
+    /// [`RelayOptions::relay_id`](super::RelayOptions::relay_id).
+    pub const RELAY_ID: &str = "OUTBOX_RELAY_ID";
+    /// [`RelayOptions::batch_size`](super::RelayOptions::batch_size).
+    pub const BATCH_SIZE: &str = "OUTBOX_BATCH_SIZE";
+    /// [`RelayOptions::poll_interval`](super::RelayOptions::poll_interval).
+    pub const POLL_INTERVAL: &str = "OUTBOX_POLL_INTERVAL";
+    /// [`RelayOptions::error_backoff`](super::RelayOptions::error_backoff).
+    pub const ERROR_BACKOFF: &str = "OUTBOX_ERROR_BACKOFF";
+    /// [`RelayOptions::lease_duration`](super::RelayOptions::lease_duration).
+    pub const LEASE_DURATION: &str = "OUTBOX_LEASE_DURATION";
+    /// [`RelayOptions::lease_renew_interval`](super::RelayOptions::lease_renew_interval).
+    pub const LEASE_RENEW_INTERVAL: &str = "OUTBOX_LEASE_RENEW_INTERVAL";
+    /// [`RelayOptions::message_id_header`](super::RelayOptions::message_id_header).
+    pub const MESSAGE_ID_HEADER: &str = "OUTBOX_MESSAGE_ID_HEADER";
+    /// [`RelayOptions::metrics_name`](super::RelayOptions::metrics_name).
+    pub const METRICS_NAME: &str = "OUTBOX_METRICS_NAME";
+}
+
+/// Options of the table layout, shared by every writer and relay of one outbox.
+///
+/// Every writer and relay sharing a table must use the same table name, key attribute
+/// names, key prefix and bucket count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxOptions {
+    /// The table holding the outbox items (required).
+    pub table_name: String,
+    /// Name of the table's partition key attribute (`PK`); lets the outbox share a
+    /// single-table design whose key attributes are named otherwise.
+    pub partition_key_attribute: String,
+    /// Name of the table's sort key attribute (`SK`).
+    pub sort_key_attribute: String,
+    /// Prefix of every partition key the outbox writes (`OUTBOX`); distinct prefixes keep
+    /// several outboxes, or the outbox and your own items, apart in one table.
+    pub key_prefix: String,
+    /// Number of buckets (8): the unit of ordering and of relay ownership.
+    pub bucket_count: u32,
+    /// Concurrent DynamoDB requests of one store call (8): leases are one request each.
+    pub max_concurrency: usize,
+    /// Messages counted per bucket for one backlog sample (10,000): a count is billed as
+    /// a read of every counted item.
+    pub pending_count_limit: u32,
+}
+
+impl OutboxOptions {
+    /// Options with the documented defaults for `table_name`.
+    pub fn new(table_name: impl Into<String>) -> Self {
+        OutboxOptions {
+            table_name: table_name.into(),
+            partition_key_attribute: "PK".into(),
+            sort_key_attribute: "SK".into(),
+            key_prefix: "OUTBOX".into(),
+            bucket_count: 8,
+            max_concurrency: 8,
+            pending_count_limit: 10_000,
+        }
+    }
+
+    /// Sets the bucket count.
+    pub fn with_bucket_count(mut self, bucket_count: u32) -> Self {
+        self.bucket_count = bucket_count;
+        self
+    }
+
+    /// Sets the key prefix.
+    pub fn with_key_prefix(mut self, key_prefix: impl Into<String>) -> Self {
+        self.key_prefix = key_prefix.into();
+        self
+    }
+
+    /// Reads the options from the process environment (see [`env`]) and validates them.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the options through `lookup` (an environment stand-in) and validates them.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let table_name = lookup(env::TABLE_NAME).ok_or_else(|| {
+            Error::option(env::TABLE_NAME, "is required (the outbox table's name)")
+        })?;
+        let mut options = OutboxOptions::new(table_name);
+        if let Some(v) = lookup(env::KEY_PREFIX) {
+            options.key_prefix = v;
+        }
+        if let Some(v) = lookup(env::PARTITION_KEY_ATTRIBUTE) {
+            options.partition_key_attribute = v;
+        }
+        if let Some(v) = lookup(env::SORT_KEY_ATTRIBUTE) {
+            options.sort_key_attribute = v;
+        }
+        if let Some(v) = lookup(env::BUCKET_COUNT) {
+            options.bucket_count = parse_number(env::BUCKET_COUNT, &v)?;
+        }
+        if let Some(v) = lookup(env::MAX_CONCURRENCY) {
+            options.max_concurrency = parse_number(env::MAX_CONCURRENCY, &v)?;
+        }
+        if let Some(v) = lookup(env::PENDING_COUNT_LIMIT) {
+            options.pending_count_limit = parse_number(env::PENDING_COUNT_LIMIT, &v)?;
+        }
+        options.validate()?;
+        Ok(options)
+    }
+
+    /// Checks every rule; the error names the field and the rule.
+    pub fn validate(&self) -> Result<()> {
+        if self.table_name.len() < 3 || self.table_name.len() > 255 {
+            return Err(Error::option(
+                "table_name",
+                "must be 3 to 255 characters long (DynamoDB's table name rule)",
+            ));
+        }
+        if !self
+            .table_name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        {
+            return Err(Error::option(
+                "table_name",
+                "may contain only a-z, A-Z, 0-9, '_', '-' and '.'",
+            ));
+        }
+        if self.key_prefix.is_empty() {
+            return Err(Error::option("key_prefix", "must not be empty"));
+        }
+        if self.key_prefix.contains('#') {
+            return Err(Error::option(
+                "key_prefix",
+                "must not contain '#' (it separates the parts of every outbox key)",
+            ));
+        }
+        if self.key_prefix.len() > 512 {
+            return Err(Error::option("key_prefix", "must be at most 512 bytes"));
+        }
+        for (field, name) in [
+            ("partition_key_attribute", &self.partition_key_attribute),
+            ("sort_key_attribute", &self.sort_key_attribute),
+        ] {
+            if name.is_empty() || name.len() > 255 {
+                return Err(Error::option(field, "must be 1 to 255 bytes long"));
+            }
+            if attr::ALL.contains(&name.as_str()) {
+                return Err(Error::option(
+                    field,
+                    format!("must not be {name:?}, an attribute name the outbox items use"),
+                ));
+            }
+        }
+        if self.partition_key_attribute == self.sort_key_attribute {
+            return Err(Error::option(
+                "sort_key_attribute",
+                "must differ from partition_key_attribute",
+            ));
+        }
+        if self.bucket_count < 1 {
+            return Err(Error::option("bucket_count", "must be at least 1"));
+        }
+        if self.bucket_count > 9_999_999 {
+            return Err(Error::option("bucket_count", "must be at most 9999999"));
+        }
+        if self.max_concurrency < 1 {
+            return Err(Error::option("max_concurrency", "must be at least 1"));
+        }
+        if self.pending_count_limit < 1 {
+            return Err(Error::option("pending_count_limit", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// Options of a relay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayOptions {
+    /// Buckets the relay expects (8); must equal the store's, checked at start.
+    pub bucket_count: u32,
+    /// Most messages fetched, published and deleted as one batch of a bucket (500).
+    pub batch_size: u32,
+    /// How often an idle relay probes its buckets (1 s).
+    pub poll_interval: Duration,
+    /// Pause after a failed round before the next one (1 s).
+    pub error_backoff: Duration,
+    /// How long a lease and a heartbeat stay valid without renewal (30 s).
+    pub lease_duration: Duration,
+    /// How often leases and the heartbeat are renewed (10 s); less than the lease duration.
+    pub lease_renew_interval: Duration,
+    /// The relay's identity in lease and heartbeat items: unique per live process.
+    pub relay_id: String,
+    /// Header stamped on every record with the message id (`x-outbox-message-id`).
+    pub message_id_header: String,
+    /// Name under which the relay reports metrics (`outbox`), to tell outboxes apart.
+    pub metrics_name: String,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        RelayOptions {
+            bucket_count: 8,
+            batch_size: 500,
+            poll_interval: Duration::from_secs(1),
+            error_backoff: Duration::from_secs(1),
+            lease_duration: Duration::from_secs(30),
+            lease_renew_interval: Duration::from_secs(10),
+            relay_id: default_relay_id(),
+            message_id_header: "x-outbox-message-id".into(),
+            metrics_name: "outbox".into(),
+        }
+    }
+}
+
+/// Longest relay id: it is part of a sort key and of every lease item.
+pub const MAX_RELAY_ID_LEN: usize = 128;
+
+/// A relay id from the host or function name and a random suffix.
+pub fn default_relay_id() -> String {
+    let base = std::env::var("AWS_LAMBDA_FUNCTION_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "relay".into());
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let mut base: String = base.chars().take(MAX_RELAY_ID_LEN - 13).collect();
+    base.push('-');
+    base.push_str(suffix);
+    base
+}
+
+impl RelayOptions {
+    /// Reads the options from the process environment (see [`env`]); the bucket count
+    /// comes from [`env::BUCKET_COUNT`], the store's variable, so both agree.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the options through `lookup` (an environment stand-in) and validates them.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let mut o = RelayOptions::default();
+        if let Some(v) = lookup(env::BUCKET_COUNT) {
+            o.bucket_count = parse_number(env::BUCKET_COUNT, &v)?;
+        }
+        if let Some(v) = lookup(env::BATCH_SIZE) {
+            o.batch_size = parse_number(env::BATCH_SIZE, &v)?;
+        }
+        if let Some(v) = lookup(env::POLL_INTERVAL) {
+            o.poll_interval = parse_duration(env::POLL_INTERVAL, &v)?;
+        }
+        if let Some(v) = lookup(env::ERROR_BACKOFF) {
+            o.error_backoff = parse_duration(env::ERROR_BACKOFF, &v)?;
+        }
+        if let Some(v) = lookup(env::LEASE_DURATION) {
+            o.lease_duration = parse_duration(env::LEASE_DURATION, &v)?;
+        }
+        if let Some(v) = lookup(env::LEASE_RENEW_INTERVAL) {
+            o.lease_renew_interval = parse_duration(env::LEASE_RENEW_INTERVAL, &v)?;
+        }
+        if let Some(v) = lookup(env::RELAY_ID) {
+            o.relay_id = v;
+        }
+        if let Some(v) = lookup(env::MESSAGE_ID_HEADER) {
+            o.message_id_header = v;
+        }
+        if let Some(v) = lookup(env::METRICS_NAME) {
+            o.metrics_name = v;
+        }
+        o.validate()?;
+        Ok(o)
+    }
+
+    /// Checks every rule; the error names the field and the rule.
+    pub fn validate(&self) -> Result<()> {
+        if self.bucket_count < 1 {
+            return Err(Error::option("bucket_count", "must be at least 1"));
+        }
+        if !(1..=10_000).contains(&self.batch_size) {
+            return Err(Error::option("batch_size", "must be 1 to 10000"));
+        }
+        if self.poll_interval.is_zero() {
+            return Err(Error::option("poll_interval", "must be greater than zero"));
+        }
+        if self.lease_renew_interval.is_zero() {
+            return Err(Error::option(
+                "lease_renew_interval",
+                "must be greater than zero",
+            ));
+        }
+        if self.lease_renew_interval >= self.lease_duration {
+            return Err(Error::option(
+                "lease_renew_interval",
+                "must be less than lease_duration",
+            ));
+        }
+        if self.relay_id.is_empty() || self.relay_id.chars().count() > MAX_RELAY_ID_LEN {
+            return Err(Error::option(
+                "relay_id",
+                format!("must be 1 to {MAX_RELAY_ID_LEN} characters long"),
+            ));
+        }
+        if self.relay_id.chars().any(char::is_control) {
+            return Err(Error::option(
+                "relay_id",
+                "must not contain control characters",
+            ));
+        }
+        if self.message_id_header.is_empty() {
+            return Err(Error::option("message_id_header", "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+fn parse_number<T: std::str::FromStr>(field: &str, value: &str) -> Result<T> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| Error::option(field, format!("{value:?} is not a whole number in range")))
+}
+
+/// Parses `500ms`, `30s`, `2m`, `1h` (a bare number means seconds).
+pub fn parse_duration(field: &str, value: &str) -> Result<Duration> {
+    let v = value.trim();
+    let split = v
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(v.len());
+    let (number, unit) = v.split_at(split);
+    let bad = || {
+        Error::option(
+            field,
+            format!("{value:?} is not a duration like 500ms, 30s, 2m or 1h"),
+        )
+    };
+    let n: f64 = number.parse().map_err(|_| bad())?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(bad()),
+    };
+    if !secs.is_finite() || !(0.0..=86_400.0 * 365.0).contains(&secs) {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn defaults_match_the_spec() {
+        let o = OutboxOptions::from_lookup(lookup(&[(env::TABLE_NAME, "orders-outbox")])).unwrap();
+        assert_eq!(o, OutboxOptions::new("orders-outbox"));
+        assert_eq!(
+            (o.bucket_count, o.max_concurrency, o.pending_count_limit),
+            (8, 8, 10_000)
+        );
+        assert_eq!(
+            (
+                o.partition_key_attribute.as_str(),
+                o.sort_key_attribute.as_str()
+            ),
+            ("PK", "SK")
+        );
+        assert_eq!(o.key_prefix, "OUTBOX");
+        let r = RelayOptions::from_lookup(lookup(&[])).unwrap();
+        assert_eq!(r.batch_size, 500);
+        assert_eq!(r.lease_duration, Duration::from_secs(30));
+        assert_eq!(r.lease_renew_interval, Duration::from_secs(10));
+        assert_eq!(r.message_id_header, "x-outbox-message-id");
+        assert!(r.relay_id.len() <= MAX_RELAY_ID_LEN);
+    }
+
+    #[test]
+    fn errors_name_the_field_and_rule() {
+        let e = OutboxOptions::from_lookup(lookup(&[])).unwrap_err();
+        assert!(
+            e.to_string().starts_with("OUTBOX_TABLE_NAME: is required"),
+            "{e}"
+        );
+        let e = OutboxOptions::from_lookup(lookup(&[
+            (env::TABLE_NAME, "t-1"),
+            (env::BUCKET_COUNT, "0"),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.to_string(), "bucket_count: must be at least 1");
+        let e = OutboxOptions::from_lookup(lookup(&[
+            (env::TABLE_NAME, "t-1"),
+            (env::BUCKET_COUNT, "x"),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().starts_with("OUTBOX_BUCKET_COUNT:"), "{e}");
+        let e = OutboxOptions::from_lookup(lookup(&[
+            (env::TABLE_NAME, "t-1"),
+            (env::KEY_PREFIX, "A#B"),
+        ]))
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("key_prefix: must not contain '#'"),
+            "{e}"
+        );
+        let e = OutboxOptions::from_lookup(lookup(&[
+            (env::TABLE_NAME, "t-1"),
+            (env::PARTITION_KEY_ATTRIBUTE, "Topic"),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().starts_with("partition_key_attribute:"), "{e}");
+        let e = OutboxOptions::from_lookup(lookup(&[(env::TABLE_NAME, "a b c")])).unwrap_err();
+        assert!(e.to_string().starts_with("table_name:"), "{e}");
+        let e = RelayOptions::from_lookup(lookup(&[
+            (env::LEASE_DURATION, "10s"),
+            (env::LEASE_RENEW_INTERVAL, "10s"),
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "lease_renew_interval: must be less than lease_duration"
+        );
+        let long = "x".repeat(129);
+        let e = RelayOptions::from_lookup(lookup(&[(env::RELAY_ID, &long)])).unwrap_err();
+        assert!(e.to_string().starts_with("relay_id:"), "{e}");
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(
+            parse_duration("f", "500ms").unwrap(),
+            Duration::from_millis(500)
+        );
+        assert_eq!(parse_duration("f", "30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("f", "2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(
+            parse_duration("f", "1h").unwrap(),
+            Duration::from_secs(3600)
+        );
+        assert_eq!(parse_duration("f", "7").unwrap(), Duration::from_secs(7));
+        for bad in ["", "s", "-1s", "1d", "1e400s", "NaNs"] {
+            assert!(parse_duration("f", bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,758 @@
+//! [`KafkaPublisher`]: the [`Publisher`] on rskafka, with its metadata cache and retries.
+//!
+//! One rskafka [`Client`] per publisher; it keeps the broker connections and rebuilds a broken
+//! one on the next request (its own retries are bounded by
+//! [`KafkaConfig::retry_budget`]). Above it the publisher caches each topic's partition count
+//! (trusted for [`KafkaConfig::metadata_max_age`]) and one [`PartitionClient`] per partition.
+//! A produce that fails with a leader, metadata or connection error drops that partition
+//! client and the topic's metadata and tries again, at most
+//! [`KafkaConfig::produce_attempts`] times and never past [`KafkaConfig::publish_timeout`].
+//!
+//! Produce requests use `acks=all` (rskafka always sends `acks = -1`, broker timeout 30 s),
+//! no compression and no idempotence; a retried request may therefore duplicate records,
+//! which at-least-once delivery allows (consumers deduplicate on the message-id header).
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt as _;
+use rskafka::chrono::{DateTime, Utc};
+use rskafka::client::error::{Error as ClientError, ProtocolError};
+use rskafka::client::partition::{Compression, PartitionClient, UnknownTopicHandling};
+use rskafka::client::{Client, ClientBuilder};
+use rskafka::record::Record;
+use rskafka::BackoffConfig;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::config::{KafkaAuth, KafkaConfig};
+use super::msk_iam::MskIamTokenProvider;
+use super::record::{estimated_size, to_record, HeaderLoss};
+use super::route::{acknowledged_prefix, chunks, plan, TopicRoute, Unroutable};
+use super::{PublishOutcome, Publisher};
+use crate::error::{BoxError, Error, Rejection, Result};
+use crate::schema::StoredMessage;
+
+/// Publishes outbox batches to Kafka with rskafka. Cheap to clone (one shared client).
+#[derive(Clone)]
+pub struct KafkaPublisher {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    config: KafkaConfig,
+    /// Partition counts by topic, with when they were read.
+    topics: Mutex<HashMap<String, TopicMeta>>,
+    /// One client per partition, connected to its leader.
+    partitions: Mutex<HashMap<(String, i32), Arc<PartitionClient>>>,
+    /// Rotates the keyless records' partition from batch to batch.
+    sticky: AtomicU32,
+    /// Whether the header mapping's losses were already logged at `warn`.
+    warned_header_loss: AtomicBool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TopicMeta {
+    partition_count: u32,
+    read_at: Instant,
+}
+
+impl fmt::Debug for KafkaPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let topics = self.inner.topics.lock().map(|t| t.len()).unwrap_or(0);
+        f.debug_struct("KafkaPublisher")
+            .field("config", &self.inner.config)
+            .field("cached_topics", &topics)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaPublisher {
+    /// Connects to the cluster (bootstrap, TLS, SASL, a first metadata read), giving up at
+    /// `deadline`.
+    pub async fn connect(config: KafkaConfig, deadline: Instant) -> Result<Self> {
+        config.validate()?;
+        match tokio::time::timeout_at(deadline, Self::build(config)).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::DeadlineExceeded("kafka connect")),
+        }
+    }
+
+    async fn build(config: KafkaConfig) -> Result<Self> {
+        let backoff = BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+            base: 3.0,
+            deadline: Some(config.retry_budget),
+        };
+        let mut builder = ClientBuilder::new(config.bootstrap_servers.clone())
+            .client_id(config.client_id.as_str())
+            .backoff_config(backoff);
+        if config.tls {
+            builder = builder.tls_config(tls_config()?);
+        }
+        if config.auth == KafkaAuth::MskIam {
+            let region = config
+                .region
+                .clone()
+                .ok_or_else(|| Error::option("region", "is required for MSK IAM authentication"))?;
+            let credentials = match &config.credentials {
+                Some(c) => c.clone(),
+                None => default_credentials(&region).await?,
+            };
+            let provider = Arc::new(MskIamTokenProvider::new(region, credentials));
+            builder = builder.sasl_config(provider.sasl_config());
+        }
+        let client = builder
+            .build()
+            .await
+            .map_err(|e| client_error("connecting to the brokers", e))?;
+        info!(
+            servers = ?config.bootstrap_servers,
+            auth = ?config.auth,
+            tls = config.tls,
+            "connected to kafka"
+        );
+        Ok(KafkaPublisher {
+            inner: Arc::new(Inner {
+                client,
+                config,
+                topics: Mutex::new(HashMap::new()),
+                partitions: Mutex::new(HashMap::new()),
+                sticky: AtomicU32::new(rand::random()),
+                warned_header_loss: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The options this publisher runs with.
+    pub fn config(&self) -> &KafkaConfig {
+        &self.inner.config
+    }
+
+    /// Creates a topic through the controller; `Ok(false)` when it already exists. Waits
+    /// (a few seconds at most) until the metadata shows it.
+    pub async fn create_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        replication: i16,
+    ) -> Result<bool> {
+        crate::message::validate_topic(name).map_err(|rule| Error::option("topic", rule))?;
+        let controller = self
+            .inner
+            .client
+            .controller_client()
+            .map_err(|e| client_error("reaching the controller", e))?;
+        let created = match controller
+            .create_topic(name, partitions, replication, 10_000)
+            .await
+        {
+            Ok(()) => true,
+            Err(ClientError::ServerError {
+                protocol_error: ProtocolError::TopicAlreadyExists,
+                ..
+            }) => false,
+            Err(e) => return Err(client_error("creating a topic", e)),
+        };
+        if created {
+            for _ in 0..50 {
+                if self.partition_count(name).await?.is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(created)
+    }
+
+    /// The topic's partition count from fresh metadata; `None` if the cluster does not list it.
+    pub async fn partition_count(&self, topic: &str) -> Result<Option<u32>> {
+        self.refresh_metadata().await?;
+        Ok(self
+            .inner
+            .topics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(topic)
+            .map(|m| m.partition_count))
+    }
+
+    /// Reads every topic's partition count into the cache.
+    async fn refresh_metadata(&self) -> Result<()> {
+        let listed = self
+            .inner
+            .client
+            .list_topics()
+            .await
+            .map_err(|e| client_error("reading topic metadata", e))?;
+        let now = Instant::now();
+        let mut topics = self.inner.topics.lock().unwrap_or_else(|p| p.into_inner());
+        for t in listed {
+            if t.partitions.is_empty() {
+                topics.remove(&t.name);
+            } else {
+                let meta = TopicMeta {
+                    partition_count: t.partitions.len() as u32,
+                    read_at: now,
+                };
+                topics.insert(t.name, meta);
+            }
+        }
+        Ok(())
+    }
+
+    /// Partition counts of `wanted`, reading metadata when one is missing or stale. A topic
+    /// missing from fresh metadata maps to a rejection; a failed read keeps stale counts and
+    /// maps the others to the read's error.
+    async fn topic_counts(
+        &self,
+        wanted: &[&str],
+        deadline: Instant,
+    ) -> HashMap<String, Result<u32, Error>> {
+        let max_age = self.inner.config.metadata_max_age;
+        let fresh = |topics: &HashMap<String, TopicMeta>, t: &str| {
+            topics
+                .get(t)
+                .filter(|m| m.read_at.elapsed() < max_age)
+                .map(|m| m.partition_count)
+        };
+        let stale = {
+            let topics = self.inner.topics.lock().unwrap_or_else(|p| p.into_inner());
+            wanted.iter().any(|t| fresh(&topics, t).is_none())
+        };
+        let refresh_error = if stale {
+            match tokio::time::timeout_at(deadline, self.refresh_metadata()).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some(Error::Kafka {
+                    message: "reading topic metadata timed out".into(),
+                    retryable: true,
+                    source: None,
+                }),
+            }
+        } else {
+            None
+        };
+        let topics = self.inner.topics.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = HashMap::new();
+        for &t in wanted {
+            let result = match (topics.get(t), &refresh_error) {
+                (Some(m), None) => Ok(m.partition_count),
+                (Some(m), Some(e)) => {
+                    debug!(topic = t, error = %e, "using stale topic metadata");
+                    Ok(m.partition_count)
+                }
+                (None, None) => Err(Error::KafkaRejected {
+                    topic: t.to_owned(),
+                    reason: Rejection::UnknownTopic,
+                    source: None,
+                }),
+                (None, Some(e)) => Err(Error::Kafka {
+                    message: format!("no metadata for topic {t}: {e}"),
+                    retryable: e.is_retryable(),
+                    source: None,
+                }),
+            };
+            out.insert(t.to_owned(), result);
+        }
+        out
+    }
+
+    fn forget_topic(&self, topic: &str) {
+        self.inner
+            .topics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(topic);
+    }
+
+    fn forget_partition(&self, topic: &str, partition: i32) {
+        self.inner
+            .partitions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(topic.to_owned(), partition));
+    }
+
+    async fn partition_client(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Arc<PartitionClient>, ClientError> {
+        let key = (topic.to_owned(), partition);
+        if let Some(c) = self
+            .inner
+            .partitions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(Arc::clone(c));
+        }
+        let client = Arc::new(
+            self.inner
+                .client
+                .partition_client(topic, partition, UnknownTopicHandling::Error)
+                .await?,
+        );
+        let mut partitions = self
+            .inner
+            .partitions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        Ok(Arc::clone(partitions.entry(key).or_insert(client)))
+    }
+
+    /// Produces `records` to one partition in one request, retrying what may succeed.
+    async fn produce(
+        &self,
+        topic: &str,
+        partition: i32,
+        records: Vec<Record>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let attempts = self.inner.config.produce_attempts.max(1);
+        let mut attempt = 1;
+        loop {
+            let result = tokio::time::timeout_at(deadline, async {
+                let client = self.partition_client(topic, partition).await?;
+                client
+                    .produce(records.clone(), Compression::NoCompression)
+                    .await
+            })
+            .await;
+            let e = match result {
+                Ok(Ok(_offsets)) => return Ok(()),
+                Ok(Err(e)) => e,
+                Err(_) => {
+                    // the request may still be in flight: not known to be written
+                    self.forget_partition(topic, partition);
+                    return Err(Error::Kafka {
+                        message: format!("producing to {topic}/{partition} timed out"),
+                        retryable: true,
+                        source: None,
+                    });
+                }
+            };
+            let verdict = verdict(&e);
+            match verdict {
+                Verdict::Retry { refresh_metadata } => {
+                    self.forget_partition(topic, partition);
+                    if refresh_metadata {
+                        self.forget_topic(topic);
+                    }
+                    if attempt < attempts && Instant::now() < deadline {
+                        warn!(topic, partition, attempt, error = %e, "produce failed, retrying");
+                        let pause = Duration::from_millis(100 * u64::from(attempt));
+                        tokio::time::sleep_until((Instant::now() + pause).min(deadline)).await;
+                        attempt += 1;
+                        continue;
+                    }
+                }
+                Verdict::Reject(_) | Verdict::Fatal => {}
+            }
+            return Err(produce_error(topic, partition, verdict, e));
+        }
+    }
+
+    /// Produces one group's records, request after request, stopping at the first failure;
+    /// returns the index of the first message not written (with why), if any.
+    async fn produce_group(
+        &self,
+        batch: &[StoredMessage],
+        group: super::route::Group<'_>,
+        timestamp: DateTime<Utc>,
+        deadline: Instant,
+        lowest_failure: &AtomicUsize,
+    ) -> (Option<(usize, Error)>, HeaderLoss) {
+        let header = self.inner.config.message_id_header.as_str();
+        let mut loss = HeaderLoss::default();
+        let mut queue: VecDeque<&[usize]> = chunks(
+            &group.indices,
+            |i| estimated_size(&batch[i].message, header),
+            self.inner.config.max_request_bytes,
+        )
+        .into();
+        while let Some(chunk) = queue.pop_front() {
+            if chunk[0] >= lowest_failure.load(Ordering::SeqCst) {
+                // an earlier message already failed: nothing here could be acknowledged
+                break;
+            }
+            let records = chunk
+                .iter()
+                .map(|&i| {
+                    let (record, l) = to_record(&batch[i].message, header, timestamp);
+                    loss.add(l);
+                    record
+                })
+                .collect();
+            match self
+                .produce(group.topic, group.partition, records, deadline)
+                .await
+            {
+                Ok(()) => {}
+                Err(Error::KafkaRejected {
+                    reason: Rejection::TooLarge | Rejection::InvalidRecord,
+                    ..
+                }) if chunk.len() > 1 => {
+                    // find the record at fault: halves, in order
+                    let (a, b) = chunk.split_at(chunk.len() / 2);
+                    queue.push_front(b);
+                    queue.push_front(a);
+                }
+                Err(e) => {
+                    lowest_failure.fetch_min(chunk[0], Ordering::SeqCst);
+                    return (Some((chunk[0], e)), loss);
+                }
+            }
+        }
+        (None, loss)
+    }
+
+    /// Publishes one batch; see [`Publisher::publish`].
+    #[tracing::instrument(
+        name = "publish",
+        skip_all,
+        fields(bucket = batch.first().map(|m| m.bucket), messages = batch.len())
+    )]
+    pub async fn publish_batch(&self, batch: &[StoredMessage]) -> PublishOutcome {
+        if batch.is_empty() {
+            return PublishOutcome::complete(0);
+        }
+        let deadline = Instant::now() + self.inner.config.publish_timeout;
+        let mut wanted: Vec<&str> = Vec::new();
+        for m in batch {
+            if !wanted.contains(&m.message.topic.as_str()) {
+                wanted.push(&m.message.topic);
+            }
+        }
+        let mut counts = self.topic_counts(&wanted, deadline).await;
+        let sticky: HashMap<&str, u32> = wanted
+            .iter()
+            .map(|&t| (t, self.inner.sticky.fetch_add(1, Ordering::Relaxed)))
+            .collect();
+        let plan = plan(batch.iter().map(|m| &m.message), |t| match counts.get(t) {
+            Some(Ok(n)) => Some(TopicRoute {
+                partition_count: *n,
+                sticky: sticky.get(t).copied().unwrap_or(0) % n.max(&1),
+            }),
+            _ => None,
+        });
+
+        let mut failures: Vec<(usize, Error)> = Vec::new();
+        if let Some((index, why)) = plan.stop {
+            let topic = batch[index].message.topic.as_str();
+            let error = match why {
+                Unroutable::Topic => match counts.remove(topic) {
+                    Some(Err(e)) => e,
+                    _ => Error::Kafka {
+                        message: format!("no route to topic {topic}"),
+                        retryable: true,
+                        source: None,
+                    },
+                },
+                Unroutable::Partition(reason) => Error::KafkaRejected {
+                    topic: topic.to_owned(),
+                    reason,
+                    source: None,
+                },
+            };
+            failures.push((index, error));
+        }
+        let lowest_failure = AtomicUsize::new(plan.stop.map_or(batch.len(), |(i, _)| i));
+        let timestamp = now_millis();
+        let groups = plan.groups.len();
+        // futures built up front (not in a stream's closure), which keeps the future `Send`
+        let produces: Vec<_> = plan
+            .groups
+            .into_iter()
+            .map(|g| self.produce_group(batch, g, timestamp, deadline, &lowest_failure))
+            .collect();
+        let results: Vec<_> = futures::stream::iter(produces)
+            .buffer_unordered(self.inner.config.max_in_flight.max(1))
+            .collect()
+            .await;
+        let mut loss = HeaderLoss::default();
+        for (failure, l) in results {
+            loss.add(l);
+            failures.extend(failure);
+        }
+        if loss.is_lossy() {
+            self.log_header_loss(loss);
+        }
+
+        let acknowledged = acknowledged_prefix(batch.len(), failures.iter().map(|(i, _)| *i));
+        let error = failures
+            .into_iter()
+            .find(|(i, _)| *i == acknowledged)
+            .map(|(_, e)| e);
+        match &error {
+            None => debug!(groups, "published batch"),
+            Some(e) => warn!(
+                groups,
+                acknowledged,
+                retryable = e.is_retryable(),
+                error = %e,
+                "batch partly published"
+            ),
+        }
+        PublishOutcome {
+            acknowledged,
+            error,
+        }
+    }
+
+    fn log_header_loss(&self, loss: HeaderLoss) {
+        if !self.inner.warned_header_loss.swap(true, Ordering::Relaxed) {
+            warn!(
+                null_values = loss.null_values,
+                duplicate_keys = loss.duplicate_keys,
+                "rskafka cannot send null header values or repeated header keys: nulls sent as empty values, repeated keys keep the last value (logged once)"
+            );
+        } else {
+            debug!(
+                null_values = loss.null_values,
+                duplicate_keys = loss.duplicate_keys,
+                "header mapping altered headers"
+            );
+        }
+    }
+}
+
+impl Publisher for KafkaPublisher {
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [StoredMessage],
+    ) -> impl std::future::Future<Output = PublishOutcome> + Send + 'a {
+        self.publish_batch(batch)
+    }
+}
+
+fn now_millis() -> DateTime<Utc> {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}
+
+/// What to do about a failed request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Transient; `refresh_metadata` when the leader or the topic may have moved.
+    Retry { refresh_metadata: bool },
+    /// The records themselves (or their topic) will never be accepted.
+    Reject(Rejection),
+    /// Retrying will not help, but it is not about the records (authentication, versions).
+    Fatal,
+}
+
+/// Classifies an rskafka error by the first broker error code or SASL failure in its chain.
+fn verdict(e: &ClientError) -> Verdict {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = current {
+        if let Some(ClientError::ServerError { protocol_error, .. }) =
+            err.downcast_ref::<ClientError>()
+        {
+            return protocol_verdict(*protocol_error);
+        }
+        if err.downcast_ref::<rskafka::SaslError>().is_some() {
+            return Verdict::Fatal;
+        }
+        current = err.source();
+    }
+    Verdict::Retry {
+        refresh_metadata: false,
+    }
+}
+
+fn protocol_verdict(code: ProtocolError) -> Verdict {
+    use ProtocolError as P;
+    match code {
+        P::MessageTooLarge | P::RecordListTooLarge => Verdict::Reject(Rejection::TooLarge),
+        P::TopicAuthorizationFailed => Verdict::Reject(Rejection::NotAuthorized),
+        P::InvalidTopicException => Verdict::Reject(Rejection::UnknownTopic),
+        P::InvalidRecord | P::InvalidTimestamp | P::PolicyViolation => {
+            Verdict::Reject(Rejection::InvalidRecord)
+        }
+        P::UnknownTopicOrPartition
+        | P::NotLeaderOrFollower
+        | P::LeaderNotAvailable
+        | P::FencedLeaderEpoch
+        | P::UnknownLeaderEpoch
+        | P::BrokerNotAvailable
+        | P::ReplicaNotAvailable
+        | P::KafkaStorageError => Verdict::Retry {
+            refresh_metadata: true,
+        },
+        P::ClusterAuthorizationFailed
+        | P::SaslAuthenticationFailed
+        | P::UnsupportedSaslMechanism
+        | P::IllegalSaslState
+        | P::UnsupportedVersion
+        | P::UnsupportedForMessageFormat
+        | P::UnsupportedCompressionType
+        | P::InvalidRequiredAcks
+        | P::InvalidRequest
+        | P::SecurityDisabled => Verdict::Fatal,
+        // timeouts, not enough replicas, network trouble, throttling, unknown codes
+        _ => Verdict::Retry {
+            refresh_metadata: false,
+        },
+    }
+}
+
+fn produce_error(topic: &str, partition: i32, verdict: Verdict, e: ClientError) -> Error {
+    let source: BoxError = Box::new(e);
+    match verdict {
+        Verdict::Reject(reason) => Error::KafkaRejected {
+            topic: topic.to_owned(),
+            reason,
+            source: Some(source),
+        },
+        Verdict::Fatal | Verdict::Retry { .. } => Error::Kafka {
+            message: format!("producing to {topic}/{partition}"),
+            retryable: matches!(verdict, Verdict::Retry { .. }),
+            source: Some(source),
+        },
+    }
+}
+
+fn client_error(what: &str, e: ClientError) -> Error {
+    let retryable = !matches!(verdict(&e), Verdict::Fatal);
+    Error::Kafka {
+        message: what.to_owned(),
+        retryable,
+        source: Some(Box::new(e)),
+    }
+}
+
+/// TLS with the system's trusted roots, on the ring provider (rustls cannot pick one by
+/// itself when the dependency graph enables two).
+fn tls_config() -> Result<Arc<rustls::ClientConfig>> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _unparsable) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        return Err(Error::Misconfiguration(format!(
+            "KAFKA_TLS: no trusted root certificates found on this system ({} errors while loading)",
+            found.errors.len()
+        )));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Misconfiguration(format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// The standard AWS credentials chain (environment, profile, web identity, ECS, IMDS).
+async fn default_credentials(
+    region: &str,
+) -> Result<aws_credential_types::provider::SharedCredentialsProvider> {
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(region.to_owned()))
+        .load()
+        .await;
+    sdk.credentials_provider().ok_or_else(|| {
+        Error::Misconfiguration("MSK IAM: the AWS configuration has no credentials provider".into())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(code: ProtocolError) -> ClientError {
+        ClientError::ServerError {
+            protocol_error: code,
+            error_message: None,
+            request: rskafka::client::error::RequestContext::Partition("t".into(), 0),
+            response: None,
+            is_virtual: false,
+        }
+    }
+
+    #[test]
+    fn permanent_rejections_are_not_retryable() {
+        for (code, reason) in [
+            (ProtocolError::MessageTooLarge, Rejection::TooLarge),
+            (ProtocolError::RecordListTooLarge, Rejection::TooLarge),
+            (
+                ProtocolError::TopicAuthorizationFailed,
+                Rejection::NotAuthorized,
+            ),
+            (ProtocolError::InvalidRecord, Rejection::InvalidRecord),
+        ] {
+            let v = verdict(&server_error(code));
+            assert_eq!(v, Verdict::Reject(reason), "{code:?}");
+            let e = produce_error("t", 0, v, server_error(code));
+            assert!(!e.is_retryable());
+            assert!(matches!(e, Error::KafkaRejected { reason: r, .. } if r == reason));
+        }
+    }
+
+    #[test]
+    fn leader_and_transient_errors_retry() {
+        for code in [
+            ProtocolError::NotLeaderOrFollower,
+            ProtocolError::LeaderNotAvailable,
+            ProtocolError::UnknownTopicOrPartition,
+        ] {
+            assert_eq!(
+                verdict(&server_error(code)),
+                Verdict::Retry {
+                    refresh_metadata: true
+                }
+            );
+        }
+        for code in [
+            ProtocolError::RequestTimedOut,
+            ProtocolError::NotEnoughReplicas,
+            ProtocolError::NotEnoughReplicasAfterAppend,
+            ProtocolError::NetworkException,
+            ProtocolError::Unknown(999),
+        ] {
+            let v = verdict(&server_error(code));
+            assert_eq!(
+                v,
+                Verdict::Retry {
+                    refresh_metadata: false
+                },
+                "{code:?}"
+            );
+            assert!(produce_error("t", 0, v, server_error(code)).is_retryable());
+        }
+        assert_eq!(
+            verdict(&ClientError::Timeout),
+            Verdict::Retry {
+                refresh_metadata: false
+            }
+        );
+        assert_eq!(
+            verdict(&server_error(ProtocolError::SaslAuthenticationFailed)),
+            Verdict::Fatal
+        );
+    }
+
+    #[test]
+    fn verdict_looks_through_retry_wrappers() {
+        let wrapped = ClientError::RetryFailed(rskafka::BackoffError::DeadlineExceded {
+            deadline: Duration::from_secs(5),
+            source: Box::new(server_error(ProtocolError::MessageTooLarge)),
+        });
+        assert_eq!(verdict(&wrapped), Verdict::Reject(Rejection::TooLarge));
+    }
+
+    #[test]
+    fn tls_config_builds_with_system_roots() {
+        // the machine running the tests has a CA bundle, as Lambda's runtime does
+        tls_config().unwrap();
+    }
+}

@@ -1,0 +1,83 @@
+//! Publishing a bucket's batch to Kafka: the [`Publisher`] seam and its Kafka implementation.
+//!
+//! # Layout
+//! - [`config`]: [`KafkaConfig`] and [`KafkaAuth`], their defaults, and `from_env`.
+//! - [`route`]: which partition each record goes to, how a batch splits into produce
+//!   requests, and which prefix of the batch a partial failure still acknowledges. Pure.
+//! - [`record`]: an outbox message as an rskafka record (and what rskafka cannot carry).
+//! - [`kafka`]: [`KafkaPublisher`], rskafka clients, metadata cache, retries.
+//! - [`msk_iam`]: the Amazon MSK IAM token (a SigV4-presigned URL) and its cache.
+//!
+//! # Contract
+//! A batch is one bucket's messages in sequence order. The publisher writes them with
+//! `acks=all`, keeps their order inside every partition, and reports how many *leading*
+//! messages are durably written ([`PublishOutcome::acknowledged`]); message `n + 1` is never
+//! reported while message `n` is not. Messages after that prefix may have been written too
+//! (a later retry then duplicates them: delivery is at least once).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::error::Error;
+use crate::schema::StoredMessage;
+
+pub mod config;
+pub mod kafka;
+pub mod msk_iam;
+pub mod record;
+pub mod route;
+
+#[cfg(test)]
+mod fake_broker;
+
+pub use config::{KafkaAuth, KafkaConfig};
+pub use kafka::KafkaPublisher;
+pub use msk_iam::MskIamTokenProvider;
+
+/// What happened to a batch: the first `acknowledged` messages are durably in Kafka
+/// (acks=all); the rest were not (or not known to be) written.
+#[derive(Debug)]
+pub struct PublishOutcome {
+    /// How many leading messages of the batch the brokers acknowledged.
+    pub acknowledged: usize,
+    /// Why the message at index `acknowledged` was not acknowledged; `None` when the whole
+    /// batch was. An [`Error::KafkaRejected`] concerns that message only (set it aside and go
+    /// on); any other error concerns the connection or the cluster (retry later).
+    pub error: Option<Error>,
+}
+
+impl PublishOutcome {
+    /// Every one of `len` messages acknowledged.
+    pub fn complete(len: usize) -> Self {
+        PublishOutcome {
+            acknowledged: len,
+            error: None,
+        }
+    }
+
+    /// Nothing acknowledged, because of `error`.
+    pub fn failed(error: Error) -> Self {
+        PublishOutcome {
+            acknowledged: 0,
+            error: Some(error),
+        }
+    }
+}
+
+/// Publishes batches of outbox messages; the relay loop is written against this.
+pub trait Publisher: Send + Sync + 'static {
+    /// Publishes one bucket's batch, in order.
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [StoredMessage],
+    ) -> impl Future<Output = PublishOutcome> + Send + 'a;
+}
+
+impl<P: Publisher> Publisher for Arc<P> {
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [StoredMessage],
+    ) -> impl Future<Output = PublishOutcome> + Send + 'a {
+        (**self).publish(batch)
+    }
+}

@@ -1,0 +1,112 @@
+//! Deleting published messages: `BatchWriteItem` in ascending chunks of 25, unprocessed
+//! items retried with bounded backoff. What cannot be deleted stays and is published
+//! again: a duplicate, never a loss.
+
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::{DeleteRequest, WriteRequest};
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::DynamoDbOutboxStore;
+use crate::error::{from_sdk, Error, Result};
+use crate::schema;
+
+/// Most delete requests in one `BatchWriteItem`.
+pub const CHUNK: usize = 25;
+/// Most attempts per chunk (the first one included).
+pub const MAX_ATTEMPTS: u32 = 5;
+
+impl DynamoDbOutboxStore {
+    /// Deletes the messages `sequences` (ascending) of `bucket`; returns how many leading
+    /// ones are known deleted. Stops at the first chunk that cannot be deleted by the
+    /// deadline or within [`MAX_ATTEMPTS`]; an error comes back only when nothing was deleted.
+    pub async fn delete_messages(
+        &self,
+        bucket: u32,
+        sequences: &[u64],
+        deadline: Instant,
+    ) -> Result<usize> {
+        let mut deleted = 0;
+        for chunk in sequences.chunks(CHUNK) {
+            let mut pending: Vec<WriteRequest> = chunk
+                .iter()
+                .map(|&seq| {
+                    let key = self
+                        .keys
+                        .key(self.keys.message_pk(bucket), schema::message_sk(seq));
+                    WriteRequest::builder()
+                        .delete_request(
+                            DeleteRequest::builder()
+                                .set_key(Some(key))
+                                .build()
+                                .expect("key is set"),
+                        )
+                        .build()
+                })
+                .collect();
+            let mut pause = Duration::from_millis(25);
+            let mut attempt = 0;
+            while !pending.is_empty() {
+                attempt += 1;
+                let result = self
+                    .client
+                    .batch_write_item()
+                    .request_items(&self.options.table_name, pending.clone())
+                    .send()
+                    .await;
+                match result {
+                    Ok(out) => {
+                        pending = out
+                            .unprocessed_items
+                            .and_then(|mut m| m.remove(&self.options.table_name))
+                            .unwrap_or_default();
+                    }
+                    Err(e) => {
+                        let err = from_sdk("BatchWriteItem", e);
+                        if !err.is_retryable() && deleted == 0 {
+                            return Err(err);
+                        }
+                        warn!(bucket, error = %err, attempt, "delete failed");
+                    }
+                }
+                if pending.is_empty() {
+                    break;
+                }
+                if attempt >= MAX_ATTEMPTS || Instant::now() + pause > deadline {
+                    // Count the leading ones of this chunk that went through.
+                    let left: Vec<u64> = pending
+                        .iter()
+                        .filter_map(|w| w.delete_request())
+                        .filter_map(|d| d.key().get(&self.keys.sk)?.as_s().ok())
+                        .filter_map(|sk| schema::parse_message_sk(sk))
+                        .collect();
+                    let first_left = chunk.iter().position(|s| left.contains(s)).unwrap_or(0);
+                    deleted += first_left;
+                    warn!(
+                        bucket,
+                        deleted,
+                        left = left.len(),
+                        "giving up on deletes; the rest is published again"
+                    );
+                    if deleted == 0 {
+                        return Err(Error::DynamoDb {
+                            operation: "BatchWriteItem",
+                            retryable: true,
+                            source: format!(
+                                "{} deletes still unprocessed after {attempt} attempts",
+                                left.len()
+                            )
+                            .into(),
+                        });
+                    }
+                    return Ok(deleted);
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            deleted += chunk.len();
+        }
+        Ok(deleted)
+    }
+}

@@ -1,0 +1,355 @@
+//! Heartbeats, the coordination read, and the three lease writes (renew, release, claim).
+//!
+//! Every write here is one conditional `UpdateItem` (or `DeleteItem`); a refusal is not an
+//! error of the call: it returns `Ok(false)`, is counted by [`WriteKind`] and logged with
+//! its most likely cause.
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use tracing::{instrument, warn};
+
+use super::{DynamoDbOutboxStore, WriteKind};
+use crate::error::{from_sdk, Error, Result};
+use crate::plan::LeaseView;
+use crate::schema::{self, attr, get_n, get_s};
+
+/// One lease item as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The bucket (from the sort key).
+    pub bucket: u32,
+    /// The relay holding it; `None` for a free bucket.
+    pub owner: Option<String>,
+    /// Expiry in UTC ticks, also the lease's version (0 when the item has none).
+    pub expires_at: i64,
+}
+
+/// One heartbeat item as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayRecord {
+    /// The relay's id (from the sort key).
+    pub relay_id: String,
+    /// Its last round in UTC ticks.
+    pub last_seen: i64,
+    /// When it stopped, if it did.
+    pub stopped_at: Option<i64>,
+}
+
+impl RelayRecord {
+    /// Whether the relay counts toward fair share at `now`: heartbeat younger than the
+    /// lease duration and not stamped stopped.
+    pub fn is_active(&self, now: i64, lease_duration_ticks: i64) -> bool {
+        self.stopped_at.is_none() && now - self.last_seen < lease_duration_ticks
+    }
+}
+
+/// The coordination partition, read in one strongly consistent query.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Coordination {
+    /// Every lease item, ascending by bucket (including buckets beyond the count).
+    pub leases: Vec<LeaseRecord>,
+    /// Every heartbeat item.
+    pub relays: Vec<RelayRecord>,
+}
+
+impl Coordination {
+    /// The lease of `bucket`, if its item exists.
+    pub fn lease(&self, bucket: u32) -> Option<&LeaseRecord> {
+        self.leases.iter().find(|l| l.bucket == bucket)
+    }
+
+    /// Ids of the relays active at `now`.
+    pub fn active_relays(&self, now: i64, lease_duration_ticks: i64) -> Vec<String> {
+        self.relays
+            .iter()
+            .filter(|r| r.is_active(now, lease_duration_ticks))
+            .map(|r| r.relay_id.clone())
+            .collect()
+    }
+
+    /// The leases as the plan sees them at `now` (lapsed = expiry at or before now).
+    pub fn lease_views(&self, now: i64) -> Vec<LeaseView> {
+        self.leases
+            .iter()
+            .map(|l| LeaseView {
+                bucket: l.bucket,
+                owner: l.owner.clone(),
+                lapsed: l.expires_at <= now,
+            })
+            .collect()
+    }
+}
+
+impl DynamoDbOutboxStore {
+    fn refused(&self, kind: WriteKind, relay_id: &str, bucket: Option<u32>) {
+        self.refused.add(kind);
+        warn!(
+            kind = kind.as_str(),
+            relay_id,
+            bucket,
+            likely_cause = kind.likely_cause(),
+            "conditional write refused"
+        );
+    }
+
+    fn outcome<T, E, R>(
+        &self,
+        kind: WriteKind,
+        operation: &'static str,
+        relay_id: &str,
+        bucket: Option<u32>,
+        result: std::result::Result<T, aws_sdk_dynamodb::error::SdkError<E, R>>,
+    ) -> Result<bool>
+    where
+        E: aws_sdk_dynamodb::error::ProvideErrorMetadata
+            + std::error::Error
+            + Send
+            + Sync
+            + 'static,
+        R: std::fmt::Debug + Send + Sync + 'static,
+    {
+        match result {
+            Ok(_) => Ok(true),
+            Err(e) => match from_sdk(operation, e) {
+                Error::ConditionFailed { .. } => {
+                    self.refused(kind, relay_id, bucket);
+                    Ok(false)
+                }
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Writes the relay's heartbeat at `now`, conditional on `LastSeenUtc` moving forward;
+    /// clears a stop stamp (a relay restarted under the same id). `Ok(false)` when refused.
+    #[instrument(skip(self), level = "debug")]
+    pub async fn heartbeat(&self, relay_id: &str, now: i64) -> Result<bool> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.options.table_name)
+            .set_key(Some(
+                self.keys
+                    .key(self.keys.coordination_pk(), schema::relay_sk(relay_id)),
+            ))
+            .update_expression("SET #seen = :now REMOVE #stopped")
+            .condition_expression("attribute_not_exists(#seen) OR #seen < :now")
+            .expression_attribute_names("#seen", attr::LAST_SEEN)
+            .expression_attribute_names("#stopped", attr::STOPPED_AT)
+            .expression_attribute_values(":now", schema::n(now))
+            .send()
+            .await;
+        self.outcome(WriteKind::Heartbeat, "UpdateItem", relay_id, None, result)
+    }
+
+    /// Stamps the relay's record as stopped at `now` (peers stop counting it at once), also
+    /// moving `LastSeenUtc` forward so that an abandoned heartbeat cannot land after it.
+    #[instrument(skip(self), level = "debug")]
+    pub async fn stamp_stopped(&self, relay_id: &str, now: i64) -> Result<bool> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.options.table_name)
+            .set_key(Some(
+                self.keys
+                    .key(self.keys.coordination_pk(), schema::relay_sk(relay_id)),
+            ))
+            .update_expression("SET #seen = :now, #stopped = :now")
+            .condition_expression("attribute_not_exists(#seen) OR #seen < :now")
+            .expression_attribute_names("#seen", attr::LAST_SEEN)
+            .expression_attribute_names("#stopped", attr::STOPPED_AT)
+            .expression_attribute_values(":now", schema::n(now))
+            .send()
+            .await;
+        self.outcome(WriteKind::Heartbeat, "UpdateItem", relay_id, None, result)
+    }
+
+    /// Reads every lease and heartbeat with one strongly consistent query (following pages).
+    #[instrument(skip(self), level = "debug")]
+    pub async fn read_coordination(&self) -> Result<Coordination> {
+        let mut coordination = Coordination::default();
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.options.table_name)
+                .key_condition_expression("#pk = :pk")
+                .expression_attribute_names("#pk", &self.keys.pk)
+                .expression_attribute_values(":pk", AttributeValue::S(self.keys.coordination_pk()))
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| from_sdk("Query", e))?;
+            for item in out.items() {
+                let (_, sk) = self.keys.key_of(item);
+                if let Some(bucket) = schema::parse_lease_sk(sk) {
+                    coordination.leases.push(LeaseRecord {
+                        bucket,
+                        owner: get_s(item, attr::OWNER).map(str::to_string),
+                        expires_at: get_n(item, attr::EXPIRES_AT).unwrap_or(0),
+                    });
+                } else if let Some(relay_id) = sk.strip_prefix(schema::RELAY_SK_PREFIX) {
+                    coordination.relays.push(RelayRecord {
+                        relay_id: relay_id.to_string(),
+                        last_seen: get_n(item, attr::LAST_SEEN).unwrap_or(0),
+                        stopped_at: get_n(item, attr::STOPPED_AT),
+                    });
+                }
+            }
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => break,
+            }
+        }
+        coordination.leases.sort_by_key(|l| l.bucket);
+        Ok(coordination)
+    }
+
+    /// Renews a held lease to `new_expires`, conditional on the owner and on the expiry
+    /// this round read. With `unlapsed_at`, also only while the lease has not lapsed at that
+    /// time (an in-flight renewal never revives a lapsed lease); without it, this retakes
+    /// the relay's own lapsed lease under the owner condition.
+    pub async fn renew(
+        &self,
+        bucket: u32,
+        relay_id: &str,
+        read_expires: i64,
+        new_expires: i64,
+        unlapsed_at: Option<i64>,
+    ) -> Result<bool> {
+        debug_assert!(
+            new_expires > read_expires,
+            "a renewal never moves an expiry backwards"
+        );
+        let mut condition = "#owner = :me AND #exp = :read".to_string();
+        let mut values = vec![
+            (":me".to_string(), schema::s(relay_id)),
+            (":read".to_string(), schema::n(read_expires)),
+            (":new".to_string(), schema::n(new_expires)),
+        ];
+        if let Some(now) = unlapsed_at {
+            condition.push_str(" AND #exp > :now");
+            values.push((":now".to_string(), schema::n(now)));
+        }
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.options.table_name)
+            .set_key(Some(
+                self.keys
+                    .key(self.keys.coordination_pk(), schema::lease_sk(bucket)),
+            ))
+            .update_expression("SET #exp = :new")
+            .condition_expression(condition)
+            .expression_attribute_names("#owner", attr::OWNER)
+            .expression_attribute_names("#exp", attr::EXPIRES_AT)
+            .set_expression_attribute_values(Some(values.into_iter().collect()))
+            .send()
+            .await;
+        self.outcome(
+            WriteKind::Renew,
+            "UpdateItem",
+            relay_id,
+            Some(bucket),
+            result,
+        )
+    }
+
+    /// Hands a lease back: removes the owner, conditional on the owner and, when given,
+    /// on the expiry this round read (a stopping relay releases guarded by owner alone).
+    pub async fn release(
+        &self,
+        bucket: u32,
+        relay_id: &str,
+        read_expires: Option<i64>,
+    ) -> Result<bool> {
+        let mut values = vec![(":me".to_string(), schema::s(relay_id))];
+        let mut condition = "#owner = :me".to_string();
+        if let Some(read) = read_expires {
+            condition.push_str(" AND #exp = :read");
+            values.push((":read".to_string(), schema::n(read)));
+        }
+        let mut request = self
+            .client
+            .update_item()
+            .table_name(&self.options.table_name)
+            .set_key(Some(
+                self.keys
+                    .key(self.keys.coordination_pk(), schema::lease_sk(bucket)),
+            ))
+            .update_expression("REMOVE #owner")
+            .condition_expression(condition)
+            .expression_attribute_names("#owner", attr::OWNER)
+            .set_expression_attribute_values(Some(values.into_iter().collect()));
+        if read_expires.is_some() {
+            request = request.expression_attribute_names("#exp", attr::EXPIRES_AT);
+        }
+        let result = request.send().await;
+        self.outcome(
+            WriteKind::Release,
+            "UpdateItem",
+            relay_id,
+            Some(bucket),
+            result,
+        )
+    }
+
+    /// Claims a lease read as free (absent, no owner, or lapsed at `now`) until `new_expires`.
+    pub async fn claim(
+        &self,
+        bucket: u32,
+        relay_id: &str,
+        now: i64,
+        new_expires: i64,
+    ) -> Result<bool> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.options.table_name)
+            .set_key(Some(
+                self.keys
+                    .key(self.keys.coordination_pk(), schema::lease_sk(bucket)),
+            ))
+            .update_expression("SET #owner = :me, #exp = :new")
+            .condition_expression("attribute_not_exists(#owner) OR #exp <= :now")
+            .expression_attribute_names("#owner", attr::OWNER)
+            .expression_attribute_names("#exp", attr::EXPIRES_AT)
+            .expression_attribute_values(":me", schema::s(relay_id))
+            .expression_attribute_values(":now", schema::n(now))
+            .expression_attribute_values(":new", schema::n(new_expires))
+            .send()
+            .await;
+        self.outcome(
+            WriteKind::Claim,
+            "UpdateItem",
+            relay_id,
+            Some(bucket),
+            result,
+        )
+    }
+
+    /// Deletes a stopped or dead relay's heartbeat record, conditional on it being unchanged
+    /// since it was read.
+    pub async fn delete_relay_record(
+        &self,
+        cleaner: &str,
+        relay_id: &str,
+        read_last_seen: i64,
+    ) -> Result<bool> {
+        let result = self
+            .client
+            .delete_item()
+            .table_name(&self.options.table_name)
+            .set_key(Some(
+                self.keys
+                    .key(self.keys.coordination_pk(), schema::relay_sk(relay_id)),
+            ))
+            .condition_expression("#seen = :read")
+            .expression_attribute_names("#seen", attr::LAST_SEEN)
+            .expression_attribute_values(":read", schema::n(read_last_seen))
+            .send()
+            .await;
+        self.outcome(WriteKind::Cleanup, "DeleteItem", cleaner, None, result)
+    }
+}

@@ -1,0 +1,149 @@
+//! The store: every DynamoDB request a relay makes, one file per concern.
+//!
+//! - [`leases`]: heartbeats, the coordination read, renew / release / claim.
+//! - [`fetch`]: the idle probe, the ordered fetch, gap probes.
+//! - [`delete`]: deleting published messages in chunks of 25.
+//! - [`sample`]: backlog metrics reads (pending count, oldest pending age).
+
+pub mod delete;
+pub mod fetch;
+pub mod leases;
+pub mod sample;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::Client;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::Result;
+use crate::options::OutboxOptions;
+use crate::schema::Keys;
+
+/// Kinds of conditional write a relay makes; a refusal of any of them is counted by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WriteKind {
+    /// The heartbeat (and the stop stamp), refused when the record has a later timestamp.
+    Heartbeat,
+    /// A renewal of a held lease, refused when the lease moved on.
+    Renew,
+    /// A release of a held lease.
+    Release,
+    /// A claim of a free lease, refused when a peer claimed it first.
+    Claim,
+    /// The cleanup of a stopped or dead relay's heartbeat record.
+    Cleanup,
+}
+
+impl WriteKind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [WriteKind; 5] = [
+        WriteKind::Heartbeat,
+        WriteKind::Renew,
+        WriteKind::Release,
+        WriteKind::Claim,
+        WriteKind::Cleanup,
+    ];
+
+    /// Lowercase name, as used in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriteKind::Heartbeat => "heartbeat",
+            WriteKind::Renew => "renew",
+            WriteKind::Release => "release",
+            WriteKind::Claim => "claim",
+            WriteKind::Cleanup => "cleanup",
+        }
+    }
+
+    /// The most likely cause of a refusal of this kind (the spec's telemetry paragraph).
+    pub fn likely_cause(self) -> &'static str {
+        match self {
+            WriteKind::Heartbeat => {
+                "the record carries a later timestamp: a clock set back, two processes sharing a relay id, or a request this relay abandoned"
+            }
+            WriteKind::Renew | WriteKind::Release => {
+                "the lease moved on: a stall past the lease duration, clock skew beyond the bound, or relays in several regions"
+            }
+            WriteKind::Claim => "a peer claimed the bucket first: membership was changing while both planned",
+            WriteKind::Cleanup => "another relay cleaned the record up, or the relay came back",
+        }
+    }
+}
+
+/// Refused conditional writes by kind.
+#[derive(Debug, Default)]
+pub struct RefusedWrites {
+    counts: [AtomicU64; 5],
+}
+
+impl RefusedWrites {
+    pub(crate) fn add(&self, kind: WriteKind) {
+        self.counts[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Refusals of one kind so far.
+    pub fn get(&self, kind: WriteKind) -> u64 {
+        self.counts[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// All refusals so far.
+    pub fn total(&self) -> u64 {
+        WriteKind::ALL.iter().map(|k| self.get(*k)).sum()
+    }
+}
+
+/// Access to the outbox table for relays and operators.
+#[derive(Debug, Clone)]
+pub struct DynamoDbOutboxStore {
+    pub(crate) client: Client,
+    pub(crate) options: OutboxOptions,
+    pub(crate) keys: Keys,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) refused: Arc<RefusedWrites>,
+}
+
+impl DynamoDbOutboxStore {
+    /// A store for the outbox `options` describe; the options are validated here.
+    pub fn new(client: Client, options: OutboxOptions) -> Result<Self> {
+        options.validate()?;
+        Ok(DynamoDbOutboxStore {
+            client,
+            keys: Keys::new(&options),
+            options,
+            clock: Arc::new(SystemClock),
+            refused: Arc::new(RefusedWrites::default()),
+        })
+    }
+
+    /// Replaces the clock (tests of skew; the default is the system clock).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The options of this store.
+    pub fn options(&self) -> &OutboxOptions {
+        &self.options
+    }
+
+    /// The key formats of this store.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// The DynamoDB client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The clock leases are compared with.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Refused conditional writes of this store so far, by kind.
+    pub fn refused_writes(&self) -> &Arc<RefusedWrites> {
+        &self.refused
+    }
+}

@@ -1,0 +1,72 @@
+//! Backlog reads for metrics and `outboxctl status`: a count capped at the pending count
+//! limit (DynamoDB bills a count as a read of every counted item) and the head's age.
+
+use aws_sdk_dynamodb::types::{AttributeValue, Select};
+
+use super::DynamoDbOutboxStore;
+use crate::error::{from_sdk, Result};
+use crate::schema::{self, attr};
+
+/// The backlog of one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketBacklog {
+    /// The bucket.
+    pub bucket: u32,
+    /// Pending messages, counted up to the pending count limit.
+    pub pending: u32,
+    /// Whether the count stopped at the limit (the real backlog may be larger).
+    pub capped: bool,
+    /// Enqueue time (UTC ticks) of the head message, the one a stalled bucket is stuck on.
+    pub oldest_created_at: Option<i64>,
+    /// Sequence number of the head message.
+    pub head_sequence: Option<u64>,
+}
+
+impl DynamoDbOutboxStore {
+    /// Counts a bucket's messages up to the pending count limit and reads its head.
+    pub async fn backlog(&self, bucket: u32) -> Result<BucketBacklog> {
+        let limit = self.options.pending_count_limit;
+        let mut pending: u32 = 0;
+        let mut start = None;
+        while pending < limit {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.options.table_name)
+                .key_condition_expression("#pk = :pk")
+                .expression_attribute_names("#pk", &self.keys.pk)
+                .expression_attribute_values(":pk", AttributeValue::S(self.keys.message_pk(bucket)))
+                .select(Select::Count)
+                .limit((limit - pending) as i32)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| from_sdk("Query", e))?;
+            pending += out.count().max(0) as u32;
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => break,
+            }
+        }
+        let head = self
+            .client
+            .query()
+            .table_name(&self.options.table_name)
+            .key_condition_expression("#pk = :pk")
+            .expression_attribute_names("#pk", &self.keys.pk)
+            .expression_attribute_values(":pk", AttributeValue::S(self.keys.message_pk(bucket)))
+            .consistent_read(true)
+            .limit(1)
+            .send()
+            .await
+            .map_err(|e| from_sdk("Query", e))?;
+        let head = head.items().first();
+        Ok(BucketBacklog {
+            bucket,
+            pending: pending.min(limit),
+            capped: pending >= limit,
+            oldest_created_at: head.and_then(|i| schema::get_n(i, attr::CREATED_AT)),
+            head_sequence: head.and_then(|i| schema::parse_message_sk(self.keys.key_of(i).1)),
+        })
+    }
+}

@@ -1,0 +1,326 @@
+//! The writer: reserves sequence numbers and turns messages into transaction items.
+//!
+//! DynamoDB has no auto-increment, so each message takes the next number of its bucket's
+//! counter (`ADD Sequence :n`, `UPDATED_NEW`) before the transaction commits: the order of
+//! two messages in a bucket is the order of their reservations. A reservation whose
+//! transaction never commits leaves a gap, which the relay tolerates.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{Put, ReturnValue, TransactWriteItem};
+use aws_sdk_dynamodb::Client;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use tracing::{debug, instrument};
+use uuid::Uuid;
+
+use crate::error::{from_sdk, Error, Result};
+use crate::message::OutboxMessage;
+use crate::options::OutboxOptions;
+use crate::schema::{self, attr, Item, Keys};
+
+/// Wakes relays after a commit. Called only after the transaction committed.
+pub trait CommitNotifier: Debug + Send + Sync {
+    /// The buckets that received messages.
+    fn notify(&self, buckets: &[u32]);
+}
+
+/// A notifier that does nothing: relays find the messages on their next poll.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoopNotifier;
+
+impl CommitNotifier for NoopNotifier {
+    fn notify(&self, _buckets: &[u32]) {}
+}
+
+/// A message with its reserved place, ready to join a transaction.
+#[derive(Debug, Clone)]
+pub struct Reserved {
+    /// The message's id.
+    pub message_id: Uuid,
+    /// Its bucket.
+    pub bucket: u32,
+    /// Its sequence number within the bucket.
+    pub sequence: u64,
+    /// The item to put (guarded by `attribute_not_exists`).
+    pub item: Item,
+    table_name: String,
+    sk_attribute: String,
+}
+
+impl Reserved {
+    /// The `Put` for a `TransactWriteItems` request. The `attribute_not_exists` condition
+    /// makes a reset counter fail the transaction instead of overwriting a pending message.
+    pub fn transact_write_item(&self) -> Result<TransactWriteItem> {
+        let put = Put::builder()
+            .table_name(&self.table_name)
+            .set_item(Some(self.item.clone()))
+            .condition_expression("attribute_not_exists(#sk)")
+            .expression_attribute_names("#sk", &self.sk_attribute)
+            .build()
+            .map_err(|e| Error::Misconfiguration(e.to_string()))?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+}
+
+/// The result of [`DynamoDbOutboxWriter::enqueue`] for one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The message's id.
+    pub message_id: Uuid,
+    /// Its bucket.
+    pub bucket: u32,
+    /// Its sequence number within the bucket.
+    pub sequence: u64,
+}
+
+/// Writes outbox messages: inside the caller's own transaction, or on their own.
+#[derive(Debug, Clone)]
+pub struct DynamoDbOutboxWriter {
+    client: Client,
+    options: OutboxOptions,
+    keys: Keys,
+    notifier: Arc<dyn CommitNotifier>,
+}
+
+impl DynamoDbOutboxWriter {
+    /// A writer for the outbox `options` describe; the options are validated here.
+    pub fn new(client: Client, options: OutboxOptions) -> Result<Self> {
+        options.validate()?;
+        Ok(DynamoDbOutboxWriter {
+            client,
+            keys: Keys::new(&options),
+            options,
+            notifier: Arc::new(NoopNotifier),
+        })
+    }
+
+    /// Sets the notifier that [`Self::notify_committed`] calls.
+    pub fn with_notifier(mut self, notifier: Arc<dyn CommitNotifier>) -> Self {
+        self.notifier = notifier;
+        self
+    }
+
+    /// The options of this writer.
+    pub fn options(&self) -> &OutboxOptions {
+        &self.options
+    }
+
+    /// A message for `topic` stamped with this writer's bucket count.
+    pub fn message(&self, topic: impl Into<String>) -> OutboxMessage {
+        OutboxMessage::new(topic, self.options.bucket_count)
+    }
+
+    /// Reserves a sequence number for one message and returns its `Put` for your own
+    /// transaction. Call it inside your retry loop: a rebuilt transaction must reserve again.
+    pub async fn transact_write_item(&self, message: &OutboxMessage) -> Result<TransactWriteItem> {
+        self.transact_write_items(std::slice::from_ref(message))
+            .await?
+            .pop()
+            .ok_or_else(|| Error::message("messages", "must not be empty"))
+    }
+
+    /// Reserves sequence numbers for several messages (one request per distinct bucket;
+    /// messages sharing a bucket keep their list order) and returns their `Put`s.
+    pub async fn transact_write_items(
+        &self,
+        messages: &[OutboxMessage],
+    ) -> Result<Vec<TransactWriteItem>> {
+        self.reserve(messages)
+            .await?
+            .iter()
+            .map(Reserved::transact_write_item)
+            .collect()
+    }
+
+    /// Checks every message and DynamoDB's limits without sending anything.
+    pub fn check(&self, messages: &[OutboxMessage]) -> Result<()> {
+        if messages.is_empty() {
+            return Err(Error::message("messages", "must not be empty"));
+        }
+        if messages.len() > schema::MAX_TRANSACTION_ITEMS {
+            return Err(Error::Limit {
+                what: "items in one transaction".into(),
+                actual: messages.len(),
+                limit: schema::MAX_TRANSACTION_ITEMS,
+            });
+        }
+        let mut total = 0;
+        for (i, m) in messages.iter().enumerate() {
+            let field = format!("messages[{i}]");
+            m.validate(&field)?;
+            if m.bucket_count != self.options.bucket_count {
+                return Err(Error::message(
+                    format!("{field}.bucket_count"),
+                    format!(
+                        "is {}, but the writer's bucket count is {}: every writer and relay of a table must use the same count",
+                        m.bucket_count, self.options.bucket_count
+                    ),
+                ));
+            }
+            // The sort key has a fixed width, so the size with sequence 0 is the real size.
+            let size = schema::item_size(&schema::message_item(&self.keys, m, m.bucket(), 0)?);
+            if size > schema::MAX_ITEM_BYTES {
+                return Err(Error::Limit {
+                    what: format!("{field}: item size in bytes"),
+                    actual: size,
+                    limit: schema::MAX_ITEM_BYTES,
+                });
+            }
+            total += size;
+        }
+        if total > schema::MAX_TRANSACTION_BYTES {
+            return Err(Error::Limit {
+                what: "bytes in one transaction".into(),
+                actual: total,
+                limit: schema::MAX_TRANSACTION_BYTES,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reserves sequence numbers and builds the items, in the order of `messages`.
+    #[instrument(skip_all, fields(messages = messages.len()))]
+    pub async fn reserve(&self, messages: &[OutboxMessage]) -> Result<Vec<Reserved>> {
+        self.check(messages)?;
+        let mut by_bucket: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (i, m) in messages.iter().enumerate() {
+            by_bucket.entry(m.bucket()).or_default().push(i);
+        }
+        let reservations: Vec<(u32, u64)> =
+            stream::iter(by_bucket.iter().map(|(&bucket, idx)| async move {
+                let last = self.reserve_numbers(bucket, idx.len() as u64).await?;
+                Ok::<_, Error>((bucket, last))
+            }))
+            .buffer_unordered(self.options.max_concurrency)
+            .try_collect()
+            .await?;
+        let mut placed: Vec<Option<(u32, u64)>> = vec![None; messages.len()];
+        for (bucket, last) in reservations {
+            let idx = &by_bucket[&bucket];
+            let first = last + 1 - idx.len() as u64;
+            for (offset, &i) in idx.iter().enumerate() {
+                placed[i] = Some((bucket, first + offset as u64));
+            }
+        }
+        messages
+            .iter()
+            .zip(placed)
+            .map(|(m, place)| {
+                let (bucket, sequence) = place.expect("every message belongs to a reserved bucket");
+                Ok(Reserved {
+                    message_id: m.message_id,
+                    bucket,
+                    sequence,
+                    item: schema::message_item(&self.keys, m, bucket, sequence)?,
+                    table_name: self.options.table_name.clone(),
+                    sk_attribute: self.keys.sk.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// `ADD Sequence :n` on the bucket's counter; returns the new (last reserved) number.
+    async fn reserve_numbers(&self, bucket: u32, count: u64) -> Result<u64> {
+        let out = self
+            .client
+            .update_item()
+            .table_name(&self.options.table_name)
+            .set_key(Some(
+                self.keys
+                    .key(self.keys.sequence_pk(bucket), schema::SEQUENCE_SK.into()),
+            ))
+            .update_expression("ADD #seq :n")
+            .expression_attribute_names("#seq", attr::SEQUENCE)
+            .expression_attribute_values(":n", schema::n(count))
+            .return_values(ReturnValue::UpdatedNew)
+            .send()
+            .await
+            .map_err(|e| from_sdk("UpdateItem", e))?;
+        let last: u64 = out
+            .attributes()
+            .and_then(|a| schema::get_n(a, attr::SEQUENCE))
+            .ok_or_else(|| Error::Corrupt {
+                pk: self.keys.sequence_pk(bucket),
+                sk: schema::SEQUENCE_SK.into(),
+                reason: "Sequence is missing or not a whole number after ADD".into(),
+            })?;
+        if last < count {
+            return Err(Error::Corrupt {
+                pk: self.keys.sequence_pk(bucket),
+                sk: schema::SEQUENCE_SK.into(),
+                reason: format!(
+                    "Sequence {last} is smaller than the {count} numbers just reserved"
+                ),
+            });
+        }
+        debug!(bucket, last, count, "reserved sequence numbers");
+        Ok(last)
+    }
+
+    /// Writes 1 to 100 messages that have no business write, all or nothing, and notifies.
+    ///
+    /// One `TransactWriteItems` with a `ClientRequestToken`, so a retry of the SDK whose
+    /// first attempt was applied is a success, not a second copy.
+    pub async fn enqueue(&self, messages: &[OutboxMessage]) -> Result<Vec<Enqueued>> {
+        let reserved = self.reserve(messages).await?;
+        let items = reserved
+            .iter()
+            .map(Reserved::transact_write_item)
+            .collect::<Result<Vec<_>>>()?;
+        self.client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .client_request_token(Uuid::new_v4().to_string())
+            .send()
+            .await
+            .map_err(transaction_error)?;
+        self.notify_committed(messages);
+        Ok(reserved
+            .iter()
+            .map(|r| Enqueued {
+                message_id: r.message_id,
+                bucket: r.bucket,
+                sequence: r.sequence,
+            })
+            .collect())
+    }
+
+    /// Wakes the relay after your transaction committed. Never call it before the commit.
+    pub fn notify_committed(&self, messages: &[OutboxMessage]) {
+        let mut buckets: Vec<u32> = messages.iter().map(OutboxMessage::bucket).collect();
+        buckets.sort_unstable();
+        buckets.dedup();
+        self.notifier.notify(&buckets);
+    }
+
+    /// The DynamoDB client of this writer.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
+/// Turns a failed `TransactWriteItems` into [`Error`], keeping the cancellation reasons.
+pub fn transaction_error<R>(err: SdkError<TransactWriteItemsError, R>) -> Error
+where
+    R: Debug + Send + Sync + 'static,
+{
+    if let Some(TransactWriteItemsError::TransactionCanceledException(e)) = err.as_service_error() {
+        let reasons: Vec<String> = e
+            .cancellation_reasons()
+            .iter()
+            .map(|r| r.code().unwrap_or("None").to_string())
+            .collect();
+        let retryable = reasons.iter().any(|r| {
+            matches!(
+                r.as_str(),
+                "TransactionConflict" | "ThrottlingError" | "ProvisionedThroughputExceeded"
+            )
+        });
+        return Error::TransactionCanceled { reasons, retryable };
+    }
+    from_sdk("TransactWriteItems", err)
+}

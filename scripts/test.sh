@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The project's test command (what CI runs through .ci/run):
+#
+#   1. scripts/install.sh   installs/updates the local stack in the cache
+#   2. scripts/stack.sh run starts DynamoDB Local + tansu on loopback ports and,
+#      with their endpoints exported, runs the checks below:
+#        cargo fmt --all --check
+#        cargo clippy --workspace --all-targets -- -D warnings
+#        cargo test --workspace
+#
+# Build output goes to CARGO_TARGET_DIR (default ~/.cache/dynamo-outbox/target,
+# shared by every clone on the machine, so CI's fresh clone builds
+# incrementally).  Extra arguments are passed on to `cargo test`.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${DYNAMO_OUTBOX_CACHE:-$HOME/.cache/dynamo-outbox}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$CACHE/target}
+cd "$ROOT"
+
+step() { printf '\n==> %s\n' "$*"; }
+
+# ---------------------------------------------------------------------------
+# Second half: runs inside `stack.sh run`, with the stack's variables set.
+if [[ ${1:-} == --inside-stack ]]; then
+    shift
+    # The venv's tools (sam, cfn-lint, cargo-lambda -> `cargo lambda`) first.
+    export PATH="$CACHE/venv/bin:$PATH"
+
+    step "cargo fmt --all --check"
+    cargo fmt --all --check
+
+    step "cargo clippy --workspace --all-targets -- -D warnings"
+    cargo clippy --workspace --all-targets -- -D warnings
+
+    # HOOK: template / SAM checks go here, e.g.
+    #   step "cfn-lint template.yaml";  cfn-lint template.yaml
+    #   step "sam validate --lint";     sam validate --lint --template template.yaml
+    #   step "cargo lambda build";      cargo lambda build --release --arm64 ...
+
+    # Last, so that its summary lines ("test result: ...") close the output.
+    step "cargo test --workspace"
+    cargo test --workspace "$@"
+    exit 0
+fi
+
+# ---------------------------------------------------------------------------
+# First half: install, then re-enter this script inside the stack.
+step "scripts/install.sh"
+bash "$ROOT/scripts/install.sh"
+
+step "scripts/stack.sh run (DynamoDB Local + tansu)"
+exec bash "$ROOT/scripts/stack.sh" run -- bash "$ROOT/scripts/test.sh" --inside-stack "$@"

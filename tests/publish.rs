@@ -1,0 +1,315 @@
+//! The Kafka publisher against the local broker (tansu), read back with an independent
+//! client (`scripts/kafka.py`, librdkafka through confluent-kafka).
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use dynamo_outbox::error::Rejection;
+use dynamo_outbox::message::{murmur2, to_positive};
+use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher, Publisher};
+use dynamo_outbox::schema::StoredMessage;
+use dynamo_outbox::{Error, Header, OutboxMessage};
+use outbox_integration_tests::{random_name, stack_var};
+use serde_json::Value;
+
+const HEADER: &str = "x-outbox-message-id";
+
+async fn publisher() -> KafkaPublisher {
+    stack_var("KAFKA_BOOTSTRAP_SERVERS");
+    let config = KafkaConfig::from_env().expect("KAFKA_* variables of the stack");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    KafkaPublisher::connect(config, deadline)
+        .await
+        .expect("connect to the local broker")
+}
+
+fn stored(messages: Vec<OutboxMessage>) -> Vec<StoredMessage> {
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, message)| StoredMessage {
+            bucket: 0,
+            sequence: i as u64 + 1,
+            message,
+        })
+        .collect()
+}
+
+/// A record as `kafka.py read` prints it.
+#[derive(Debug)]
+struct Read {
+    partition: i32,
+    offset: i64,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+    timestamp: Option<i64>,
+    timestamp_type: Option<String>,
+}
+
+fn bytes(v: &Value) -> Option<Vec<u8>> {
+    v.as_str().map(|s| STANDARD.decode(s).expect("base64"))
+}
+
+/// Every record of `topic`, read by the independent client; fails unless there are `expect`.
+fn read_topic(topic: &str, expect: usize) -> Vec<Read> {
+    let output = Command::new(stack_var("OUTBOX_STACK_PYTHON"))
+        .arg(format!("{}/kafka.py", stack_var("OUTBOX_STACK_SCRIPTS")))
+        .args(["read", topic, "--expect", &expect.to_string()])
+        .output()
+        .expect("run kafka.py");
+    assert!(
+        output.status.success(),
+        "kafka.py read failed: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let v: Value = serde_json::from_str(line).expect("a JSON line");
+            Read {
+                partition: v["partition"].as_i64().unwrap() as i32,
+                offset: v["offset"].as_i64().unwrap(),
+                key: bytes(&v["key"]),
+                value: bytes(&v["value"]),
+                headers: v["headers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|h| (h[0].as_str().unwrap().to_owned(), bytes(&h[1])))
+                    .collect(),
+                timestamp: v["timestamp"].as_i64(),
+                timestamp_type: v["timestamp_type"].as_str().map(String::from),
+            }
+        })
+        .collect()
+}
+
+fn java_partition(key: &[u8], partitions: u32) -> i32 {
+    (to_positive(murmur2(key)) % partitions) as i32
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+#[tokio::test]
+async fn records_land_where_the_java_client_puts_them_with_headers_and_order() {
+    const PARTITIONS: u32 = 6;
+    let publisher = publisher().await;
+    let topic = random_name("publish");
+    assert!(publisher
+        .create_topic(&topic, PARTITIONS as i32, 1)
+        .await
+        .expect("create topic"));
+    assert!(!publisher
+        .create_topic(&topic, PARTITIONS as i32, 1)
+        .await
+        .unwrap());
+    assert_eq!(
+        publisher.partition_count(&topic).await.unwrap(),
+        Some(PARTITIONS)
+    );
+
+    let keys: [&[u8]; 5] = [
+        b"foobar",
+        b"21",
+        b"a-little-bit-long-string",
+        b"",
+        &[0, 0xff, 0x80],
+    ];
+    let mut messages = Vec::new();
+    for i in 0..30usize {
+        let key = keys[i % keys.len()];
+        messages.push(
+            OutboxMessage::new(&topic, 8)
+                .with_key(key)
+                .with_value(format!("value-{i}"))
+                .with_header(Header::new("trace", format!("t{i}")))
+                .with_header(Header::new("binary", vec![0u8, 0xff, i as u8]))
+                .with_header(Header::null("nullable")),
+        );
+    }
+    // explicit partition beats the key; keyless records; a tombstone
+    messages.push(
+        OutboxMessage::new(&topic, 8)
+            .with_key("foobar")
+            .with_partition(5)
+            .with_value("explicit"),
+    );
+    messages.push(OutboxMessage::new(&topic, 8).with_value("keyless-1"));
+    messages.push(OutboxMessage::new(&topic, 8).with_key("foobar"));
+    messages.push(OutboxMessage::new(&topic, 8).with_value("keyless-2"));
+    let batch = stored(messages);
+
+    let before = now_ms();
+    let outcome = publisher.publish(&batch).await;
+    let after = now_ms();
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    assert_eq!(outcome.acknowledged, batch.len());
+
+    let records = read_topic(&topic, batch.len());
+    let by_id: HashMap<String, &Read> = records
+        .iter()
+        .map(|r| {
+            let ids: Vec<_> = r.headers.iter().filter(|(k, _)| k == HEADER).collect();
+            assert_eq!(ids.len(), 1, "one message-id header: {r:?}");
+            let id = String::from_utf8(ids[0].1.clone().expect("id header has a value")).unwrap();
+            (id, r)
+        })
+        .collect();
+    assert_eq!(by_id.len(), batch.len(), "every message exactly once");
+
+    let mut keyless_partitions = Vec::new();
+    for s in &batch {
+        let m = &s.message;
+        let id = m.message_id.hyphenated().to_string();
+        assert_eq!(id, id.to_lowercase());
+        let r = by_id
+            .get(&id)
+            .unwrap_or_else(|| panic!("message {id} not in the topic"));
+        // partition: explicit, else the Java partitioner, keyless all together
+        match (m.partition, &m.key) {
+            (Some(p), _) => assert_eq!(r.partition, p),
+            (None, Some(k)) => assert_eq!(r.partition, java_partition(k, PARTITIONS), "key {k:?}"),
+            (None, None) => keyless_partitions.push(r.partition),
+        }
+        // bytes through unchanged
+        assert_eq!(r.key, m.key);
+        assert_eq!(r.value, m.value);
+        // headers: user headers intact (null -> empty, rskafka's limit), plus the id
+        let mut expected: Vec<(String, Option<Vec<u8>>)> = m
+            .headers
+            .iter()
+            .map(|h| (h.key.clone(), Some(h.value.clone().unwrap_or_default())))
+            .collect();
+        expected.push((HEADER.to_owned(), Some(id.clone().into_bytes())));
+        expected.sort();
+        let mut got = r.headers.clone();
+        got.sort();
+        assert_eq!(got, expected);
+        // publish time, as CreateTime
+        assert_eq!(r.timestamp_type.as_deref(), Some("create"));
+        let ts = r.timestamp.unwrap();
+        assert!(
+            before <= ts && ts <= after,
+            "timestamp {ts} outside [{before}, {after}]"
+        );
+    }
+    assert_eq!(keyless_partitions.len(), 2);
+    assert_eq!(
+        keyless_partitions[0], keyless_partitions[1],
+        "keyless records stick together"
+    );
+
+    // order inside each partition follows the batch (sequence) order
+    let sequence_of: HashMap<String, u64> = batch
+        .iter()
+        .map(|s| (s.message.message_id.hyphenated().to_string(), s.sequence))
+        .collect();
+    let mut per_partition: HashMap<i32, Vec<(i64, u64)>> = HashMap::new();
+    for (id, r) in &by_id {
+        per_partition
+            .entry(r.partition)
+            .or_default()
+            .push((r.offset, sequence_of[id]));
+    }
+    assert!(per_partition.len() > 1, "the keys spread over partitions");
+    for (p, mut v) in per_partition {
+        v.sort();
+        assert!(
+            v.windows(2).all(|w| w[0].1 < w[1].1),
+            "partition {p} out of order: {v:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn duplicate_header_keys_keep_the_last_value() {
+    let publisher = publisher().await;
+    let topic = random_name("publish-dup");
+    publisher.create_topic(&topic, 1, 1).await.unwrap();
+    let m = OutboxMessage::new(&topic, 8)
+        .with_key("k")
+        .with_header(Header::new("h", "first"))
+        .with_header(Header::new("h", "last"));
+    let outcome = publisher.publish(&stored(vec![m])).await;
+    assert_eq!((outcome.acknowledged, outcome.error.is_none()), (1, true));
+    let records = read_topic(&topic, 1);
+    let h: Vec<_> = records[0]
+        .headers
+        .iter()
+        .filter(|(k, _)| k == "h")
+        .collect();
+    assert_eq!(h, [&("h".to_owned(), Some(b"last".to_vec()))]);
+}
+
+#[tokio::test]
+async fn a_rejected_record_ends_the_acknowledged_prefix() {
+    let publisher = publisher().await;
+    let topic = random_name("publish-rej");
+    publisher.create_topic(&topic, 2, 1).await.unwrap();
+    let missing = random_name("no-such-topic");
+
+    // unknown topic in the middle: the messages before it are acknowledged
+    let batch = stored(vec![
+        OutboxMessage::new(&topic, 8).with_key("a").with_value("1"),
+        OutboxMessage::new(&topic, 8).with_key("b").with_value("2"),
+        OutboxMessage::new(&missing, 8).with_value("lost"),
+        OutboxMessage::new(&topic, 8).with_key("a").with_value("3"),
+    ]);
+    let outcome = publisher.publish(&batch).await;
+    assert_eq!(outcome.acknowledged, 2);
+    match outcome.error {
+        Some(Error::KafkaRejected {
+            topic: t,
+            reason: Rejection::UnknownTopic,
+            ..
+        }) => {
+            assert_eq!(t, missing)
+        }
+        other => panic!("expected an unknown-topic rejection, got {other:?}"),
+    }
+
+    // an explicit partition the topic lacks
+    let batch = stored(vec![
+        OutboxMessage::new(&topic, 8).with_value("4"),
+        OutboxMessage::new(&topic, 8)
+            .with_partition(7)
+            .with_value("nowhere"),
+    ]);
+    let outcome = publisher.publish(&batch).await;
+    assert_eq!(outcome.acknowledged, 1);
+    assert!(
+        matches!(
+            outcome.error,
+            Some(Error::KafkaRejected {
+                reason: Rejection::UnknownPartition,
+                ..
+            })
+        ),
+        "{:?}",
+        outcome.error
+    );
+    assert!(!outcome.error.unwrap().is_retryable());
+
+    // what was acknowledged is in the topic (the message after the rejection was not sent)
+    let values: Vec<Vec<u8>> = read_topic(&topic, 3)
+        .into_iter()
+        .filter_map(|r| r.value)
+        .collect();
+    let mut values: Vec<String> = values
+        .into_iter()
+        .map(|v| String::from_utf8(v).unwrap())
+        .collect();
+    values.sort();
+    assert_eq!(values, ["1", "2", "4"]);
+}

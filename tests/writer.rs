@@ -1,0 +1,358 @@
+//! The writer and table provisioning against DynamoDB Local.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put,
+    ScalarAttributeType, TransactWriteItem,
+};
+use aws_sdk_dynamodb::Client;
+use dynamo_outbox::schema::{self, attr, Keys};
+use dynamo_outbox::table::{self, Provisioned};
+use dynamo_outbox::writer::transaction_error;
+use dynamo_outbox::{DynamoDbOutboxWriter, Error, Header, OutboxMessage, OutboxOptions};
+use outbox_integration_tests::{dynamodb, fresh_table, random_name};
+
+async fn query_partition(
+    client: &Client,
+    table: &str,
+    pk: &str,
+) -> Vec<HashMap<String, AttributeValue>> {
+    client
+        .query()
+        .table_name(table)
+        .key_condition_expression("PK = :pk")
+        .expression_attribute_values(":pk", AttributeValue::S(pk.into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .items
+        .unwrap_or_default()
+}
+
+async fn count_items(client: &Client, table: &str) -> usize {
+    client
+        .scan()
+        .table_name(table)
+        .send()
+        .await
+        .unwrap()
+        .items
+        .unwrap_or_default()
+        .len()
+}
+
+#[tokio::test]
+async fn provisioning_is_idempotent_and_concurrent() {
+    let client = dynamodb().await;
+    let options = OutboxOptions::new(random_name("prov"));
+    let (a, b) = tokio::join!(
+        table::create_if_not_exists(&client, &options),
+        table::create_if_not_exists(&client, &options)
+    );
+    let mut outcomes = vec![a.unwrap(), b.unwrap()];
+    outcomes.sort_by_key(|o| *o == Provisioned::Existed);
+    assert_eq!(
+        outcomes[1],
+        Provisioned::Existed,
+        "at most one call creates"
+    );
+    assert_eq!(
+        table::create_if_not_exists(&client, &options)
+            .await
+            .unwrap(),
+        Provisioned::Existed
+    );
+    let described = client
+        .describe_table()
+        .table_name(&options.table_name)
+        .send()
+        .await
+        .unwrap();
+    let t = described.table.unwrap();
+    assert_eq!(t.table_status().map(|s| s.as_str()), Some("ACTIVE"));
+    table::check_key_schema(&t, &options).unwrap();
+}
+
+#[tokio::test]
+async fn provisioning_refuses_a_table_with_other_keys() {
+    let client = dynamodb().await;
+    let name = random_name("wrongkeys");
+    client
+        .create_table()
+        .table_name(&name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let err = table::create_if_not_exists(&client, &OutboxOptions::new(&name))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Misconfiguration(_)), "{err}");
+    assert!(
+        err.to_string()
+            .contains("partition key is id, but the options expect PK"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn enqueue_reserves_in_list_order_per_bucket() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 8).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let keys = Keys::new(&options);
+    // Three keys, interleaved: each bucket's sequence follows the list order.
+    let messages: Vec<OutboxMessage> = (0..12)
+        .map(|i| {
+            writer
+                .message("orders")
+                .with_key(format!("key-{}", i % 3))
+                .with_value(format!("v{i}"))
+                .with_header(Header::new("n", i.to_string()))
+        })
+        .collect();
+    let first = writer.enqueue(&messages).await.unwrap();
+    let second = writer
+        .enqueue(
+            &messages[..3]
+                .iter()
+                .map(|m| OutboxMessage {
+                    message_id: uuid::Uuid::new_v4(),
+                    ..m.clone()
+                })
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 12);
+    let mut per_bucket: HashMap<u32, Vec<u64>> = HashMap::new();
+    for (m, r) in messages.iter().zip(&first) {
+        assert_eq!(r.message_id, m.message_id);
+        assert_eq!(r.bucket, m.bucket());
+        per_bucket.entry(r.bucket).or_default().push(r.sequence);
+    }
+    for seqs in per_bucket.values() {
+        assert!(
+            seqs.windows(2).all(|w| w[1] == w[0] + 1),
+            "consecutive in list order: {seqs:?}"
+        );
+    }
+    // Each bucket's later enqueue continues after the earlier one.
+    for r in &second {
+        let max_first = first
+            .iter()
+            .filter(|f| f.bucket == r.bucket)
+            .map(|f| f.sequence)
+            .max()
+            .unwrap_or(0);
+        assert!(r.sequence > max_first);
+    }
+    // The items in the table read back as the messages, in order, with the counter at the last number.
+    for (&bucket, seqs) in &per_bucket {
+        let items = query_partition(&client, &options.table_name, &keys.message_pk(bucket)).await;
+        let stored: Vec<_> = items
+            .iter()
+            .map(|i| schema::parse_message(&keys, i).unwrap())
+            .collect();
+        let bodies: Vec<_> = stored.iter().map(|s| s.sequence).collect();
+        assert!(bodies.starts_with(seqs));
+        for s in &stored[..seqs.len()] {
+            let original = messages
+                .iter()
+                .find(|m| m.message_id == s.message.message_id)
+                .unwrap();
+            assert_eq!(&s.message, original);
+        }
+        let counter =
+            query_partition(&client, &options.table_name, &keys.sequence_pk(bucket)).await;
+        let last: u64 = schema::get_n(&counter[0], attr::SEQUENCE).unwrap();
+        assert_eq!(
+            last,
+            *stored.iter().map(|s| s.sequence).max().as_ref().unwrap()
+        );
+    }
+}
+
+fn business_put(table: &str, id: &str, guarded: bool) -> TransactWriteItem {
+    let mut put = Put::builder()
+        .table_name(table)
+        .item("PK", AttributeValue::S(format!("ORDER#{id}")))
+        .item("SK", AttributeValue::S("ORDER".into()))
+        .item("Status", AttributeValue::S("placed".into()));
+    if guarded {
+        put = put.condition_expression("attribute_not_exists(PK)");
+    }
+    TransactWriteItem::builder()
+        .put(put.build().unwrap())
+        .build()
+}
+
+#[tokio::test]
+async fn message_commits_with_the_business_write_or_not_at_all() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let keys = Keys::new(&options);
+
+    let placed = writer
+        .message("orders")
+        .with_key("order-1")
+        .with_value("placed");
+    let outbox_item = writer.transact_write_item(&placed).await.unwrap();
+    client
+        .transact_write_items()
+        .transact_items(business_put(&options.table_name, "order-1", true))
+        .transact_items(outbox_item)
+        .send()
+        .await
+        .unwrap();
+    let bucket = placed.bucket();
+    let items = query_partition(&client, &options.table_name, &keys.message_pk(bucket)).await;
+    assert_eq!(items.len(), 1);
+    assert_eq!(
+        schema::parse_message(&keys, &items[0]).unwrap().message,
+        placed
+    );
+
+    // The same order again: the business condition fails, so no message is left behind.
+    let again = writer
+        .message("orders")
+        .with_key("order-1")
+        .with_value("placed twice");
+    let outbox_item = writer.transact_write_item(&again).await.unwrap();
+    let err = client
+        .transact_write_items()
+        .transact_items(business_put(&options.table_name, "order-1", true))
+        .transact_items(outbox_item)
+        .send()
+        .await
+        .map_err(transaction_error)
+        .unwrap_err();
+    match err {
+        Error::TransactionCanceled { reasons, retryable } => {
+            assert_eq!(reasons, ["ConditionalCheckFailed", "None"]);
+            assert!(!retryable);
+        }
+        other => panic!("unexpected {other}"),
+    }
+    let items = query_partition(&client, &options.table_name, &keys.message_pk(bucket)).await;
+    assert_eq!(items.len(), 1, "the failed transaction left no message");
+    assert_eq!(
+        schema::parse_message(&keys, &items[0])
+            .unwrap()
+            .message
+            .message_id,
+        placed.message_id
+    );
+}
+
+#[tokio::test]
+async fn a_retried_request_with_the_same_token_is_one_write() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 8).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let messages: Vec<_> = (0..5)
+        .map(|i| writer.message("t").with_key(format!("k{i}")))
+        .collect();
+    let items = writer.transact_write_items(&messages).await.unwrap();
+    let token = uuid::Uuid::new_v4().to_string();
+    for _ in 0..2 {
+        // What the SDK does when the first attempt was applied but its response was lost.
+        client
+            .transact_write_items()
+            .set_transact_items(Some(items.clone()))
+            .client_request_token(&token)
+            .send()
+            .await
+            .unwrap();
+    }
+    let counters = 5.min(
+        messages
+            .iter()
+            .map(|m| m.bucket())
+            .collect::<std::collections::HashSet<_>>()
+            .len(),
+    );
+    assert_eq!(
+        count_items(&client, &options.table_name).await,
+        5 + counters
+    );
+}
+
+#[tokio::test]
+async fn limits_fail_before_any_request() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 8).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+
+    let too_big = writer
+        .message("t")
+        .with_key("k")
+        .with_value(vec![0u8; 400 * 1024]);
+    let err = writer.enqueue(&[too_big]).await.unwrap_err();
+    assert!(matches!(&err, Error::Limit { limit: 409_600, .. }), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("messages[0]: item size in bytes"),
+        "{err}"
+    );
+
+    let many: Vec<_> = (0..101).map(|_| writer.message("t")).collect();
+    let err = writer.enqueue(&many).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "items in one transaction: 101 exceeds the limit of 100"
+    );
+
+    let wrong_count = OutboxMessage::new("t", 16).with_key("k");
+    let err = writer.transact_write_item(&wrong_count).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("messages[0].bucket_count: is 16, but the writer's bucket count is 8"),
+        "{err}"
+    );
+
+    let bad_topic = writer.message("no spaces allowed");
+    let err = writer
+        .enqueue(&[writer.message("ok"), bad_topic])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().starts_with("messages[1].topic:"), "{err}");
+
+    // 20 messages of 250 KB each are under the item limit but over the 4 MB transaction limit.
+    let heavy: Vec<_> = (0..20)
+        .map(|i| {
+            writer
+                .message("t")
+                .with_key(format!("k{i}"))
+                .with_value(vec![1u8; 250 * 1024])
+        })
+        .collect();
+    let err = writer.enqueue(&heavy).await.unwrap_err();
+    assert!(
+        err.to_string().starts_with("bytes in one transaction:"),
+        "{err}"
+    );
+
+    assert_eq!(
+        count_items(&client, &options.table_name).await,
+        0,
+        "nothing was written, not even a reservation"
+    );
+}
