@@ -16,7 +16,8 @@
 #
 # Variables exported to CMD (and written to the state file):
 #   AWS_ENDPOINT_URL_DYNAMODB=http://127.0.0.1:PORT
-#   AWS_REGION (us-east-1 unless already set)
+#   AWS_REGION (us-east-1 unless already set), AWS_DEFAULT_REGION (the same
+#     unless already set; boto3/SAM read only this one)
 #   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (local/local unless already set)
 #   KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:PORT, KAFKA_AUTH=none
 #   OUTBOX_STACK_PYTHON   the venv python that has confluent-kafka
@@ -231,6 +232,7 @@ stack_env() {
     cat <<EOF
 export AWS_ENDPOINT_URL_DYNAMODB=http://127.0.0.1:$DDB_PORT
 export AWS_REGION=${AWS_REGION:-us-east-1}
+export AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-${AWS_REGION:-us-east-1}}
 export AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-local}
 export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-local}
 export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT

@@ -313,3 +313,43 @@ async fn a_rejected_record_ends_the_acknowledged_prefix() {
     values.sort();
     assert_eq!(values, ["1", "2", "4"]);
 }
+
+#[tokio::test]
+async fn large_groups_go_out_in_several_requests_in_order() {
+    stack_var("KAFKA_BOOTSTRAP_SERVERS");
+    let mut config = KafkaConfig::from_env().unwrap();
+    config.max_request_bytes = 4096; // about 7 records of 500 bytes per request
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let publisher = KafkaPublisher::connect(config, deadline).await.unwrap();
+    let topic = random_name("publish-big");
+    publisher.create_topic(&topic, 3, 1).await.unwrap();
+
+    let batch = stored(
+        (0..60u8)
+            .map(|i| {
+                OutboxMessage::new(&topic, 8)
+                    .with_key(vec![i % 2])
+                    .with_value(vec![i; 500])
+            })
+            .collect(),
+    );
+    let outcome = publisher.publish(&batch).await;
+    assert_eq!(
+        (outcome.acknowledged, outcome.error.is_none()),
+        (60, true),
+        "{:?}",
+        outcome.error
+    );
+
+    let mut records = read_topic(&topic, 60);
+    records.sort_by_key(|r| (r.partition, r.offset));
+    for key in [0u8, 1] {
+        let values: Vec<u8> = records
+            .iter()
+            .filter(|r| r.key.as_deref() == Some(&[key][..]))
+            .map(|r| r.value.as_ref().unwrap()[0])
+            .collect();
+        let expected: Vec<u8> = (0..60u8).filter(|i| i % 2 == key).collect();
+        assert_eq!(values, expected, "key {key} in order");
+    }
+}

@@ -51,7 +51,7 @@ async fn provisioning_is_idempotent_and_concurrent() {
         table::create_if_not_exists(&client, &options),
         table::create_if_not_exists(&client, &options)
     );
-    let mut outcomes = vec![a.unwrap(), b.unwrap()];
+    let mut outcomes = [a.unwrap(), b.unwrap()];
     outcomes.sort_by_key(|o| *o == Provisioned::Existed);
     assert_eq!(
         outcomes[1],

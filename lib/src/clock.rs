@@ -101,7 +101,7 @@ mod tests {
         let c = OffsetClock::new(-TICKS_PER_SECOND * 60);
         let d = SystemClock.now_ticks() - c.now_ticks();
         assert!(
-            d >= TICKS_PER_SECOND * 59 && d <= TICKS_PER_SECOND * 61,
+            (TICKS_PER_SECOND * 59..=TICKS_PER_SECOND * 61).contains(&d),
             "{d}"
         );
     }

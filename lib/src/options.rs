@@ -91,7 +91,7 @@ impl OutboxOptions {
         self
     }
 
-    /// Reads the options from the process environment (see [`env`]) and validates them.
+    /// Reads the options from the process environment (see [`env`](mod@env)) and validates them.
     pub fn from_env() -> Result<Self> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -247,7 +247,7 @@ pub fn default_relay_id() -> String {
 }
 
 impl RelayOptions {
-    /// Reads the options from the process environment (see [`env`]); the bucket count
+    /// Reads the options from the process environment (see [`env`](mod@env)); the bucket count
     /// comes from [`env::BUCKET_COUNT`], the store's variable, so both agree.
     pub fn from_env() -> Result<Self> {
         Self::from_lookup(|name| std::env::var(name).ok())

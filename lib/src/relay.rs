@@ -126,6 +126,9 @@ impl RunReport {
 struct Owned {
     /// The lease's expiry as last written or read (UTC ticks).
     expires_at: i64,
+    /// The same expiry on the monotonic clock (the write's send time plus the lease
+    /// duration), so a wall clock that jumps cannot stretch the time the relay publishes.
+    valid_until: Instant,
     /// Last sequence number this relay removed since it took the bucket.
     last_removed: Option<u64>,
     /// The clock is behind the stored expiry: publish nothing until it passes this.
@@ -139,9 +142,10 @@ struct Owned {
 }
 
 impl Owned {
-    fn new(expires_at: i64, now: Instant) -> Self {
+    fn new(expires_at: i64, valid_until: Instant, now: Instant) -> Self {
         Owned {
             expires_at,
+            valid_until,
             last_removed: None,
             blocked_until: None,
             dirty: true,
@@ -529,20 +533,26 @@ impl<P: Publisher> Relay<P> {
         }
 
         let new_expiry = now + d_ticks;
+        let valid_until = Instant::now() + self.options.lease_duration;
         let concurrency = self.store.options().max_concurrency;
         // 1. renew what it keeps
-        let renewals: Vec<(u32, Option<bool>, i64)> = stream::iter(plan.keep.iter().map(|&b| {
-            let read = coordination.lease(b).map_or(0, |l| l.expires_at);
-            async move {
-                if new_expiry <= read {
-                    // The clock is behind the stored expiry: never move it backwards.
-                    return Ok::<_, Error>((b, None, read));
-                }
-                let unlapsed = (read > now).then_some(now);
-                let ok = self.store.renew(b, me, read, new_expiry, unlapsed).await?;
-                Ok((b, Some(ok), read))
-            }
-        }))
+        let renewals: Vec<(u32, Option<bool>, i64)> = stream::iter(
+            plan.keep
+                .iter()
+                .map(|&b| {
+                    let read = coordination.lease(b).map_or(0, |l| l.expires_at);
+                    async move {
+                        if new_expiry <= read {
+                            // The clock is behind the stored expiry: never move it backwards.
+                            return Ok::<_, Error>((b, None, read));
+                        }
+                        let unlapsed = (read > now).then_some(now);
+                        let ok = self.store.renew(b, me, read, new_expiry, unlapsed).await?;
+                        Ok((b, Some(ok), read))
+                    }
+                })
+                .collect::<Vec<_>>(),
+        )
         .buffer_unordered(concurrency)
         .collect::<Vec<_>>()
         .await
@@ -560,7 +570,7 @@ impl<P: Publisher> Relay<P> {
                     let o = state
                         .owned
                         .entry(b)
-                        .or_insert_with(|| Owned::new(read, Instant::now()));
+                        .or_insert_with(|| Owned::new(read, Instant::now(), Instant::now()));
                     o.expires_at = read;
                     o.blocked_until = Some(read);
                 }
@@ -568,8 +578,9 @@ impl<P: Publisher> Relay<P> {
                     let o = state
                         .owned
                         .entry(b)
-                        .or_insert_with(|| Owned::new(new_expiry, Instant::now()));
+                        .or_insert_with(|| Owned::new(new_expiry, valid_until, Instant::now()));
                     o.expires_at = new_expiry;
+                    o.valid_until = valid_until;
                     o.blocked_until = None;
                 }
                 Some(false) => {
@@ -590,10 +601,15 @@ impl<P: Publisher> Relay<P> {
         if !heartbeat_ok && !plan.claim.is_empty() {
             warn!("heartbeat refused: claiming nothing this round");
         } else {
-            let claims: Vec<(u32, bool)> = stream::iter(plan.claim.iter().map(|&b| async move {
-                let ok = self.store.claim(b, me, now, new_expiry).await?;
-                Ok::<_, Error>((b, ok))
-            }))
+            let claims: Vec<(u32, bool)> = stream::iter(
+                plan.claim
+                    .iter()
+                    .map(|&b| async move {
+                        let ok = self.store.claim(b, me, now, new_expiry).await?;
+                        Ok::<_, Error>((b, ok))
+                    })
+                    .collect::<Vec<_>>(),
+            )
             .buffer_unordered(concurrency)
             .collect::<Vec<_>>()
             .await
@@ -605,7 +621,7 @@ impl<P: Publisher> Relay<P> {
                     acquired += 1;
                     state
                         .owned
-                        .insert(b, Owned::new(new_expiry, Instant::now()));
+                        .insert(b, Owned::new(new_expiry, valid_until, Instant::now()));
                 }
             }
             if acquired > 0 {
@@ -697,7 +713,8 @@ impl<P: Publisher> Relay<P> {
             .owned
             .iter()
             .filter(|(_, o)| {
-                let lease_ok = o.expires_at - now_ticks > margin;
+                let lease_ok = o.expires_at - now_ticks > margin
+                    && o.valid_until > now + self.options.lease_renew_interval;
                 let unblocked = o.blocked_until.is_none_or(|t| now_ticks > t);
                 let retry_ok = o.retry_at.is_none_or(|t| now >= t);
                 let wanted = o.dirty || now >= o.next_probe;
@@ -708,15 +725,18 @@ impl<P: Publisher> Relay<P> {
         if due.is_empty() {
             return Ok(());
         }
-        let results: Vec<(u32, Result<BatchResult>, Duration)> =
-            stream::iter(due.into_iter().map(|(b, o)| async move {
-                let started = Instant::now();
-                let r = self.batch(b, &o).await;
-                (b, r, started.elapsed())
-            }))
-            .buffer_unordered(self.store.options().max_concurrency)
-            .collect()
-            .await;
+        let results: Vec<(u32, Result<BatchResult>, Duration)> = stream::iter(
+            due.into_iter()
+                .map(|(b, o)| async move {
+                    let started = Instant::now();
+                    let r = self.batch(b, &o).await;
+                    (b, r, started.elapsed())
+                })
+                .collect::<Vec<_>>(),
+        )
+        .buffer_unordered(self.store.options().max_concurrency)
+        .collect()
+        .await;
         let mut fault = None;
         for (bucket, result, took) in results {
             let Some(o) = state.owned.get_mut(&bucket) else {

@@ -190,14 +190,18 @@ impl DynamoDbOutboxWriter {
         for (i, m) in messages.iter().enumerate() {
             by_bucket.entry(m.bucket()).or_default().push(i);
         }
-        let reservations: Vec<(u32, u64)> =
-            stream::iter(by_bucket.iter().map(|(&bucket, idx)| async move {
-                let last = self.reserve_numbers(bucket, idx.len() as u64).await?;
-                Ok::<_, Error>((bucket, last))
-            }))
-            .buffer_unordered(self.options.max_concurrency)
-            .try_collect()
-            .await?;
+        let reservations: Vec<(u32, u64)> = stream::iter(
+            by_bucket
+                .iter()
+                .map(|(&bucket, idx)| async move {
+                    let last = self.reserve_numbers(bucket, idx.len() as u64).await?;
+                    Ok::<_, Error>((bucket, last))
+                })
+                .collect::<Vec<_>>(),
+        )
+        .buffer_unordered(self.options.max_concurrency)
+        .try_collect()
+        .await?;
         let mut placed: Vec<Option<(u32, u64)>> = vec![None; messages.len()];
         for (bucket, last) in reservations {
             let idx = &by_bucket[&bucket];

@@ -37,3 +37,168 @@ pub async fn fresh_table(client: &Client, bucket_count: u32) -> OutboxOptions {
         .expect("create table");
     options
 }
+
+/// One record read back from the broker by the independent client (confluent-kafka).
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ReadRecord {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Key, base64.
+    pub key: Option<String>,
+    /// Value, base64.
+    pub value: Option<String>,
+    /// Headers: name and base64 value (or null).
+    pub headers: Vec<(String, Option<String>)>,
+}
+
+impl ReadRecord {
+    /// The decoded key.
+    pub fn key_bytes(&self) -> Option<Vec<u8>> {
+        self.key.as_ref().map(|k| b64(k))
+    }
+
+    /// The decoded value.
+    pub fn value_bytes(&self) -> Option<Vec<u8>> {
+        self.value.as_ref().map(|v| b64(v))
+    }
+
+    /// Headers, decoded.
+    pub fn header_list(&self) -> Vec<(String, Option<Vec<u8>>)> {
+        self.headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_ref().map(|v| b64(v))))
+            .collect()
+    }
+
+    /// The value of the message-id header.
+    pub fn message_id(&self) -> Option<String> {
+        self.header_list()
+            .into_iter()
+            .find(|(k, _)| k == "x-outbox-message-id")
+            .and_then(|(_, v)| String::from_utf8(v?).ok())
+    }
+}
+
+fn b64(s: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .expect("base64 from kafka.py")
+}
+
+fn kafka_py(args: &[&str]) -> String {
+    let python = stack_var("OUTBOX_STACK_PYTHON");
+    let scripts = stack_var("OUTBOX_STACK_SCRIPTS");
+    let out = std::process::Command::new(python)
+        .arg(format!("{scripts}/kafka.py"))
+        .args(args)
+        .output()
+        .expect("run kafka.py");
+    assert!(
+        out.status.success(),
+        "kafka.py {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+/// Creates a topic with the independent client and waits until it is visible.
+pub fn create_topic(name: &str, partitions: u32) {
+    kafka_py(&[
+        "create-topic",
+        name,
+        "--partitions",
+        &partitions.to_string(),
+    ]);
+}
+
+/// Every record of a topic, from offset 0 up to the high watermark, by the independent client.
+pub fn read_topic(name: &str) -> Vec<ReadRecord> {
+    kafka_py(&["read", name])
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("record json"))
+        .collect()
+}
+
+/// A Kafka publisher for the local broker (`KAFKA_BOOTSTRAP_SERVERS`).
+pub async fn kafka_publisher() -> std::sync::Arc<dynamo_outbox::publish::KafkaPublisher> {
+    stack_var("KAFKA_BOOTSTRAP_SERVERS");
+    let config = dynamo_outbox::publish::KafkaConfig::from_env().expect("kafka config");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    std::sync::Arc::new(
+        dynamo_outbox::publish::KafkaPublisher::connect(config, deadline)
+            .await
+            .expect("connect to the local broker"),
+    )
+}
+
+/// Relay options with short timings, so that lease lapses take seconds in tests.
+pub fn fast_relay_options(relay_id: &str, bucket_count: u32) -> dynamo_outbox::RelayOptions {
+    use std::time::Duration;
+    dynamo_outbox::RelayOptions {
+        bucket_count,
+        relay_id: relay_id.into(),
+        poll_interval: Duration::from_millis(100),
+        error_backoff: Duration::from_millis(200),
+        lease_duration: Duration::from_secs(3),
+        lease_renew_interval: Duration::from_millis(1000),
+        ..Default::default()
+    }
+}
+
+/// Every item of a table (scan, all pages).
+pub async fn scan_all(
+    client: &Client,
+    table: &str,
+) -> Vec<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
+    let mut items = Vec::new();
+    let mut start = None;
+    loop {
+        let out = client
+            .scan()
+            .table_name(table)
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .expect("scan");
+        items.extend(out.items.unwrap_or_default());
+        match out.last_evaluated_key {
+            Some(k) if !k.is_empty() => start = Some(k),
+            _ => return items,
+        }
+    }
+}
+
+/// Message items left in a table.
+pub async fn pending_messages(client: &Client, options: &OutboxOptions) -> usize {
+    let prefix = format!("{}#MESSAGES#", options.key_prefix);
+    scan_all(client, &options.table_name)
+        .await
+        .iter()
+        .filter(|i| {
+            i.get("PK")
+                .and_then(|v| v.as_s().ok())
+                .is_some_and(|pk| pk.starts_with(&prefix))
+        })
+        .count()
+}
+
+/// The owner of each lease (index = bucket), as the table says now.
+pub async fn lease_owners(client: &Client, options: &OutboxOptions) -> Vec<Option<String>> {
+    let store = dynamo_outbox::DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let c = store.read_coordination().await.unwrap();
+    let now = store.clock().now_ticks();
+    (0..options.bucket_count)
+        .map(|b| {
+            c.lease(b)
+                .filter(|l| l.expires_at > now)
+                .and_then(|l| l.owner.clone())
+        })
+        .collect()
+}

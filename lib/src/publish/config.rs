@@ -155,7 +155,7 @@ impl KafkaConfig {
         self
     }
 
-    /// Reads the options from the process environment (see [`env`]) and validates them.
+    /// Reads the options from the process environment (see [`env`](mod@env)) and validates them.
     pub fn from_env() -> Result<Self> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }

@@ -96,6 +96,9 @@ impl KafkaPublisher {
             builder = builder.tls_config(tls_config()?);
         }
         if config.auth == KafkaAuth::MskIam {
+            if !config.tls {
+                warn!("MSK accepts IAM authentication only over TLS, and KAFKA_TLS is off");
+            }
             let region = config
                 .region
                 .clone()
@@ -182,7 +185,7 @@ impl KafkaPublisher {
             .map(|m| m.partition_count))
     }
 
-    /// Reads every topic's partition count into the cache.
+    /// Reads every topic's partition count into the cache (replacing it).
     async fn refresh_metadata(&self) -> Result<()> {
         let listed = self
             .inner
@@ -191,18 +194,19 @@ impl KafkaPublisher {
             .await
             .map_err(|e| client_error("reading topic metadata", e))?;
         let now = Instant::now();
-        let mut topics = self.inner.topics.lock().unwrap_or_else(|p| p.into_inner());
-        for t in listed {
-            if t.partitions.is_empty() {
-                topics.remove(&t.name);
-            } else {
+        // the listing is complete: topics missing from it (deleted) leave the cache too
+        let fresh: HashMap<String, TopicMeta> = listed
+            .into_iter()
+            .filter(|t| !t.partitions.is_empty())
+            .map(|t| {
                 let meta = TopicMeta {
                     partition_count: t.partitions.len() as u32,
                     read_at: now,
                 };
-                topics.insert(t.name, meta);
-            }
-        }
+                (t.name, meta)
+            })
+            .collect();
+        *self.inner.topics.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
         Ok(())
     }
 
@@ -238,29 +242,67 @@ impl KafkaPublisher {
         } else {
             None
         };
-        let topics = self.inner.topics.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = HashMap::new();
-        for &t in wanted {
-            let result = match (topics.get(t), &refresh_error) {
-                (Some(m), None) => Ok(m.partition_count),
-                (Some(m), Some(e)) => {
-                    debug!(topic = t, error = %e, "using stale topic metadata");
-                    Ok(m.partition_count)
-                }
-                (None, None) => Err(Error::KafkaRejected {
-                    topic: t.to_owned(),
-                    reason: Rejection::UnknownTopic,
-                    source: None,
-                }),
-                (None, Some(e)) => Err(Error::Kafka {
-                    message: format!("no metadata for topic {t}: {e}"),
-                    retryable: e.is_retryable(),
-                    source: None,
-                }),
-            };
-            out.insert(t.to_owned(), result);
+        let mut missing = Vec::new();
+        {
+            let topics = self.inner.topics.lock().unwrap_or_else(|p| p.into_inner());
+            for &t in wanted {
+                let result = match (topics.get(t), &refresh_error) {
+                    (Some(m), None) => Ok(m.partition_count),
+                    (Some(m), Some(e)) => {
+                        debug!(topic = t, error = %e, "using stale topic metadata");
+                        Ok(m.partition_count)
+                    }
+                    (None, None) => {
+                        missing.push(t);
+                        continue;
+                    }
+                    (None, Some(e)) => Err(Error::Kafka {
+                        message: format!("no metadata for topic {t}: {e}"),
+                        retryable: e.is_retryable(),
+                        source: None,
+                    }),
+                };
+                out.insert(t.to_owned(), result);
+            }
+        }
+        for t in missing {
+            out.insert(t.to_owned(), self.probe_missing_topic(t, deadline).await);
         }
         out
+    }
+
+    /// Why a topic is missing from the cluster's topic list: the list leaves out topics the
+    /// principal may not describe, so ask for this one topic and read its error code.
+    async fn probe_missing_topic(&self, topic: &str, deadline: Instant) -> Result<u32, Error> {
+        let probe = self
+            .inner
+            .client
+            .partition_client(topic, 0, UnknownTopicHandling::Error);
+        let rejected = |reason, source: Option<BoxError>| Error::KafkaRejected {
+            topic: topic.to_owned(),
+            reason,
+            source,
+        };
+        match tokio::time::timeout_at(deadline, probe).await {
+            Ok(Err(e)) => match (protocol_error(&e), verdict(&e)) {
+                (Some(ProtocolError::UnknownTopicOrPartition), _) => {
+                    Err(rejected(Rejection::UnknownTopic, Some(Box::new(e))))
+                }
+                (_, Verdict::Reject(reason)) => Err(rejected(reason, Some(Box::new(e)))),
+                _ => Err(client_error("reading the metadata of one topic", e)),
+            },
+            Ok(Ok(_)) => Err(Error::Kafka {
+                message: format!("topic {topic} exists but was missing from the topic list"),
+                retryable: true,
+                source: None,
+            }),
+            Err(_) => Err(Error::Kafka {
+                message: format!("reading the metadata of topic {topic} timed out"),
+                retryable: true,
+                source: None,
+            }),
+        }
     }
 
     fn forget_topic(&self, topic: &str) {
@@ -553,13 +595,11 @@ enum Verdict {
 
 /// Classifies an rskafka error by the first broker error code or SASL failure in its chain.
 fn verdict(e: &ClientError) -> Verdict {
+    if let Some(code) = protocol_error(e) {
+        return protocol_verdict(code);
+    }
     let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = current {
-        if let Some(ClientError::ServerError { protocol_error, .. }) =
-            err.downcast_ref::<ClientError>()
-        {
-            return protocol_verdict(*protocol_error);
-        }
         if err.downcast_ref::<rskafka::SaslError>().is_some() {
             return Verdict::Fatal;
         }
@@ -568,6 +608,20 @@ fn verdict(e: &ClientError) -> Verdict {
     Verdict::Retry {
         refresh_metadata: false,
     }
+}
+
+/// The first broker error code in an rskafka error's chain.
+fn protocol_error(e: &ClientError) -> Option<ProtocolError> {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = current {
+        if let Some(ClientError::ServerError { protocol_error, .. }) =
+            err.downcast_ref::<ClientError>()
+        {
+            return Some(*protocol_error);
+        }
+        current = err.source();
+    }
+    None
 }
 
 fn protocol_verdict(code: ProtocolError) -> Verdict {

@@ -1,0 +1,696 @@
+//! The relay against DynamoDB Local and the local Kafka broker.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dynamo_outbox::clock::{OffsetClock, TICKS_PER_SECOND};
+use dynamo_outbox::message::{murmur2, to_positive};
+use dynamo_outbox::publish::{KafkaPublisher, PublishOutcome, Publisher};
+use dynamo_outbox::schema::StoredMessage;
+use dynamo_outbox::{
+    DynamoDbOutboxStore, DynamoDbOutboxWriter, Error, Header, OutboxMessage, OutboxOptions, Relay,
+    RelayOptions, RunReport, StopReason,
+};
+use outbox_integration_tests::*;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// A relay running in the background until its stop sender fires.
+struct Running {
+    stop: oneshot::Sender<()>,
+    handle: JoinHandle<dynamo_outbox::Result<RunReport>>,
+}
+
+impl Running {
+    async fn stop(self) -> RunReport {
+        let _ = self.stop.send(());
+        self.handle.await.expect("relay task").expect("relay run")
+    }
+}
+
+fn spawn<P: Publisher>(relay: Relay<P>) -> Running {
+    let (stop, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(async move {
+        relay
+            .run_until_shutdown(
+                async move {
+                    let _ = rx.await;
+                },
+                Duration::from_secs(10),
+            )
+            .await
+    });
+    Running { stop, handle }
+}
+
+async fn relay_with<P: Publisher>(
+    client: &aws_sdk_dynamodb::Client,
+    options: &OutboxOptions,
+    publisher: Arc<P>,
+    relay_options: RelayOptions,
+) -> Relay<P> {
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    Relay::new(store, publisher, relay_options).unwrap()
+}
+
+async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < until, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn owned_counts(owners: &[Option<String>]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for o in owners.iter().flatten() {
+        *counts.entry(o.clone()).or_default() += 1;
+    }
+    counts
+}
+
+/// Per key, the values of first deliveries must be in enqueue order.
+fn assert_per_key_order(records: &[ReadRecord]) {
+    let mut seen = HashSet::new();
+    let mut last: HashMap<Vec<u8>, u64> = HashMap::new();
+    for r in records {
+        let id = r.message_id().expect("message id header");
+        if !seen.insert(id) {
+            continue;
+        }
+        let value = String::from_utf8(r.value_bytes().unwrap()).unwrap();
+        let n: u64 = value.rsplit(':').next().unwrap().parse().unwrap();
+        let key = r.key_bytes().unwrap();
+        if let Some(prev) = last.insert(key.clone(), n) {
+            assert!(
+                n > prev,
+                "order inversion for key {:?}: {n} after {prev}",
+                String::from_utf8_lossy(&key)
+            );
+        }
+    }
+}
+
+fn keyed(writer: &DynamoDbOutboxWriter, topic: &str, key: &str, n: u64) -> OutboxMessage {
+    writer
+        .message(topic)
+        .with_key(key)
+        .with_value(format!("{key}:{n}"))
+        .with_header(Header::new("trace", format!("t-{n}")))
+        .with_header(Header::null("nullable"))
+}
+
+#[tokio::test]
+async fn delivers_in_order_with_headers_and_empties_the_table() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let topic = random_name("orders");
+    create_topic(&topic, 3);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let mut sent = Vec::new();
+    for n in 0..10u64 {
+        let batch: Vec<_> = (0..6)
+            .map(|k| keyed(&writer, &topic, &format!("key-{k}"), n))
+            .collect();
+        writer.enqueue(&batch).await.unwrap();
+        sent.extend(batch);
+    }
+    let relay = relay_with(
+        &client,
+        &options,
+        kafka_publisher().await,
+        fast_relay_options("solo", 4),
+    )
+    .await;
+    let running = spawn(relay);
+    wait_until("the table is drained", Duration::from_secs(30), || async {
+        pending_messages(&client, &options).await == 0
+    })
+    .await;
+    let report = running.stop().await;
+
+    let records = read_topic(&topic);
+    assert_eq!(
+        records.len(),
+        sent.len(),
+        "each message exactly once on a healthy run"
+    );
+    assert_per_key_order(&records);
+    let by_id: HashMap<String, &OutboxMessage> =
+        sent.iter().map(|m| (m.message_id.to_string(), m)).collect();
+    for r in &records {
+        let m = by_id[&r.message_id().unwrap()];
+        assert_eq!(r.key_bytes(), m.key);
+        assert_eq!(r.value_bytes(), m.value);
+        // rskafka 0.6 carries headers as a map: sorted by key, a null value sent as empty
+        // (documented in the README's limits); the message-id header comes last.
+        let headers = r.header_list();
+        assert_eq!(
+            headers,
+            [
+                ("nullable".to_string(), Some(vec![])),
+                ("trace".to_string(), m.headers[0].value.clone()),
+                (
+                    "x-outbox-message-id".to_string(),
+                    Some(m.message_id.to_string().into_bytes())
+                ),
+            ]
+        );
+        // The Java client's default partitioner.
+        assert_eq!(
+            r.partition as u32,
+            to_positive(murmur2(m.key.as_ref().unwrap())) % 3
+        );
+    }
+    assert_eq!(report.published, sent.len() as u64);
+    assert_eq!(report.refused_total(), 0, "{report:?}");
+    assert!(report.released);
+    assert_eq!(report.stop_reason, StopReason::Shutdown);
+    assert!(
+        lease_owners(&client, &options)
+            .await
+            .iter()
+            .all(Option::is_none),
+        "leases released"
+    );
+}
+
+#[tokio::test]
+async fn three_relays_split_eight_buckets_without_refused_writes_and_hand_over_on_stop() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 8).await;
+    let publisher = kafka_publisher().await;
+    let mut relays = Vec::new();
+    for (i, id) in ["relay-c", "relay-a", "relay-b"].into_iter().enumerate() {
+        let mut o = fast_relay_options(id, 8);
+        o.lease_duration = Duration::from_secs(6);
+        relays.push((
+            id,
+            spawn(relay_with(&client, &options, publisher.clone(), o).await),
+        ));
+        // Scale out: each newcomer joins a fleet that holds every bucket.
+        wait_until(
+            &format!("{} relays own all buckets fairly", i + 1),
+            Duration::from_secs(15),
+            || async {
+                let owners = lease_owners(&client, &options).await;
+                let counts = owned_counts(&owners);
+                owners.iter().all(Option::is_some)
+                    && counts.len() == i + 1
+                    && counts.values().max().unwrap() - counts.values().min().unwrap() <= 1
+            },
+        )
+        .await;
+    }
+    let counts = owned_counts(&lease_owners(&client, &options).await);
+    assert_eq!(
+        counts
+            .values()
+            .copied()
+            .collect::<Vec<_>>()
+            .iter()
+            .sum::<usize>(),
+        8
+    );
+    assert!(counts.values().all(|&c| c == 2 || c == 3), "{counts:?}");
+
+    // Graceful stop of one: the others take its buckets on their next round, not after the lease lapses.
+    let (_, leaving) = relays.remove(0);
+    let stopped_at = Instant::now();
+    let report = leaving.stop().await;
+    assert!(report.released, "{report:?}");
+    wait_until(
+        "two relays own all eight buckets",
+        Duration::from_secs(15),
+        || async {
+            let owners = lease_owners(&client, &options).await;
+            owners.iter().all(Option::is_some) && owned_counts(&owners).len() == 2
+        },
+    )
+    .await;
+    let took = stopped_at.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "handover took {took:?}; the lease lapses after 6 s"
+    );
+
+    let mut refused = report.refused_total();
+    for (_, r) in relays {
+        refused += r.stop().await.refused_total();
+    }
+    assert_eq!(
+        refused, 0,
+        "a healthy fleet makes no refused conditional write"
+    );
+}
+
+#[tokio::test]
+async fn a_crashed_relays_buckets_are_taken_over_after_its_leases_lapse() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let publisher = kafka_publisher().await;
+    let a = spawn(
+        relay_with(
+            &client,
+            &options,
+            publisher.clone(),
+            fast_relay_options("a", 4),
+        )
+        .await,
+    );
+    wait_until("a owns all", Duration::from_secs(10), || async {
+        lease_owners(&client, &options)
+            .await
+            .iter()
+            .all(|o| o.as_deref() == Some("a"))
+    })
+    .await;
+    let b = spawn(
+        relay_with(
+            &client,
+            &options,
+            publisher.clone(),
+            fast_relay_options("b", 4),
+        )
+        .await,
+    );
+    wait_until("a and b split", Duration::from_secs(10), || async {
+        owned_counts(&lease_owners(&client, &options).await).get("b") == Some(&2)
+    })
+    .await;
+    // Crash: the task is dropped mid-flight; nothing is released.
+    b.handle.abort();
+    let crashed_at = Instant::now();
+    let _ = b.stop;
+    // Until the lease (3 s) lapses, a writes nothing to b's buckets.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        owned_counts(&lease_owners(&client, &options).await).get("b"),
+        Some(&2)
+    );
+    wait_until("a owns all again", Duration::from_secs(15), || async {
+        lease_owners(&client, &options)
+            .await
+            .iter()
+            .all(|o| o.as_deref() == Some("a"))
+    })
+    .await;
+    assert!(
+        crashed_at.elapsed() >= Duration::from_secs(2),
+        "taken before the lease lapsed"
+    );
+    let report = a.stop().await;
+    assert_eq!(report.refused_total(), 0, "{report:?}");
+}
+
+#[tokio::test]
+async fn more_relays_than_buckets_leaves_standbys_that_write_no_lease() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 2).await;
+    let publisher = kafka_publisher().await;
+    let mut running = Vec::new();
+    for id in ["pod-m", "pod-n", "pod-a", "pod-q"] {
+        running.push(spawn(
+            relay_with(
+                &client,
+                &options,
+                publisher.clone(),
+                fast_relay_options(id, 2),
+            )
+            .await,
+        ));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let owners = lease_owners(&client, &options).await;
+    assert_eq!(
+        owners,
+        vec![Some("pod-m".to_string()), Some("pod-n".to_string())],
+        "incumbents keep their buckets"
+    );
+    let mut refused = 0;
+    let mut acquired = BTreeMap::new();
+    for (r, id) in running
+        .into_iter()
+        .zip(["pod-m", "pod-n", "pod-a", "pod-q"])
+    {
+        let report = r.stop().await;
+        refused += report.refused_total();
+        acquired.insert(id, report.leases_acquired);
+    }
+    assert_eq!(refused, 0);
+    assert_eq!(
+        acquired["pod-a"] + acquired["pod-q"],
+        0,
+        "standbys never wrote a lease: {acquired:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_clock_set_back_neither_renews_backwards_nor_publishes() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 2).await;
+    let topic = random_name("clock");
+    create_topic(&topic, 1);
+    let clock = OffsetClock::new(0);
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone())
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()));
+    let relay = Relay::new(
+        store.clone(),
+        kafka_publisher().await,
+        fast_relay_options("skewed", 2),
+    )
+    .unwrap();
+    let refused = store.refused_writes().clone();
+    let running = spawn(relay);
+    wait_until("it owns both", Duration::from_secs(10), || async {
+        lease_owners(&client, &options)
+            .await
+            .iter()
+            .all(|o| o.as_deref() == Some("skewed"))
+    })
+    .await;
+    // Set the clock back by 10 s, more than the renew interval (1 s) and the lease (3 s).
+    clock.set_offset_ticks(-10 * TICKS_PER_SECOND);
+    let expiry_before = max_expiry(&store).await;
+    // Its next round (renew interval 1 s) notices; a message enqueued after that waits.
+    wait_until(
+        "its heartbeat is refused",
+        Duration::from_secs(5),
+        || async { refused.get(dynamo_outbox::store::WriteKind::Heartbeat) >= 1 },
+    )
+    .await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    writer
+        .enqueue(&[keyed(&writer, &topic, "k", 1)])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        read_topic(&topic).is_empty(),
+        "published while its clock was behind the stored expiry"
+    );
+    assert!(
+        max_expiry(&store).await >= expiry_before,
+        "an expiry moved backwards"
+    );
+    assert_eq!(
+        refused.get(dynamo_outbox::store::WriteKind::Renew),
+        0,
+        "no backwards renewal was even sent"
+    );
+    assert!(
+        refused.get(dynamo_outbox::store::WriteKind::Heartbeat) >= 1,
+        "its heartbeat is refused"
+    );
+    // Clock fixed: it resumes once its clock passes the stored expiry.
+    clock.set_offset_ticks(0);
+    wait_until(
+        "the message is published",
+        Duration::from_secs(15),
+        || async { read_topic(&topic).len() == 1 },
+    )
+    .await;
+    running.stop().await;
+}
+
+async fn max_expiry(store: &DynamoDbOutboxStore) -> i64 {
+    store
+        .read_coordination()
+        .await
+        .unwrap()
+        .leases
+        .iter()
+        .map(|l| l.expires_at)
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_message_stamped_with_another_bucket_count_faults_the_relay_and_stays() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let other =
+        DynamoDbOutboxWriter::new(client.clone(), options.clone().with_bucket_count(8)).unwrap();
+    other
+        .enqueue(&[other.message("t").with_key("k")])
+        .await
+        .unwrap();
+    let relay = relay_with(
+        &client,
+        &options,
+        kafka_publisher().await,
+        fast_relay_options("r", 4),
+    )
+    .await;
+    let result = tokio::time::timeout(
+        Duration::from_secs(20),
+        relay.run_until(Instant::now() + Duration::from_secs(15)),
+    )
+    .await
+    .expect("the relay stops on its own");
+    let err = result.unwrap_err();
+    assert!(matches!(err, Error::Misconfiguration(_)), "{err}");
+    assert!(
+        err.to_string().contains("stamped with bucket count 8"),
+        "{err}"
+    );
+    assert_eq!(
+        pending_messages(&client, &options).await,
+        1,
+        "nothing deleted"
+    );
+    // And a relay whose own count differs from the store's refuses to start.
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let err = Relay::new(store, kafka_publisher().await, fast_relay_options("r", 8)).unwrap_err();
+    assert!(matches!(err, Error::Misconfiguration(_)));
+}
+
+#[tokio::test]
+async fn a_gap_that_never_fills_is_probed_once_and_passed() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 1).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    // An abandoned reservation: sequence 1 is reserved but never committed.
+    let _abandoned = writer
+        .transact_write_item(&writer.message("t").with_key("k"))
+        .await
+        .unwrap();
+    writer
+        .enqueue(&[writer.message("t").with_key("k").with_value("k:2")])
+        .await
+        .unwrap();
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let fetched = store.fetch(0, None, 500).await.unwrap();
+    assert_eq!(
+        fetched
+            .messages
+            .iter()
+            .map(|m| m.sequence)
+            .collect::<Vec<_>>(),
+        [2]
+    );
+    assert_eq!((fetched.gap_probes, fetched.fetches), (1, 1));
+    // After removing 2, the next fetch starts after it: no probe for the old gap.
+    writer
+        .enqueue(&[writer.message("t").with_key("k")])
+        .await
+        .unwrap();
+    store
+        .delete_messages(0, &[2], Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    let fetched = store.fetch(0, Some(2), 500).await.unwrap();
+    assert_eq!(
+        fetched
+            .messages
+            .iter()
+            .map(|m| m.sequence)
+            .collect::<Vec<_>>(),
+        [3]
+    );
+    assert_eq!(fetched.gap_probes, 0);
+}
+
+/// Commits a held-back transaction the moment the store's first fetch has been answered,
+/// so the message appears in a gap between the fetch and its probe.
+struct CommitAfterFirstQuery {
+    queries: AtomicUsize,
+    commit: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl std::fmt::Debug for CommitAfterFirstQuery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommitAfterFirstQuery")
+    }
+}
+
+impl aws_sdk_dynamodb::config::Intercept for CommitAfterFirstQuery {
+    fn name(&self) -> &'static str {
+        "CommitAfterFirstQuery"
+    }
+
+    fn read_after_deserialization(
+        &self,
+        _context: &aws_sdk_dynamodb::config::interceptors::AfterDeserializationInterceptorContextRef<'_>,
+        _runtime_components: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        if self.queries.fetch_add(1, Ordering::SeqCst) == 0 {
+            if let Some(commit) = self.commit.lock().unwrap().take() {
+                commit();
+            }
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_that_fills_late_is_fetched_again_in_order() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 1).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let late = writer.message("t").with_key("k").with_value("k:1");
+    let late_item = writer.transact_write_item(&late).await.unwrap();
+    writer
+        .enqueue(&[writer.message("t").with_key("k").with_value("k:2")])
+        .await
+        .unwrap();
+
+    let commit_client = client.clone();
+    let commit: Box<dyn FnOnce() + Send> = Box::new(move || {
+        // Runs inside the SDK's synchronous hook: commit on a thread of its own and wait.
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    commit_client
+                        .transact_write_items()
+                        .transact_items(late_item)
+                        .send()
+                        .await
+                        .unwrap();
+                })
+        })
+        .join()
+        .unwrap();
+    });
+    let interceptor = CommitAfterFirstQuery {
+        queries: AtomicUsize::new(0),
+        commit: std::sync::Mutex::new(Some(commit)),
+    };
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let intercepted = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(interceptor)
+            .build(),
+    );
+    let store = DynamoDbOutboxStore::new(intercepted, options.clone()).unwrap();
+    let fetched = store.fetch(0, None, 500).await.unwrap();
+    assert_eq!(
+        fetched
+            .messages
+            .iter()
+            .map(|m| m.sequence)
+            .collect::<Vec<_>>(),
+        [1, 2],
+        "the late message comes first"
+    );
+    assert_eq!(fetched.fetches, 2, "fetched again after the gap filled");
+    assert_eq!(fetched.messages[0].message.message_id, late.message_id);
+}
+
+/// Fails once in mid-batch: writes only the first `k` records and reports the rest failed.
+#[derive(Debug)]
+struct FailOnceMidBatch {
+    inner: Arc<KafkaPublisher>,
+    k: usize,
+    failed: AtomicBool,
+}
+
+impl Publisher for FailOnceMidBatch {
+    async fn publish(&self, batch: &[StoredMessage]) -> PublishOutcome {
+        if batch.len() > self.k && !self.failed.swap(true, Ordering::SeqCst) {
+            let prefix = self.inner.publish(&batch[..self.k]).await;
+            assert!(prefix.error.is_none());
+            return PublishOutcome {
+                acknowledged: prefix.acknowledged,
+                error: Some(Error::Kafka {
+                    message: "injected: connection reset".into(),
+                    retryable: true,
+                    source: None,
+                }),
+            };
+        }
+        self.inner.publish(batch).await
+    }
+}
+
+#[tokio::test]
+async fn a_publish_failure_in_mid_batch_loses_nothing_and_keeps_order() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 1).await;
+    let topic = random_name("midbatch");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let mut sent = Vec::new();
+    for n in 0..20u64 {
+        let m = keyed(&writer, &topic, &format!("key-{}", n % 4), n);
+        writer.enqueue(std::slice::from_ref(&m)).await.unwrap();
+        sent.push(m);
+    }
+    let publisher = Arc::new(FailOnceMidBatch {
+        inner: kafka_publisher().await,
+        k: 7,
+        failed: AtomicBool::new(false),
+    });
+    let running = spawn(relay_with(&client, &options, publisher, fast_relay_options("r", 1)).await);
+    wait_until("drained", Duration::from_secs(30), || async {
+        pending_messages(&client, &options).await == 0
+    })
+    .await;
+    let report = running.stop().await;
+    assert_eq!(report.publish_failures, 1);
+    let records = read_topic(&topic);
+    let ids: Vec<String> = records.iter().filter_map(ReadRecord::message_id).collect();
+    for m in &sent {
+        assert_eq!(
+            ids.iter()
+                .filter(|i| **i == m.message_id.to_string())
+                .count(),
+            1,
+            "each exactly once"
+        );
+    }
+    assert_per_key_order(&records);
+    // Message n + 1 never went out ahead of n: within each partition, offsets follow enqueue order.
+    let position: HashMap<String, usize> = sent
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.message_id.to_string(), i))
+        .collect();
+    let mut by_partition: BTreeMap<i32, Vec<(i64, usize)>> = BTreeMap::new();
+    for r in &records {
+        by_partition
+            .entry(r.partition)
+            .or_default()
+            .push((r.offset, position[&r.message_id().unwrap()]));
+    }
+    for (_, mut v) in by_partition {
+        v.sort();
+        assert!(
+            v.windows(2).all(|w| w[0].1 < w[1].1),
+            "partition order follows enqueue order: {v:?}"
+        );
+    }
+}
