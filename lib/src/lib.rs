@@ -16,6 +16,8 @@
 //! - [`clock`]: UTC ticks and the clock that leases are compared with.
 //! - [`table`]: the table definition and `create_if_not_exists`.
 //! - [`writer`]: sequence reservations, transaction items, `enqueue`, commit notification.
+//! - [`enqueue_api`]: the enqueue request and response as JSON, shared by the enqueue
+//!   function and `outboxctl enqueue`, and the `errorType` of each error.
 //! - [`plan`]: the lease plan, a pure function of one read of the coordination partition.
 //! - [`publish`]: the [`publish::Publisher`] seam and the Kafka publisher (rskafka,
 //!   Java-compatible partitioner, Amazon MSK IAM tokens).
@@ -27,6 +29,7 @@
 #![deny(missing_docs)]
 
 pub mod clock;
+pub mod enqueue_api;
 pub mod error;
 pub mod headers;
 pub mod message;
