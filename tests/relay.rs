@@ -316,7 +316,38 @@ async fn more_relays_than_buckets_leaves_standbys_that_write_no_lease() {
     let options = fresh_table(&client, 2).await;
     let publisher = kafka_publisher().await;
     let mut running = Vec::new();
-    for id in ["pod-m", "pod-n", "pod-a", "pod-q"] {
+    let m_only = vec![Some("pod-m".to_string()); 2];
+    let expected = vec![Some("pod-m".to_string()), Some("pod-n".to_string())];
+    running.push(spawn(
+        relay_with(
+            &client,
+            &options,
+            publisher.clone(),
+            fast_relay_options("pod-m", 2),
+        )
+        .await,
+    ));
+    wait_until("pod-m holds both", Duration::from_secs(15), || async {
+        lease_owners(&client, &options).await == m_only
+    })
+    .await;
+    running.push(spawn(
+        relay_with(
+            &client,
+            &options,
+            publisher.clone(),
+            fast_relay_options("pod-n", 2),
+        )
+        .await,
+    ));
+    wait_until(
+        "pod-m and pod-n hold one bucket each",
+        Duration::from_secs(15),
+        || async { lease_owners(&client, &options).await == expected },
+    )
+    .await;
+    // Two more join a fleet whose split is already fair: nothing moves, though pod-a sorts first.
+    for id in ["pod-a", "pod-q"] {
         running.push(spawn(
             relay_with(
                 &client,
@@ -326,13 +357,11 @@ async fn more_relays_than_buckets_leaves_standbys_that_write_no_lease() {
             )
             .await,
         ));
-        tokio::time::sleep(Duration::from_millis(1500)).await;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let owners = lease_owners(&client, &options).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
-        owners,
-        vec![Some("pod-m".to_string()), Some("pod-n".to_string())],
+        lease_owners(&client, &options).await,
+        expected,
         "incumbents keep their buckets"
     );
     let mut refused = 0;
@@ -693,4 +722,123 @@ async fn a_publish_failure_in_mid_batch_loses_nothing_and_keeps_order() {
             "partition order follows enqueue order: {v:?}"
         );
     }
+}
+
+#[tokio::test]
+async fn far_back_standbys_skip_every_other_round_but_stay_counted() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 1).await;
+    let publisher = kafka_publisher().await;
+    let owner = spawn(
+        relay_with(
+            &client,
+            &options,
+            publisher.clone(),
+            fast_relay_options("a", 1),
+        )
+        .await,
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // b is the first standby (rank 0 < 1 bucket): every round; c is further back: every other.
+    let b = spawn(
+        relay_with(
+            &client,
+            &options,
+            publisher.clone(),
+            fast_relay_options("b", 1),
+        )
+        .await,
+    );
+    let c = spawn(
+        relay_with(
+            &client,
+            &options,
+            publisher.clone(),
+            fast_relay_options("c", 1),
+        )
+        .await,
+    );
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let coordination = store.read_coordination().await.unwrap();
+    let now = store.clock().now_ticks();
+    let c_seen = coordination
+        .relays
+        .iter()
+        .find(|r| r.relay_id == "c")
+        .unwrap()
+        .last_seen;
+    assert!(
+        now - c_seen < 3 * TICKS_PER_SECOND * 3 / 4 + TICKS_PER_SECOND / 2,
+        "c's heartbeat stays fresh"
+    );
+    let (b, c, owner) = (b.stop().await, c.stop().await, owner.stop().await);
+    assert!(c.rounds >= 3, "{c:?}");
+    assert!(
+        c.rounds * 4 < b.rounds * 3,
+        "c ran {} rounds, b {}",
+        c.rounds,
+        b.rounds
+    );
+    assert_eq!(
+        b.refused_total() + c.refused_total() + owner.refused_total(),
+        0
+    );
+    assert_eq!(b.leases_acquired + c.leases_acquired, 0);
+}
+
+#[tokio::test]
+async fn a_stopped_relays_heartbeat_record_is_deleted_one_lease_duration_later() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 2).await;
+    let publisher = kafka_publisher().await;
+    let a = spawn(
+        relay_with(
+            &client,
+            &options,
+            publisher.clone(),
+            fast_relay_options("a", 2),
+        )
+        .await,
+    );
+    let z = spawn(
+        relay_with(
+            &client,
+            &options,
+            publisher.clone(),
+            fast_relay_options("z", 2),
+        )
+        .await,
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let report = z.stop().await;
+    assert!(report.released);
+    let stopped = Instant::now();
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let record = store
+        .read_coordination()
+        .await
+        .unwrap()
+        .relays
+        .into_iter()
+        .find(|r| r.relay_id == "z");
+    assert!(record
+        .expect("the stop stamps the record, it does not delete it")
+        .stopped_at
+        .is_some());
+    wait_until("z's record is gone", Duration::from_secs(10), || async {
+        !store
+            .read_coordination()
+            .await
+            .unwrap()
+            .relays
+            .iter()
+            .any(|r| r.relay_id == "z")
+    })
+    .await;
+    assert!(
+        stopped.elapsed() >= Duration::from_millis(2500),
+        "deleted before a lease duration passed"
+    );
+    assert_eq!(a.stop().await.refused_total(), 0);
 }

@@ -321,7 +321,7 @@ fn kind(value: &Value) -> &'static str {
 ///
 /// `ValidationError` (fix the request: [`Error::InvalidMessage`], [`Error::Limit`]),
 /// `Misconfiguration` (fix the deployment: [`Error::InvalidOption`],
-/// [`Error::Misconfiguration`]), `DynamoDb`, `Kafka`, `DeadlineExceeded`, or `InternalError`.
+/// [`Error::Misconfiguration`]), `DynamoDb`, `Kafka` or `DeadlineExceeded`.
 pub fn error_type(error: &Error) -> &'static str {
     match error {
         Error::InvalidMessage { .. } | Error::Limit { .. } => "ValidationError",
@@ -332,7 +332,6 @@ pub fn error_type(error: &Error) -> &'static str {
         | Error::Corrupt { .. } => "DynamoDb",
         Error::Kafka { .. } | Error::KafkaRejected { .. } => "Kafka",
         Error::DeadlineExceeded(_) => "DeadlineExceeded",
-        _ => "InternalError",
     }
 }
 

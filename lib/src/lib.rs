@@ -24,9 +24,16 @@
 //! - [`store`]: every request a relay makes: leases, fetch with gap probes, deletes, backlog.
 //! - [`relay`]: the relay loop (deadline or shutdown signal, graceful stop) and the
 //!   in-process commit notifier.
-//! - [`metrics`]: the relay's measurements, behind a trait for exporters.
+//! - [`metrics`]: the relay's measurements, behind a trait for exporters, and
+//!   [`metrics::emf`], the CloudWatch Embedded Metric Format exporter.
+//! - [`status`]: the state of an outbox as the table says it is (`outboxctl status`).
 //! - [`error`]: the crate's error type.
 #![deny(missing_docs)]
+
+/// The README's examples, compiled as doctests so they stay true.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 pub mod clock;
 pub mod enqueue_api;
@@ -39,6 +46,7 @@ pub mod plan;
 pub mod publish;
 pub mod relay;
 pub mod schema;
+pub mod status;
 pub mod store;
 pub mod table;
 pub mod writer;

@@ -2,6 +2,8 @@
 //! Lambda, a Prometheus endpoint in a long-lived process) plug in without the relay
 //! knowing them. Every method has a no-op default.
 
+pub mod emf;
+
 use std::fmt::Debug;
 use std::time::Duration;
 

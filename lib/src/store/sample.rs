@@ -20,6 +20,9 @@ pub struct BucketBacklog {
     pub oldest_created_at: Option<i64>,
     /// Sequence number of the head message.
     pub head_sequence: Option<u64>,
+    /// `BucketCount` stamped on the head message (`None` when there is no head or it is
+    /// not stamped).
+    pub head_bucket_count: Option<u32>,
 }
 
 impl DynamoDbOutboxStore {
@@ -67,6 +70,7 @@ impl DynamoDbOutboxStore {
             capped: pending >= limit,
             oldest_created_at: head.and_then(|i| schema::get_n(i, attr::CREATED_AT)),
             head_sequence: head.and_then(|i| schema::parse_message_sk(self.keys.key_of(i).1)),
+            head_bucket_count: head.and_then(|i| schema::get_n(i, attr::BUCKET_COUNT)),
         })
     }
 }

@@ -1,0 +1,25 @@
+//! Lambda entry point of the enqueue function: the writer is built once per execution
+//! environment, then every invocation enqueues one request (see the library half).
+
+use std::sync::Arc;
+
+use dynamo_outbox::OutboxOptions;
+use lambda_runtime::{service_fn, LambdaEvent};
+use outbox_enqueue_function::EnqueueFunction;
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    // Honours the function's LoggingConfig (JSON) and AWS_LAMBDA_LOG_LEVEL / RUST_LOG.
+    lambda_runtime::tracing::init_default_subscriber();
+    let options = OutboxOptions::from_env()?;
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let function = Arc::new(EnqueueFunction::new(
+        aws_sdk_dynamodb::Client::new(&config),
+        options,
+    )?);
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
+        let function = function.clone();
+        Box::pin(async move { function.handle(event).await })
+    }))
+    .await
+}

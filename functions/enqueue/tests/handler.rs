@@ -1,0 +1,139 @@
+//! The enqueue handler, called directly with a `LambdaEvent` whose context carries a real
+//! deadline, against DynamoDB Local (run through scripts/stack.sh; never skipped).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use base64::Engine;
+use dynamo_outbox::schema;
+use lambda_runtime::{Config, Context, LambdaEvent};
+use outbox_enqueue_function::EnqueueFunction;
+use outbox_integration_tests::*;
+use serde_json::{json, Value};
+
+fn event(payload: Value, time_left: Duration) -> LambdaEvent<Value> {
+    let mut context = Context::default();
+    context.request_id = uuid::Uuid::new_v4().to_string();
+    context.deadline = (SystemTime::now() + time_left)
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    context.env_config = Arc::new(Config {
+        function_name: "outbox-enqueue-test".into(),
+        ..Config::default()
+    });
+    LambdaEvent::new(payload, context)
+}
+
+#[tokio::test]
+async fn enqueues_a_batch_and_answers_with_ids_buckets_and_sequences() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let function = EnqueueFunction::new(client.clone(), options.clone()).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let request = json!({
+        "messages": [
+            {"topic": "orders", "key": "order-1", "value": "{\"n\":1}",
+             "headers": [{"key": "type", "value": "created"}, {"key": "trace", "value": null}]},
+            {"topic": "orders", "key": "order-1", "value_base64": b64.encode([0u8, 159, 146, 150])},
+            {"topic": "audit", "key_base64": b64.encode(b""), "partition": 2},
+            {"topic": "audit"}
+        ]
+    });
+    let response = function
+        .handle(event(request, Duration::from_secs(10)))
+        .await
+        .expect("enqueue");
+    let response = serde_json::to_value(&response).unwrap();
+    let messages = response["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 4);
+    for m in messages {
+        uuid::Uuid::parse_str(m["message_id"].as_str().unwrap()).unwrap();
+        assert!(m["bucket"].as_u64().unwrap() < 4);
+        assert!(m["sequence"].as_u64().unwrap() >= 1);
+    }
+    // Same key, same bucket, consecutive sequences in request order.
+    assert_eq!(messages[0]["bucket"], messages[1]["bucket"]);
+    assert_eq!(
+        messages[1]["sequence"].as_u64().unwrap(),
+        messages[0]["sequence"].as_u64().unwrap() + 1
+    );
+    assert_eq!(messages[2]["bucket"], 2, "explicit partition 2 of 4 buckets");
+    assert_eq!(pending_messages(&client, &options).await, 4);
+
+    // The stored items read back as the request said.
+    let store = dynamo_outbox::DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let keys = store.keys().clone();
+    let items = scan_all(&client, &options.table_name).await;
+    let stored: Vec<schema::StoredMessage> = items
+        .iter()
+        .filter(|i| {
+            i["PK"]
+                .as_s()
+                .is_ok_and(|pk| pk.starts_with(&format!("{}#MESSAGES#", options.key_prefix)))
+        })
+        .map(|i| schema::parse_message(&keys, i).unwrap())
+        .collect();
+    let first = stored
+        .iter()
+        .find(|s| s.message.message_id.to_string() == messages[0]["message_id"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(first.message.key.as_deref(), Some(&b"order-1"[..]));
+    assert_eq!(first.message.value.as_deref(), Some(&b"{\"n\":1}"[..]));
+    assert_eq!(
+        first.message.headers,
+        vec![
+            dynamo_outbox::Header::new("type", "created"),
+            dynamo_outbox::Header::null("trace")
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_rejected_request_is_a_validation_error_and_writes_nothing() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let function = EnqueueFunction::new(client.clone(), options.clone()).unwrap();
+    let ok = json!({"topic": "orders", "key": "k", "value": "v"});
+    let big = "x".repeat(401 * 1024);
+    let cases = [
+        (
+            json!({"messages": [ok, ok, ok, {"topic": "bad topic"}]}),
+            "messages[3].topic: ",
+        ),
+        (json!({"messages": []}), "messages: "),
+        (
+            json!({"messages": [ok, {"topic": "t", "value": "a", "value_base64": "YQ=="}]}),
+            "messages[1].value: ",
+        ),
+        (
+            json!({"messages": [ok, {"topic": "t", "headers": [{"key": ""}]}]}),
+            "messages[1].headers[0].key: ",
+        ),
+        (
+            json!({"messages": [ok, {"topic": "t", "partition": -1}]}),
+            "messages[1].partition: ",
+        ),
+        (json!({"messages": [ok], "priority": 1}), "priority: unknown field"),
+        (
+            json!({"messages": [ok, {"topic": "t", "value": big}]}),
+            "messages[1]: item size in bytes",
+        ),
+    ];
+    let before = scan_all(&client, &options.table_name).await.len();
+    for (request, field) in cases {
+        let e = function
+            .handle(event(request, Duration::from_secs(10)))
+            .await
+            .expect_err("a rejected request");
+        assert_eq!(e.error_type, "ValidationError", "{e}");
+        assert!(e.message.starts_with(field), "{e} does not start with {field:?}");
+        let diagnostic = lambda_runtime::Diagnostic::from(e);
+        assert_eq!(diagnostic.error_type, "ValidationError");
+    }
+    assert_eq!(
+        scan_all(&client, &options.table_name).await.len(),
+        before,
+        "no item (not even a sequence counter) was written"
+    );
+}

@@ -1,0 +1,419 @@
+//! The relay as an AWS Lambda function: one invocation runs one relay instance, with its
+//! own relay id, until the invocation's deadline minus a shutdown margin (or a configured
+//! maximum run time, whichever comes first), then stops gracefully so that its leases are
+//! released before Lambda can time the function out.
+//!
+//! The DynamoDB client is built once per execution environment (in `main`, before the
+//! runtime loop); the Kafka publisher is connected by the first invocation and reused by
+//! the warm ones, and dropped (to be rebuilt by the next invocation) when a run published
+//! nothing but failed to publish.
+//!
+//! # Environment
+//! Everything [`OutboxOptions::from_env`], [`RelayOptions::from_env`] and
+//! [`KafkaConfig::from_env`] read, and:
+//! - [`env::MAX_RUN_TIME`] (`OUTBOX_MAX_RUN_TIME`, default 50s): longest run of one
+//!   invocation, and the run time used when the invocation has no usable deadline.
+//! - [`env::SHUTDOWN_MARGIN`] (`OUTBOX_SHUTDOWN_MARGIN`, default 3s): time left unused
+//!   before the invocation's deadline; the graceful stop ends before it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use dynamo_outbox::enqueue_api::error_type;
+use dynamo_outbox::options::{parse_duration, MAX_RELAY_ID_LEN};
+use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
+use dynamo_outbox::{DynamoDbOutboxStore, OutboxOptions, Relay, RelayOptions, RunReport};
+use lambda_runtime::{Diagnostic, LambdaEvent};
+use serde::Serialize;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+/// Environment variables of the relay function (besides the library's).
+pub mod env {
+    /// [`RelaySettings::max_run_time`](super::RelaySettings::max_run_time).
+    pub const MAX_RUN_TIME: &str = "OUTBOX_MAX_RUN_TIME";
+    /// [`RelaySettings::shutdown_margin`](super::RelaySettings::shutdown_margin).
+    pub const SHUTDOWN_MARGIN: &str = "OUTBOX_SHUTDOWN_MARGIN";
+}
+
+/// Default of [`RelaySettings::max_run_time`].
+pub const DEFAULT_MAX_RUN_TIME: Duration = Duration::from_secs(50);
+/// Default of [`RelaySettings::shutdown_margin`].
+pub const DEFAULT_SHUTDOWN_MARGIN: Duration = Duration::from_secs(3);
+/// Longest time the first invocation waits for the Kafka connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Everything the relay function is configured with.
+#[derive(Debug, Clone)]
+pub struct RelaySettings {
+    /// The outbox table.
+    pub outbox: OutboxOptions,
+    /// The relay's options; its `relay_id` is replaced per invocation.
+    pub relay: RelayOptions,
+    /// The Kafka publisher's options.
+    pub kafka: KafkaConfig,
+    /// Longest run of one invocation (50 s); also the run time when the invocation's
+    /// deadline is missing or already past (the local emulator's constant).
+    pub max_run_time: Duration,
+    /// Time kept free before the invocation's deadline (3 s).
+    pub shutdown_margin: Duration,
+}
+
+impl RelaySettings {
+    /// Reads the settings from the process environment.
+    pub fn from_env() -> dynamo_outbox::Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the settings through `lookup` (an environment stand-in) and validates them.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> dynamo_outbox::Result<Self> {
+        let outbox = OutboxOptions::from_lookup(&lookup)?;
+        let relay = RelayOptions::from_lookup(&lookup)?;
+        let kafka = KafkaConfig::from_lookup(&lookup)?;
+        let max_run_time = match lookup(env::MAX_RUN_TIME) {
+            Some(v) => parse_duration(env::MAX_RUN_TIME, &v)?,
+            None => DEFAULT_MAX_RUN_TIME,
+        };
+        let shutdown_margin = match lookup(env::SHUTDOWN_MARGIN) {
+            Some(v) => parse_duration(env::SHUTDOWN_MARGIN, &v)?,
+            None => DEFAULT_SHUTDOWN_MARGIN,
+        };
+        if max_run_time < Duration::from_secs(1) {
+            return Err(dynamo_outbox::Error::InvalidOption {
+                field: env::MAX_RUN_TIME.into(),
+                rule: "must be at least 1s".into(),
+            });
+        }
+        Ok(RelaySettings {
+            outbox,
+            relay,
+            kafka,
+            max_run_time,
+            shutdown_margin,
+        })
+    }
+}
+
+/// Where the run's deadline came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadlineSource {
+    /// The invocation's deadline minus the shutdown margin.
+    Invocation,
+    /// The start plus the maximum run time, earlier than the invocation's deadline.
+    MaxRunTime,
+    /// The invocation had no usable deadline (zero or already past): the maximum run time.
+    Fallback,
+}
+
+/// When one run must end: `min(invocation deadline - margin, start + max run time)`, or
+/// `start + max run time` when the invocation's deadline (`deadline_ms`, Unix
+/// milliseconds) is zero or not after `now`.
+pub fn run_deadline(
+    deadline_ms: u64,
+    now: SystemTime,
+    start: Instant,
+    max_run_time: Duration,
+    shutdown_margin: Duration,
+) -> (Instant, DeadlineSource) {
+    let by_max = start + max_run_time;
+    let invocation = SystemTime::UNIX_EPOCH + Duration::from_millis(deadline_ms);
+    match invocation.duration_since(now) {
+        Ok(left) if deadline_ms > 0 && !left.is_zero() => {
+            let by_invocation = start + left.saturating_sub(shutdown_margin);
+            if by_invocation <= by_max {
+                (by_invocation, DeadlineSource::Invocation)
+            } else {
+                (by_max, DeadlineSource::MaxRunTime)
+            }
+        }
+        _ => (by_max, DeadlineSource::Fallback),
+    }
+}
+
+/// The relay id of one invocation: function name and request id, at most 128 characters,
+/// without control characters.
+pub fn relay_id(function_name: &str, request_id: &str) -> String {
+    let name = if function_name.is_empty() {
+        "outbox-relay"
+    } else {
+        function_name
+    };
+    let request = if request_id.is_empty() {
+        "local"
+    } else {
+        request_id
+    };
+    format!("{name}-{request}")
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_RELAY_ID_LEN)
+        .collect()
+}
+
+/// What one invocation returns (and logs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RelaySummary {
+    /// The invocation's relay id.
+    pub relay_id: String,
+    /// Messages published and deleted.
+    pub published: u64,
+    /// Publish attempts that failed.
+    pub publish_failures: u64,
+    /// Most buckets owned at once.
+    pub buckets_owned: usize,
+    /// Buckets owned when the run ended, before the stop released them.
+    pub owned_at_end: usize,
+    /// Refused conditional writes of this run.
+    pub refused_writes: u64,
+    /// The same, by kind.
+    pub refused: BTreeMap<String, u64>,
+    /// Errors the loop recovered from.
+    pub errors: u64,
+    /// Why the run ended (`deadline`, `deadline_missed`, ...).
+    pub stop_reason: String,
+    /// Whether every lease was released at the end.
+    pub released: bool,
+    /// Where the run's deadline came from.
+    pub deadline_source: DeadlineSource,
+    /// Milliseconds left when the handler returned: before the invocation's deadline, or
+    /// before the fallback deadline when the invocation had none.
+    pub time_left_ms: u64,
+}
+
+impl RelaySummary {
+    fn new(report: &RunReport, source: DeadlineSource, time_left: Duration) -> Self {
+        RelaySummary {
+            relay_id: report.relay_id.clone(),
+            published: report.published,
+            publish_failures: report.publish_failures,
+            buckets_owned: report.max_owned,
+            owned_at_end: report.owned_at_end,
+            refused_writes: report.refused_total(),
+            refused: report
+                .refused
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect(),
+            errors: report.errors,
+            stop_reason: report.stop_reason.as_str().to_owned(),
+            released: report.released,
+            deadline_source: source,
+            time_left_ms: time_left.as_millis().try_into().unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// A function error: its `errorType` says what the caller can do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionError {
+    /// `Misconfiguration`, `DynamoDb`, `Kafka`, `DeadlineExceeded`, ...
+    pub error_type: &'static str,
+    /// The error's text.
+    pub message: String,
+}
+
+impl fmt::Display for FunctionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.error_type, self.message)
+    }
+}
+
+impl std::error::Error for FunctionError {}
+
+impl From<dynamo_outbox::Error> for FunctionError {
+    fn from(e: dynamo_outbox::Error) -> Self {
+        FunctionError {
+            error_type: error_type(&e),
+            message: error_chain(&e),
+        }
+    }
+}
+
+impl From<FunctionError> for Diagnostic {
+    fn from(e: FunctionError) -> Self {
+        Diagnostic {
+            error_type: e.error_type.to_owned(),
+            error_message: e.message,
+        }
+    }
+}
+
+/// The error and its sources, `: `-separated.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The relay function: clients of one execution environment and the handler.
+#[derive(Debug)]
+pub struct RelayFunction {
+    settings: RelaySettings,
+    store: DynamoDbOutboxStore,
+    publisher: tokio::sync::Mutex<Option<Arc<KafkaPublisher>>>,
+}
+
+impl RelayFunction {
+    /// The function over `client` (built once per execution environment).
+    pub fn new(
+        client: aws_sdk_dynamodb::Client,
+        settings: RelaySettings,
+    ) -> dynamo_outbox::Result<Self> {
+        let store = DynamoDbOutboxStore::new(client, settings.outbox.clone())?;
+        Ok(RelayFunction {
+            settings,
+            store,
+            publisher: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    /// The settings the function runs with.
+    pub fn settings(&self) -> &RelaySettings {
+        &self.settings
+    }
+
+    /// The Kafka publisher of this execution environment, connected on first use.
+    async fn publisher(&self, deadline: Instant) -> Result<Arc<KafkaPublisher>, FunctionError> {
+        let mut slot = self.publisher.lock().await;
+        if let Some(p) = slot.as_ref() {
+            return Ok(p.clone());
+        }
+        let connect_by = deadline.min(Instant::now() + CONNECT_TIMEOUT);
+        let publisher =
+            Arc::new(KafkaPublisher::connect(self.settings.kafka.clone(), connect_by).await?);
+        *slot = Some(publisher.clone());
+        Ok(publisher)
+    }
+
+    /// Handles one invocation (any payload: a schedule tick or a manual invoke): runs one
+    /// relay until the run deadline, then returns the summary.
+    pub async fn handle(
+        &self,
+        event: LambdaEvent<serde_json::Value>,
+    ) -> Result<RelaySummary, FunctionError> {
+        let start = Instant::now();
+        let context = event.context;
+        let (deadline, source) = run_deadline(
+            context.deadline,
+            SystemTime::now(),
+            start,
+            self.settings.max_run_time,
+            self.settings.shutdown_margin,
+        );
+        let function_name = if context.env_config.function_name.is_empty() {
+            std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default()
+        } else {
+            context.env_config.function_name.clone()
+        };
+        let mut options = self.settings.relay.clone();
+        options.relay_id = relay_id(&function_name, &context.request_id);
+        if source == DeadlineSource::Fallback {
+            warn!(
+                deadline_ms = context.deadline,
+                run_time_ms = self.settings.max_run_time.as_millis() as u64,
+                "the invocation has no usable deadline: running for the configured maximum run time"
+            );
+        }
+        let publisher = self.publisher(deadline).await?;
+        let relay = Relay::new(self.store.clone(), publisher, options)?;
+        let report = relay.run_until(deadline).await?;
+        if report.published == 0 && report.publish_failures > 0 {
+            warn!("nothing published and publishing failed: the Kafka client is rebuilt on the next invocation");
+            *self.publisher.lock().await = None;
+        }
+        let time_left = match source {
+            DeadlineSource::Fallback => deadline.saturating_duration_since(Instant::now()),
+            _ => context
+                .deadline()
+                .duration_since(SystemTime::now())
+                .unwrap_or_default(),
+        };
+        let summary = RelaySummary::new(&report, source, time_left);
+        info!(
+            relay_id = %summary.relay_id,
+            published = summary.published,
+            buckets_owned = summary.buckets_owned,
+            refused_writes = summary.refused_writes,
+            stop_reason = %summary.stop_reason,
+            released = summary.released,
+            time_left_ms = summary.time_left_ms,
+            "relay invocation done"
+        );
+        Ok(summary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn deadline_is_the_earlier_of_invocation_and_max_run_time() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let ms = |t: SystemTime| {
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64
+        };
+        let start = Instant::now();
+        // 60 s left, margin 3 s, max 50 s: max run time wins.
+        let (d, src) = run_deadline(ms(now + 60 * S), now, start, 50 * S, 3 * S);
+        assert_eq!((d, src), (start + 50 * S, DeadlineSource::MaxRunTime));
+        // 30 s left: the invocation minus the margin wins.
+        let (d, src) = run_deadline(ms(now + 30 * S), now, start, 50 * S, 3 * S);
+        assert_eq!((d, src), (start + 27 * S, DeadlineSource::Invocation));
+        // 2 s left, less than the margin: stop at once.
+        let (d, src) = run_deadline(ms(now + 2 * S), now, start, 50 * S, 3 * S);
+        assert_eq!((d, src), (start, DeadlineSource::Invocation));
+        // Missing or past: the configured run time.
+        for deadline_ms in [0, 1, ms(now), ms(now) - 5] {
+            let (d, src) = run_deadline(deadline_ms, now, start, 50 * S, 3 * S);
+            assert_eq!(
+                (d, src),
+                (start + 50 * S, DeadlineSource::Fallback),
+                "{deadline_ms}"
+            );
+        }
+    }
+
+    #[test]
+    fn relay_ids_fit_the_limit() {
+        assert_eq!(relay_id("fn", "req-1"), "fn-req-1");
+        assert_eq!(relay_id("", ""), "outbox-relay-local");
+        let long = relay_id(&"f".repeat(100), &"r".repeat(100));
+        assert_eq!(long.chars().count(), MAX_RELAY_ID_LEN);
+        assert!(long.starts_with(&"f".repeat(100)));
+        assert_eq!(relay_id("a\nb", "c"), "ab-c");
+        let mut options = RelayOptions::default();
+        options.relay_id = long;
+        options.validate().unwrap();
+    }
+
+    #[test]
+    fn settings_have_defaults_and_name_bad_values() {
+        let vars: HashMap<&str, &str> = [
+            ("OUTBOX_TABLE_NAME", "orders-outbox"),
+            ("KAFKA_BOOTSTRAP_SERVERS", "b-1.example:9098"),
+        ]
+        .into();
+        let s = RelaySettings::from_lookup(|n| vars.get(n).map(|v| v.to_string())).unwrap();
+        assert_eq!(s.max_run_time, DEFAULT_MAX_RUN_TIME);
+        assert_eq!(s.shutdown_margin, DEFAULT_SHUTDOWN_MARGIN);
+        let mut bad = vars.clone();
+        bad.insert(env::MAX_RUN_TIME, "soon");
+        let e = RelaySettings::from_lookup(|n| bad.get(n).map(|v| v.to_string())).unwrap_err();
+        assert!(e.to_string().starts_with("OUTBOX_MAX_RUN_TIME:"), "{e}");
+        assert_eq!(error_type(&e), "Misconfiguration");
+    }
+}

@@ -1,0 +1,25 @@
+//! Lambda entry point of the relay function: clients are built once per execution
+//! environment, then every invocation runs one relay (see the library half).
+
+use std::sync::Arc;
+
+use lambda_runtime::{service_fn, LambdaEvent};
+use outbox_relay_function::{RelayFunction, RelaySettings};
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    // Honours the function's LoggingConfig (JSON) and AWS_LAMBDA_LOG_LEVEL / RUST_LOG.
+    lambda_runtime::tracing::init_default_subscriber();
+    let settings = RelaySettings::from_env()?;
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let function = Arc::new(RelayFunction::new(
+        aws_sdk_dynamodb::Client::new(&config),
+        settings,
+    )?);
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
+        let function = function.clone();
+        // Boxed: the relay's future is deep, and the runtime's future nests it.
+        Box::pin(async move { function.handle(event).await })
+    }))
+    .await
+}

@@ -1,0 +1,743 @@
+//! CloudWatch Embedded Metric Format (EMF): the relay's measurements as JSON log lines
+//! that CloudWatch Logs turns into metrics, with no API call and no agent.
+//!
+//! [`EmfMetrics`] implements [`RelayMetrics`] by aggregating in memory; [`EmfMetrics::flush`]
+//! renders what was aggregated since the previous flush as one or more EMF documents and
+//! starts over. Print each document as one line on stdout (the Lambda runtime ships stdout
+//! to CloudWatch Logs): [`EmfMetrics::flush_to`] does that.
+//!
+//! Every document has the namespace (`POWERTOOLS_METRICS_NAMESPACE`, default `Outbox`) and
+//! one dimension set: `service` (`POWERTOOLS_SERVICE_NAME`, default `outbox-relay`), `table`
+//! and any added with [`EmfMetrics::with_dimension`]. The metrics:
+//!
+//! | Metric | Unit | Value per flush |
+//! |---|---|---|
+//! | `Published` | Count | messages published and deleted |
+//! | `PublishFailures` | Count | failed publishes (transient and permanent) |
+//! | `PublishRejected` | Count | records the broker refused for good (part of `PublishFailures`) |
+//! | `RefusedWrites` | Count | refused conditional writes, all kinds |
+//! | `RefusedWrites.<kind>` | Count | per kind: `heartbeat`, `renew`, `release`, `claim`, `cleanup` |
+//! | `LeasesAcquired` / `LeasesLost` | Count | leases claimed / lost |
+//! | `OwnedBuckets` | Count | buckets owned after the last acquisition (once one happened) |
+//! | `PendingMessages` | Count | sum over the sampled buckets (only the owner of bucket zero samples) |
+//! | `OldestPendingAge` | Seconds | the oldest head message of the sampled buckets |
+//! | `PoisonItems` | Count | times a bucket was found stuck on an unreadable item |
+//! | `BatchDuration` / `RoundDuration` | Milliseconds | one value per batch / acquisition round |
+//! | `ColdStart` | Count | 1 in the first flush after [`EmfMetrics::cold_start`] |
+//!
+//! The counters are emitted every flush, zeros included, so that alarms see 0 rather than
+//! missing data. The specification's limits are kept: at most [`MAX_METRICS_PER_DOCUMENT`]
+//! metrics per document, [`MAX_DIMENSIONS`] dimensions per set, and
+//! [`MAX_VALUES_PER_METRIC`] values per metric (more duration values go to further
+//! documents; past [`MAX_SAMPLES`] per flush a uniform sample of them is kept).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Map, Value};
+
+use super::RelayMetrics;
+use crate::error::{Error, Result};
+use crate::store::WriteKind;
+
+/// The environment variable naming the namespace (as in Powertools for AWS Lambda).
+pub const NAMESPACE_ENV: &str = "POWERTOOLS_METRICS_NAMESPACE";
+/// The environment variable naming the `service` dimension (as in Powertools).
+pub const SERVICE_ENV: &str = "POWERTOOLS_SERVICE_NAME";
+/// The namespace when [`NAMESPACE_ENV`] is not set.
+pub const DEFAULT_NAMESPACE: &str = "Outbox";
+/// The `service` dimension when [`SERVICE_ENV`] is not set.
+pub const DEFAULT_SERVICE: &str = "outbox-relay";
+/// EMF: at most 100 metric definitions per directive.
+pub const MAX_METRICS_PER_DOCUMENT: usize = 100;
+/// EMF: at most 30 dimensions per dimension set.
+pub const MAX_DIMENSIONS: usize = 30;
+/// EMF: at most 100 values in one metric's array.
+pub const MAX_VALUES_PER_METRIC: usize = 100;
+/// Duration values kept per metric between two flushes (a uniform sample beyond).
+pub const MAX_SAMPLES: usize = 1000;
+
+/// A CloudWatch unit, as EMF spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// `Count`.
+    Count,
+    /// `Milliseconds`.
+    Milliseconds,
+    /// `Seconds`.
+    Seconds,
+}
+
+impl Unit {
+    /// The unit's name in an EMF document.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Count => "Count",
+            Unit::Milliseconds => "Milliseconds",
+            Unit::Seconds => "Seconds",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    published: u64,
+    publish_failures: u64,
+    publish_rejected: u64,
+    refused: BTreeMap<WriteKind, u64>,
+    leases_acquired: u64,
+    leases_lost: u64,
+    owned_buckets: Option<usize>,
+    /// Latest sample per bucket since the last flush: pending, head age.
+    backlog: BTreeMap<u32, (u32, Option<Duration>)>,
+    poison_items: u64,
+    batch_ms: Samples,
+    round_ms: Samples,
+    cold_start: bool,
+}
+
+/// Duration values with a bounded uniform sample (reservoir) past [`MAX_SAMPLES`].
+#[derive(Debug, Default)]
+struct Samples {
+    values: Vec<f64>,
+    seen: u64,
+}
+
+impl Samples {
+    fn add(&mut self, v: f64) {
+        self.seen += 1;
+        if self.values.len() < MAX_SAMPLES {
+            self.values.push(v);
+        } else {
+            let i = rand::random::<u64>() % self.seen;
+            if let Some(slot) = self.values.get_mut(i as usize) {
+                *slot = v;
+            }
+        }
+    }
+}
+
+/// One metric of a document: name, unit, and its value(s).
+#[derive(Debug, Clone, PartialEq)]
+struct Metric {
+    name: String,
+    unit: Unit,
+    values: Vec<f64>,
+}
+
+/// Aggregates the relay's measurements and renders them as EMF documents.
+#[derive(Debug)]
+pub struct EmfMetrics {
+    namespace: String,
+    dimensions: Vec<(String, String)>,
+    state: Mutex<State>,
+}
+
+impl EmfMetrics {
+    /// Metrics in `namespace` with the dimensions `service` and `table`.
+    pub fn new(
+        namespace: impl Into<String>,
+        service: impl Into<String>,
+        table: impl Into<String>,
+    ) -> Self {
+        EmfMetrics {
+            namespace: namespace.into(),
+            dimensions: vec![
+                ("service".into(), service.into()),
+                ("table".into(), table.into()),
+            ],
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Metrics with the namespace and service from the environment ([`NAMESPACE_ENV`],
+    /// [`SERVICE_ENV`]; empty counts as unset) and the `table` dimension.
+    pub fn from_env(table: impl Into<String>) -> Self {
+        Self::from_lookup(table, |name| std::env::var(name).ok())
+    }
+
+    /// As [`Self::from_env`], reading variables through `lookup`.
+    pub fn from_lookup(table: impl Into<String>, lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let get = |name: &str, default: &str| {
+            lookup(name)
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| default.to_string())
+        };
+        Self::new(
+            get(NAMESPACE_ENV, DEFAULT_NAMESPACE),
+            get(SERVICE_ENV, DEFAULT_SERVICE),
+            table,
+        )
+    }
+
+    /// Adds a dimension to every document (for example `function_name`). Fails past
+    /// [`MAX_DIMENSIONS`], for a duplicate or empty name, and for a name a metric uses.
+    pub fn with_dimension(
+        mut self,
+        name: impl Into<String>,
+        value: impl Into<String>,
+    ) -> Result<Self> {
+        let name = name.into();
+        if self.dimensions.len() >= MAX_DIMENSIONS {
+            return Err(Error::option(
+                "dimensions",
+                format!("EMF allows at most {MAX_DIMENSIONS} dimensions"),
+            ));
+        }
+        if name.is_empty() || name == "_aws" || self.dimensions.iter().any(|(n, _)| *n == name) {
+            return Err(Error::option(
+                "dimensions",
+                format!("{name:?} is empty, reserved or already a dimension"),
+            ));
+        }
+        if metric_names().iter().any(|m| *m == name) || name.starts_with("RefusedWrites") {
+            return Err(Error::option(
+                "dimensions",
+                format!("{name:?} is the name of a metric"),
+            ));
+        }
+        self.dimensions.push((name, value.into()));
+        Ok(self)
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Marks this process's first invocation: the next flush carries `ColdStart` = 1.
+    pub fn cold_start(&self) {
+        self.lock().cold_start = true;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic elsewhere while holding the lock leaves counters that are still valid.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Renders what was aggregated since the previous flush as EMF documents (JSON text,
+    /// one object each) stamped with the current time, and starts over.
+    pub fn flush(&self) -> Vec<String> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.flush_at(now)
+    }
+
+    /// As [`Self::flush`] with the timestamp `timestamp_ms` (milliseconds since the Unix epoch).
+    pub fn flush_at(&self, timestamp_ms: u64) -> Vec<String> {
+        let state = std::mem::take(&mut *self.lock());
+        let metrics = Self::metrics_of(state);
+        self.render(&metrics, timestamp_ms)
+    }
+
+    /// Flushes and writes each document as one line to `out` (stdout in a Lambda function).
+    pub fn flush_to(&self, out: &mut impl Write) -> std::io::Result<()> {
+        for doc in self.flush() {
+            writeln!(out, "{doc}")?;
+        }
+        out.flush()
+    }
+
+    fn metrics_of(state: State) -> Vec<Metric> {
+        let count = |name: &str, v: u64| Metric {
+            name: name.to_string(),
+            unit: Unit::Count,
+            values: vec![v as f64],
+        };
+        let mut m = vec![
+            count("Published", state.published),
+            count("PublishFailures", state.publish_failures),
+            count("PublishRejected", state.publish_rejected),
+            count("RefusedWrites", state.refused.values().sum()),
+        ];
+        for kind in WriteKind::ALL {
+            m.push(count(
+                &format!("RefusedWrites.{}", kind.as_str()),
+                state.refused.get(&kind).copied().unwrap_or(0),
+            ));
+        }
+        m.push(count("LeasesAcquired", state.leases_acquired));
+        m.push(count("LeasesLost", state.leases_lost));
+        m.push(count("PoisonItems", state.poison_items));
+        if let Some(owned) = state.owned_buckets {
+            m.push(count("OwnedBuckets", owned as u64));
+        }
+        if !state.backlog.is_empty() {
+            let pending: u64 = state.backlog.values().map(|(p, _)| u64::from(*p)).sum();
+            m.push(count("PendingMessages", pending));
+            let oldest = state
+                .backlog
+                .values()
+                .filter_map(|(_, age)| *age)
+                .max()
+                .unwrap_or_default();
+            m.push(Metric {
+                name: "OldestPendingAge".into(),
+                unit: Unit::Seconds,
+                values: vec![oldest.as_secs_f64()],
+            });
+        }
+        for (name, samples) in [
+            ("BatchDuration", state.batch_ms),
+            ("RoundDuration", state.round_ms),
+        ] {
+            if !samples.values.is_empty() {
+                m.push(Metric {
+                    name: name.into(),
+                    unit: Unit::Milliseconds,
+                    values: samples.values,
+                });
+            }
+        }
+        if state.cold_start {
+            m.push(count("ColdStart", 1));
+        }
+        m
+    }
+
+    /// Splits `metrics` into documents within the limits and renders them.
+    fn render(&self, metrics: &[Metric], timestamp_ms: u64) -> Vec<String> {
+        // A metric with more than MAX_VALUES_PER_METRIC values continues in later documents.
+        let mut pieces: Vec<Vec<(&Metric, &[f64])>> = Vec::new();
+        for metric in metrics {
+            for (i, chunk) in metric.values.chunks(MAX_VALUES_PER_METRIC).enumerate() {
+                // Put the chunk in the i-th document that has room and no piece of this metric.
+                let mut index = i;
+                loop {
+                    if index == pieces.len() {
+                        pieces.push(Vec::new());
+                    }
+                    let doc = &pieces[index];
+                    if doc.len() < MAX_METRICS_PER_DOCUMENT
+                        && !doc.iter().any(|(m, _)| m.name == metric.name)
+                    {
+                        break;
+                    }
+                    index += 1;
+                }
+                pieces[index].push((metric, chunk));
+            }
+        }
+        pieces
+            .into_iter()
+            .map(|doc| self.document(&doc, timestamp_ms).to_string())
+            .collect()
+    }
+
+    fn document(&self, metrics: &[(&Metric, &[f64])], timestamp_ms: u64) -> Value {
+        let mut root = Map::new();
+        let names: Vec<&str> = self.dimensions.iter().map(|(n, _)| n.as_str()).collect();
+        let definitions: Vec<Value> = metrics
+            .iter()
+            .map(|(m, _)| json!({"Name": m.name, "Unit": m.unit.as_str()}))
+            .collect();
+        root.insert(
+            "_aws".into(),
+            json!({
+                "Timestamp": timestamp_ms,
+                "CloudWatchMetrics": [{
+                    "Namespace": self.namespace,
+                    "Dimensions": [names],
+                    "Metrics": definitions,
+                }],
+            }),
+        );
+        for (name, value) in &self.dimensions {
+            root.insert(name.clone(), Value::String(value.clone()));
+        }
+        for (m, values) in metrics {
+            let value = match values {
+                [one] => number(*one),
+                many => Value::Array(many.iter().map(|v| number(*v)).collect()),
+            };
+            root.insert(m.name.clone(), value);
+        }
+        Value::Object(root)
+    }
+}
+
+/// The fixed metric names (per-kind refusals are `RefusedWrites.<kind>`).
+fn metric_names() -> [&'static str; 14] {
+    [
+        "Published",
+        "PublishFailures",
+        "PublishRejected",
+        "RefusedWrites",
+        "LeasesAcquired",
+        "LeasesLost",
+        "PoisonItems",
+        "OwnedBuckets",
+        "PendingMessages",
+        "OldestPendingAge",
+        "BatchDuration",
+        "RoundDuration",
+        "ColdStart",
+        "_aws",
+    ]
+}
+
+fn number(v: f64) -> Value {
+    if v.fract() == 0.0 && v.abs() < 9.0e15 {
+        Value::from(v as i64)
+    } else {
+        serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number)
+    }
+}
+
+fn millis(d: Duration) -> f64 {
+    // Microsecond precision is plenty for a duration metric.
+    (d.as_secs_f64() * 1_000_000.0).round() / 1000.0
+}
+
+impl RelayMetrics for EmfMetrics {
+    fn published(&self, _bucket: u32, count: u64) {
+        self.lock().published += count;
+    }
+
+    fn publish_failed(&self, _bucket: u32, permanent: bool) {
+        let mut s = self.lock();
+        s.publish_failures += 1;
+        if permanent {
+            s.publish_rejected += 1;
+        }
+    }
+
+    fn refused_write(&self, kind: WriteKind) {
+        *self.lock().refused.entry(kind).or_default() += 1;
+    }
+
+    fn owned_buckets(&self, count: usize) {
+        self.lock().owned_buckets = Some(count);
+    }
+
+    fn leases_acquired(&self, count: usize) {
+        self.lock().leases_acquired += count as u64;
+    }
+
+    fn leases_lost(&self, count: usize) {
+        self.lock().leases_lost += count as u64;
+    }
+
+    fn backlog(&self, bucket: u32, pending: u32, oldest_age: Option<Duration>) {
+        self.lock().backlog.insert(bucket, (pending, oldest_age));
+    }
+
+    fn poison_item(&self, _bucket: u32) {
+        self.lock().poison_items += 1;
+    }
+
+    fn round_duration(&self, duration: Duration) {
+        self.lock().round_ms.add(millis(duration));
+    }
+
+    fn batch_duration(&self, _bucket: u32, duration: Duration) {
+        self.lock().batch_ms.add(millis(duration));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    const UNITS: &[&str] = &[
+        "Seconds",
+        "Microseconds",
+        "Milliseconds",
+        "Bytes",
+        "Kilobytes",
+        "Megabytes",
+        "Gigabytes",
+        "Terabytes",
+        "Bits",
+        "Kilobits",
+        "Megabits",
+        "Gigabits",
+        "Terabits",
+        "Percent",
+        "Count",
+        "Bytes/Second",
+        "Kilobytes/Second",
+        "Megabytes/Second",
+        "Gigabytes/Second",
+        "Terabytes/Second",
+        "Bits/Second",
+        "Kilobits/Second",
+        "Megabits/Second",
+        "Gigabits/Second",
+        "Terabits/Second",
+        "Count/Second",
+        "None",
+    ];
+
+    /// Checks one document against the EMF specification's structure and limits and
+    /// returns its metric values by name.
+    fn validate(doc: &str) -> BTreeMap<String, Value> {
+        let root: Value = serde_json::from_str(doc).expect("a document is JSON");
+        assert!(!doc.contains('\n'), "one line per document");
+        assert!(doc.len() < 256 * 1024, "within a log event");
+        let root = root.as_object().expect("root is an object");
+        let aws = root["_aws"].as_object().expect("_aws is an object");
+        let ts = aws["Timestamp"]
+            .as_u64()
+            .expect("Timestamp: ms since epoch");
+        assert!(ts > 1_600_000_000_000, "{ts}");
+        let directives = aws["CloudWatchMetrics"]
+            .as_array()
+            .expect("CloudWatchMetrics is an array");
+        assert_eq!(directives.len(), 1);
+        let mut values = BTreeMap::new();
+        for d in directives {
+            let d = d.as_object().unwrap();
+            let ns = d["Namespace"].as_str().expect("Namespace string");
+            assert!(!ns.is_empty() && ns.len() <= 255);
+            let sets = d["Dimensions"].as_array().expect("Dimensions array");
+            for set in sets {
+                let set = set.as_array().expect("a dimension set is an array");
+                assert!(set.len() <= MAX_DIMENSIONS, "at most 30 dimensions");
+                for name in set {
+                    let name = name.as_str().expect("dimension names are strings");
+                    assert!(
+                        root[name].is_string(),
+                        "dimension {name} has a string value at the root"
+                    );
+                }
+            }
+            let metrics = d["Metrics"].as_array().expect("Metrics array");
+            assert!(!metrics.is_empty());
+            assert!(
+                metrics.len() <= MAX_METRICS_PER_DOCUMENT,
+                "at most 100 metrics"
+            );
+            let mut names = HashSet::new();
+            for m in metrics {
+                let m = m.as_object().unwrap();
+                assert!(m
+                    .keys()
+                    .all(|k| k == "Name" || k == "Unit" || k == "StorageResolution"));
+                let name = m["Name"].as_str().expect("Name string");
+                assert!(!name.is_empty() && name.len() <= 255);
+                assert!(names.insert(name.to_string()), "{name} defined once");
+                let unit = m["Unit"].as_str().expect("Unit string");
+                assert!(UNITS.contains(&unit), "{unit} is an EMF unit");
+                let v = &root[name];
+                match v {
+                    Value::Number(_) => {}
+                    Value::Array(a) => {
+                        assert!(!a.is_empty() && a.len() <= MAX_VALUES_PER_METRIC);
+                        assert!(a.iter().all(Value::is_number));
+                    }
+                    other => panic!("{name}: value {other} is not a number or array"),
+                }
+                values.insert(name.to_string(), v.clone());
+            }
+        }
+        values
+    }
+
+    fn table_metrics() -> EmfMetrics {
+        EmfMetrics::from_lookup("orders-outbox", |_| None)
+    }
+
+    #[test]
+    fn renders_valid_documents_with_every_metric() {
+        let m = table_metrics();
+        m.cold_start();
+        m.published(0, 5);
+        m.published(3, 2);
+        m.publish_failed(1, false);
+        m.publish_failed(1, true);
+        m.refused_write(WriteKind::Claim);
+        m.refused_write(WriteKind::Claim);
+        m.refused_write(WriteKind::Heartbeat);
+        m.leases_acquired(4);
+        m.leases_lost(1);
+        m.owned_buckets(3);
+        m.owned_buckets(4);
+        m.backlog(0, 10, Some(Duration::from_millis(2500)));
+        m.backlog(1, 7, Some(Duration::from_secs(9)));
+        m.backlog(0, 3, None); // the latest sample of a bucket counts
+        m.poison_item(2);
+        m.batch_duration(0, Duration::from_micros(12_500));
+        m.batch_duration(0, Duration::from_millis(3));
+        m.round_duration(Duration::from_millis(40));
+        let docs = m.flush_at(1_764_500_000_000);
+        assert_eq!(docs.len(), 1);
+        let v = validate(&docs[0]);
+        let root: Value = serde_json::from_str(&docs[0]).unwrap();
+        assert_eq!(root["_aws"]["Timestamp"], 1_764_500_000_000u64);
+        assert_eq!(root["_aws"]["CloudWatchMetrics"][0]["Namespace"], "Outbox");
+        assert_eq!(
+            root["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([["service", "table"]])
+        );
+        assert_eq!(root["service"], "outbox-relay");
+        assert_eq!(root["table"], "orders-outbox");
+        assert_eq!(v["Published"], json!(7));
+        assert_eq!(v["PublishFailures"], json!(2));
+        assert_eq!(v["PublishRejected"], json!(1));
+        assert_eq!(v["RefusedWrites"], json!(3));
+        assert_eq!(v["RefusedWrites.claim"], json!(2));
+        assert_eq!(v["RefusedWrites.heartbeat"], json!(1));
+        assert_eq!(v["RefusedWrites.renew"], json!(0));
+        assert_eq!(v["LeasesAcquired"], json!(4));
+        assert_eq!(v["LeasesLost"], json!(1));
+        assert_eq!(v["OwnedBuckets"], json!(4));
+        assert_eq!(v["PendingMessages"], json!(10));
+        assert_eq!(v["OldestPendingAge"], json!(9));
+        assert_eq!(v["PoisonItems"], json!(1));
+        assert_eq!(v["BatchDuration"], json!([12.5, 3]));
+        assert_eq!(v["RoundDuration"], json!(40));
+        assert_eq!(v["ColdStart"], json!(1));
+        let units: BTreeMap<String, String> = root["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                (
+                    d["Name"].as_str().unwrap().to_string(),
+                    d["Unit"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(units["OldestPendingAge"], "Seconds");
+        assert_eq!(units["BatchDuration"], "Milliseconds");
+        assert_eq!(units["Published"], "Count");
+    }
+
+    #[test]
+    fn flush_starts_over_and_keeps_zero_counters() {
+        let m = table_metrics();
+        m.cold_start();
+        m.published(0, 1);
+        m.backlog(0, 1, None);
+        m.owned_buckets(2);
+        m.flush_at(1_764_500_000_000);
+        let docs = m.flush_at(1_764_500_060_000);
+        assert_eq!(docs.len(), 1);
+        let v = validate(&docs[0]);
+        assert_eq!(v["Published"], json!(0), "counters restart and report zero");
+        assert!(
+            !v.contains_key("ColdStart"),
+            "a cold start is reported once"
+        );
+        assert!(
+            !v.contains_key("PendingMessages") && !v.contains_key("OldestPendingAge"),
+            "no backlog figures without a sample"
+        );
+        assert!(!v.contains_key("OwnedBuckets"));
+        assert!(!v.contains_key("BatchDuration"));
+    }
+
+    #[test]
+    fn namespace_and_service_from_the_environment() {
+        let m = EmfMetrics::from_lookup("t-1", |name| match name {
+            NAMESPACE_ENV => Some("Payments".into()),
+            SERVICE_ENV => Some("payments-relay".into()),
+            _ => None,
+        });
+        assert_eq!(m.namespace(), "Payments");
+        let root: Value = serde_json::from_str(&m.flush_at(1_764_500_000_000)[0]).unwrap();
+        assert_eq!(
+            root["_aws"]["CloudWatchMetrics"][0]["Namespace"],
+            "Payments"
+        );
+        assert_eq!(root["service"], "payments-relay");
+        let empty = EmfMetrics::from_lookup("t-1", |_| Some(String::new()));
+        assert_eq!(empty.namespace(), DEFAULT_NAMESPACE);
+    }
+
+    #[test]
+    fn many_values_split_into_documents_within_the_limits() {
+        let m = table_metrics();
+        for i in 0..250 {
+            m.batch_duration(0, Duration::from_millis(i));
+        }
+        for i in 0..120 {
+            m.round_duration(Duration::from_millis(i));
+        }
+        let docs = m.flush_at(1_764_500_000_000);
+        assert_eq!(docs.len(), 3, "250 values need three documents");
+        let mut batch = Vec::new();
+        let mut round = Vec::new();
+        for (i, doc) in docs.iter().enumerate() {
+            let v = validate(doc);
+            if i == 0 {
+                assert!(
+                    v.contains_key("Published"),
+                    "counters in the first document"
+                );
+            } else {
+                assert!(!v.contains_key("Published"), "counters only once");
+            }
+            let collect = |out: &mut Vec<f64>, key: &str| match v.get(key) {
+                Some(Value::Array(a)) => out.extend(a.iter().map(|x| x.as_f64().unwrap())),
+                Some(x) => out.push(x.as_f64().unwrap()),
+                None => {}
+            };
+            collect(&mut batch, "BatchDuration");
+            collect(&mut round, "RoundDuration");
+        }
+        assert_eq!(batch, (0..250).map(|i| i as f64).collect::<Vec<_>>());
+        assert_eq!(round, (0..120).map(|i| i as f64).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn samples_stay_bounded() {
+        let m = table_metrics();
+        for _ in 0..(MAX_SAMPLES * 3) {
+            m.batch_duration(0, Duration::from_millis(1));
+        }
+        let docs = m.flush_at(1_764_500_000_000);
+        assert_eq!(docs.len(), MAX_SAMPLES / MAX_VALUES_PER_METRIC);
+        for doc in &docs {
+            validate(doc);
+        }
+    }
+
+    #[test]
+    fn renderer_keeps_100_metrics_per_document() {
+        let m = table_metrics();
+        let metrics: Vec<Metric> = (0..250)
+            .map(|i| Metric {
+                name: format!("M{i}"),
+                unit: Unit::Count,
+                values: vec![i as f64],
+            })
+            .collect();
+        let docs = m.render(&metrics, 1_764_500_000_000);
+        assert_eq!(docs.len(), 3);
+        let mut seen = 0;
+        for doc in &docs {
+            seen += validate(doc).len();
+        }
+        assert_eq!(seen, 250);
+    }
+
+    #[test]
+    fn dimensions_are_limited_to_30() {
+        let mut m = table_metrics();
+        for i in 2..MAX_DIMENSIONS {
+            m = m.with_dimension(format!("d{i}"), "x").unwrap();
+        }
+        let docs = m.flush_at(1_764_500_000_000);
+        validate(&docs[0]);
+        let root: Value = serde_json::from_str(&docs[0]).unwrap();
+        assert_eq!(
+            root["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0]
+                .as_array()
+                .unwrap()
+                .len(),
+            MAX_DIMENSIONS
+        );
+        assert!(m.with_dimension("one-too-many", "x").is_err());
+        assert!(table_metrics().with_dimension("table", "x").is_err());
+        assert!(table_metrics().with_dimension("Published", "x").is_err());
+        assert!(table_metrics()
+            .with_dimension("function_name", "relay")
+            .is_ok());
+    }
+}

@@ -1,0 +1,487 @@
+//! What `outboxctl status` shows: the state of one outbox as the table says it is now.
+//!
+//! [`read_status`] reads the coordination partition once (strongly consistent), then for
+//! every bucket its backlog ([`DynamoDbOutboxStore::backlog`]: a count capped at the
+//! pending count limit and the head message), its last message and its sequence counter.
+//! Nothing is cached: every figure of a [`StatusReport`] was read by that call. The report
+//! also lists the [`Warning`]s an operator must act on; formatting is the caller's.
+//!
+//! Cost per call: one query of the coordination partition, and per bucket one count query
+//! (billed as a read of every counted item, at most the pending count limit), two
+//! one-item queries and one `GetItem`.
+
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use serde::Serialize;
+
+use crate::clock::{duration_to_ticks, TICKS_PER_SECOND};
+use crate::error::{from_sdk, Result};
+use crate::schema::{self, attr, Item};
+use crate::store::leases::Coordination;
+use crate::store::DynamoDbOutboxStore;
+
+/// A heartbeat this far ahead of the reader's clock is reported as being in the future.
+pub const FUTURE_TOLERANCE: Duration = Duration::from_secs(5);
+
+/// The state of one outbox, read from its table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StatusReport {
+    /// The table.
+    pub table: String,
+    /// The key prefix of the outbox.
+    pub key_prefix: String,
+    /// The bucket count the report was read with (the reader's configuration).
+    pub bucket_count: u32,
+    /// The cap of each bucket's pending count.
+    pub pending_count_limit: u32,
+    /// The lease duration that decides whether a relay's heartbeat counts as live.
+    pub lease_duration_seconds: f64,
+    /// The reader's clock when the coordination partition had been read, in UTC ticks.
+    pub now_ticks: i64,
+    /// One entry per bucket, ascending.
+    pub buckets: Vec<BucketStatus>,
+    /// One entry per heartbeat record, by relay id.
+    pub relays: Vec<RelayStatus>,
+    /// What an operator must act on; empty when all is well.
+    pub warnings: Vec<Warning>,
+}
+
+/// The state of one bucket.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BucketStatus {
+    /// The bucket.
+    pub bucket: u32,
+    /// The relay the lease item names (lapsed or not); `None` for a free or never
+    /// claimed bucket.
+    pub owner: Option<String>,
+    /// Whether the lease names an owner and has not lapsed: someone publishes this bucket.
+    pub owned: bool,
+    /// The lease expiry in UTC ticks; `None` when there is no lease item.
+    pub lease_expires_at: Option<i64>,
+    /// Seconds until the lease expires; negative once it has lapsed.
+    pub lease_expires_in_seconds: Option<f64>,
+    /// Pending messages, counted up to [`StatusReport::pending_count_limit`].
+    pub pending: u32,
+    /// Whether the count stopped at the limit (the backlog may be larger).
+    pub pending_capped: bool,
+    /// Enqueue time of the head (oldest) message, in UTC ticks.
+    pub oldest_created_at: Option<i64>,
+    /// Age of the head message in seconds.
+    pub oldest_age_seconds: Option<f64>,
+    /// Sequence number of the head message.
+    pub head_sequence: Option<u64>,
+    /// `BucketCount` stamped on the head message.
+    pub head_bucket_count: Option<u32>,
+    /// Sequence number of the last (newest) message.
+    pub last_sequence: Option<u64>,
+    /// `BucketCount` stamped on the last message.
+    pub last_bucket_count: Option<u32>,
+    /// The bucket's sequence counter (the last number handed out); `None` when the counter
+    /// item does not exist.
+    pub sequence_counter: Option<u64>,
+}
+
+impl BucketStatus {
+    /// Whether the bucket holds messages (by its count or by its head: the count is
+    /// eventually consistent, the head read is not).
+    pub fn has_pending(&self) -> bool {
+        self.pending > 0 || self.head_sequence.is_some()
+    }
+}
+
+/// The state of one relay, from its heartbeat record and the leases.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RelayStatus {
+    /// The relay id.
+    pub relay_id: String,
+    /// Its last round, in UTC ticks.
+    pub last_seen: i64,
+    /// Seconds since its last round (negative when its heartbeat is in the future).
+    pub last_seen_age_seconds: f64,
+    /// When it stopped gracefully, in UTC ticks.
+    pub stopped_at: Option<i64>,
+    /// Whether it stopped gracefully.
+    pub stopped: bool,
+    /// Whether peers count it towards fair share: not stopped, heartbeat younger than the
+    /// lease duration.
+    pub active: bool,
+    /// Buckets whose unlapsed lease names it, ascending.
+    pub buckets: Vec<u32>,
+}
+
+/// Something an operator must act on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Warning {
+    /// What kind of problem.
+    pub kind: WarningKind,
+    /// The bucket concerned, if one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<u32>,
+    /// The relay concerned, if one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relay: Option<String>,
+    /// What is wrong and what to look at, in one sentence.
+    pub message: String,
+}
+
+/// Kinds of [`Warning`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WarningKind {
+    /// A bucket holds messages and no unlapsed lease names an owner: nobody publishes it.
+    PendingWithoutOwner,
+    /// A message is stamped with another bucket count than the reader's.
+    BucketCountMismatch,
+    /// A bucket's sequence counter is behind (or missing below) its newest message.
+    SequenceBehind,
+    /// A relay's heartbeat is ahead of the reader's clock.
+    HeartbeatInFuture,
+    /// A relay not counted as live (its heartbeat is old) still holds unlapsed leases: its
+    /// heartbeats are being refused, or it stalled.
+    HeartbeatStale,
+    /// A lease beyond the bucket count has a live owner: a relay runs with another count.
+    LeaseBeyondBucketCount,
+}
+
+impl WarningKind {
+    /// The snake_case name, as in the JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WarningKind::PendingWithoutOwner => "pending_without_owner",
+            WarningKind::BucketCountMismatch => "bucket_count_mismatch",
+            WarningKind::SequenceBehind => "sequence_behind",
+            WarningKind::HeartbeatInFuture => "heartbeat_in_future",
+            WarningKind::HeartbeatStale => "heartbeat_stale",
+            WarningKind::LeaseBeyondBucketCount => "lease_beyond_bucket_count",
+        }
+    }
+}
+
+impl StatusReport {
+    /// Pending messages over all buckets (each capped at the limit).
+    pub fn total_pending(&self) -> u64 {
+        self.buckets.iter().map(|b| u64::from(b.pending)).sum()
+    }
+
+    /// Whether any bucket's count stopped at the limit.
+    pub fn any_capped(&self) -> bool {
+        self.buckets.iter().any(|b| b.pending_capped)
+    }
+
+    /// The warnings of one kind.
+    pub fn warnings_of(&self, kind: WarningKind) -> impl Iterator<Item = &Warning> {
+        self.warnings.iter().filter(move |w| w.kind == kind)
+    }
+}
+
+/// What was read of one bucket besides the coordination partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct BucketRead {
+    backlog: crate::store::sample::BucketBacklog,
+    last_sequence: Option<u64>,
+    last_bucket_count: Option<u32>,
+    sequence_counter: Option<u64>,
+}
+
+fn seconds(ticks: i64) -> f64 {
+    // Rounded to milliseconds: more is noise for an operator and for scripts.
+    (ticks as f64 / TICKS_PER_SECOND as f64 * 1000.0).round() / 1000.0
+}
+
+/// Reads the state of the outbox of `store` now. `lease_duration` is the relays' (it
+/// decides which heartbeats count as live; `RelayOptions::lease_duration`).
+pub async fn read_status(
+    store: &DynamoDbOutboxStore,
+    lease_duration: Duration,
+) -> Result<StatusReport> {
+    let coordination = store.read_coordination().await?;
+    let now = store.clock().now_ticks();
+    let options = store.options();
+    let reads: Vec<BucketRead> = stream::iter(0..options.bucket_count)
+        .map(|bucket| read_bucket(store, bucket))
+        .buffered(options.max_concurrency.max(1))
+        .try_collect()
+        .await?;
+    Ok(build_report(
+        store,
+        &coordination,
+        reads,
+        now,
+        duration_to_ticks(lease_duration),
+    ))
+}
+
+async fn read_bucket(store: &DynamoDbOutboxStore, bucket: u32) -> Result<BucketRead> {
+    let backlog = store.backlog(bucket).await?;
+    let last = store.last_message(bucket).await?;
+    let sequence_counter = store.sequence_counter(bucket).await?;
+    Ok(BucketRead {
+        backlog,
+        last_sequence: last
+            .as_ref()
+            .and_then(|i| schema::parse_message_sk(store.keys().key_of(i).1)),
+        last_bucket_count: last
+            .as_ref()
+            .and_then(|i| schema::get_n(i, attr::BUCKET_COUNT)),
+        sequence_counter,
+    })
+}
+
+impl DynamoDbOutboxStore {
+    /// The newest message item of a bucket: one strongly consistent query, descending,
+    /// limit 1.
+    pub async fn last_message(&self, bucket: u32) -> Result<Option<Item>> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.options.table_name)
+            .key_condition_expression("#pk = :pk")
+            .expression_attribute_names("#pk", &self.keys.pk)
+            .expression_attribute_values(":pk", AttributeValue::S(self.keys.message_pk(bucket)))
+            .consistent_read(true)
+            .scan_index_forward(false)
+            .limit(1)
+            .send()
+            .await
+            .map_err(|e| from_sdk("Query", e))?;
+        Ok(out.items.unwrap_or_default().into_iter().next())
+    }
+
+    /// A bucket's sequence counter (the last number handed out): one strongly consistent
+    /// `GetItem`; `None` when the counter item does not exist.
+    pub async fn sequence_counter(&self, bucket: u32) -> Result<Option<u64>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.options.table_name)
+            .set_key(Some(
+                self.keys
+                    .key(self.keys.sequence_pk(bucket), schema::SEQUENCE_SK.into()),
+            ))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| from_sdk("GetItem", e))?;
+        Ok(out
+            .item
+            .as_ref()
+            .and_then(|i| schema::get_n(i, attr::SEQUENCE)))
+    }
+}
+
+fn build_report(
+    store: &DynamoDbOutboxStore,
+    coordination: &Coordination,
+    reads: Vec<BucketRead>,
+    now: i64,
+    lease_ticks: i64,
+) -> StatusReport {
+    let options = store.options();
+    let keys = store.keys();
+    let mut warnings = Vec::new();
+
+    let buckets: Vec<BucketStatus> = reads
+        .into_iter()
+        .map(|r| {
+            let bucket = r.backlog.bucket;
+            let lease = coordination.lease(bucket);
+            let expires = lease.map(|l| l.expires_at);
+            let owner = lease.and_then(|l| l.owner.clone());
+            BucketStatus {
+                bucket,
+                owned: owner.is_some() && expires.is_some_and(|e| e > now),
+                owner,
+                lease_expires_at: expires,
+                lease_expires_in_seconds: expires.map(|e| seconds(e - now)),
+                pending: r.backlog.pending,
+                pending_capped: r.backlog.capped,
+                oldest_created_at: r.backlog.oldest_created_at,
+                oldest_age_seconds: r.backlog.oldest_created_at.map(|c| seconds(now - c)),
+                head_sequence: r.backlog.head_sequence,
+                head_bucket_count: r.backlog.head_bucket_count,
+                last_sequence: r.last_sequence,
+                last_bucket_count: r.last_bucket_count,
+                sequence_counter: r.sequence_counter,
+            }
+        })
+        .collect();
+
+    for b in &buckets {
+        if b.has_pending() && !b.owned {
+            let lease = match (&b.owner, b.lease_expires_in_seconds) {
+                (None, None) => "its lease was never claimed".to_string(),
+                (None, Some(_)) => "its lease is free".to_string(),
+                (Some(o), Some(s)) => format!("the lease of {o} lapsed {:.0}s ago", -s),
+                (Some(o), None) => format!("the lease of {o} has no expiry"),
+            };
+            warnings.push(Warning {
+                kind: WarningKind::PendingWithoutOwner,
+                bucket: Some(b.bucket),
+                relay: None,
+                message: format!(
+                    "bucket {}: {} pending and no live owner ({lease}): no relay publishes it; \
+                     check that relays run against this table with bucket count {}",
+                    b.bucket,
+                    pending_text(b.pending, b.pending_capped),
+                    options.bucket_count
+                ),
+            });
+        }
+        let stamps = [
+            (b.head_sequence, b.head_bucket_count),
+            (b.last_sequence, b.last_bucket_count),
+        ];
+        let mut reported = false;
+        for (sequence, count) in stamps {
+            match (sequence, count) {
+                (Some(seq), Some(count))
+                    if count != options.bucket_count && count != 0 && !reported =>
+                {
+                    reported = true;
+                    warnings.push(Warning {
+                        kind: WarningKind::BucketCountMismatch,
+                        bucket: Some(b.bucket),
+                        relay: None,
+                        message: format!(
+                            "bucket {}: message {}/{} is stamped with bucket count {count}, but this \
+                             outbox's is {}: a writer uses another count, its keys lose their order \
+                             and relays fault on the message (drain the table before changing the count)",
+                            b.bucket,
+                            keys.message_pk(b.bucket),
+                            schema::message_sk(seq),
+                            options.bucket_count
+                        ),
+                    });
+                }
+                _ => {}
+            }
+        }
+        if let Some(last) = b.last_sequence {
+            let behind = match b.sequence_counter {
+                None => true,
+                Some(c) => c < last,
+            };
+            if behind {
+                let counter = b
+                    .sequence_counter
+                    .map_or("missing".to_string(), |c| format!("at {c}"));
+                warnings.push(Warning {
+                    kind: WarningKind::SequenceBehind,
+                    bucket: Some(b.bucket),
+                    relay: None,
+                    message: format!(
+                        "bucket {}: the sequence counter {}/{} is {counter} but message {last} exists: \
+                         the counter was reset or restored; enqueues into this bucket fail until it \
+                         passes {last} (raise it with ADD {} :n)",
+                        b.bucket,
+                        keys.sequence_pk(b.bucket),
+                        schema::SEQUENCE_SK,
+                        attr::SEQUENCE
+                    ),
+                });
+            }
+        }
+    }
+
+    let future = duration_to_ticks(FUTURE_TOLERANCE);
+    let mut relays: Vec<RelayStatus> = coordination
+        .relays
+        .iter()
+        .map(|r| {
+            let held: Vec<u32> = coordination
+                .leases
+                .iter()
+                .filter(|l| l.owner.as_deref() == Some(r.relay_id.as_str()) && l.expires_at > now)
+                .map(|l| l.bucket)
+                .collect();
+            RelayStatus {
+                relay_id: r.relay_id.clone(),
+                last_seen: r.last_seen,
+                last_seen_age_seconds: seconds(now - r.last_seen),
+                stopped_at: r.stopped_at,
+                stopped: r.stopped_at.is_some(),
+                active: r.is_active(now, lease_ticks),
+                buckets: held,
+            }
+        })
+        .collect();
+    relays.sort_by(|a, b| a.relay_id.cmp(&b.relay_id));
+
+    for r in &relays {
+        if r.last_seen - now > future {
+            warnings.push(Warning {
+                kind: WarningKind::HeartbeatInFuture,
+                relay: Some(r.relay_id.clone()),
+                bucket: None,
+                message: format!(
+                    "relay {}: its heartbeat is {:.0}s in the future: its clock is ahead of this \
+                     host's (or this host's is behind); a process under this id with a correct \
+                     clock has its heartbeats refused until then",
+                    r.relay_id, -r.last_seen_age_seconds
+                ),
+            });
+        } else if !r.stopped && !r.active && !r.buckets.is_empty() {
+            warnings.push(Warning {
+                kind: WarningKind::HeartbeatStale,
+                relay: Some(r.relay_id.clone()),
+                bucket: None,
+                message: format!(
+                    "relay {}: holds bucket(s) {} but its heartbeat is {:.0}s old: its heartbeats \
+                     are refused (a clock set back, two processes sharing the id) or it stalled",
+                    r.relay_id,
+                    list(&r.buckets),
+                    r.last_seen_age_seconds
+                ),
+            });
+        }
+    }
+    for l in &coordination.leases {
+        if l.expires_at <= now {
+            continue;
+        }
+        let Some(owner) = &l.owner else { continue };
+        if l.bucket >= options.bucket_count {
+            warnings.push(Warning {
+                kind: WarningKind::LeaseBeyondBucketCount,
+                bucket: Some(l.bucket),
+                relay: Some(owner.clone()),
+                message: format!(
+                    "bucket {}: relay {owner} holds its lease, but this outbox has {} buckets: \
+                     a relay runs with another bucket count",
+                    l.bucket, options.bucket_count
+                ),
+            });
+        }
+    }
+
+    StatusReport {
+        table: options.table_name.clone(),
+        key_prefix: options.key_prefix.clone(),
+        bucket_count: options.bucket_count,
+        pending_count_limit: options.pending_count_limit,
+        lease_duration_seconds: seconds(lease_ticks),
+        now_ticks: now,
+        buckets,
+        relays,
+        warnings,
+    }
+}
+
+fn pending_text(pending: u32, capped: bool) -> String {
+    match (pending, capped) {
+        (_, true) => format!(">={pending} messages"),
+        (0, false) => "messages".to_string(),
+        (1, false) => "1 message".to_string(),
+        (n, false) => format!("{n} messages"),
+    }
+}
+
+fn list(buckets: &[u32]) -> String {
+    buckets
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
