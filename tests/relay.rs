@@ -842,3 +842,89 @@ async fn a_stopped_relays_heartbeat_record_is_deleted_one_lease_duration_later()
     );
     assert_eq!(a.stop().await.refused_total(), 0);
 }
+
+/// Two relays with deadlines, the second starting before the first ends, as consecutive
+/// scheduled Lambda invocations do: the buckets change hands at the boundary within a
+/// fraction of a second (the leaver announces its stop, the newcomer acquires right after
+/// it), not a renew interval later, and no conditional write is refused.
+#[tokio::test]
+async fn consecutive_invocations_hand_buckets_over_promptly() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let publisher = kafka_publisher().await;
+    let timings = |id: &str| {
+        let mut o = fast_relay_options(id, 4);
+        o.lease_renew_interval = Duration::from_secs(5);
+        o.lease_duration = Duration::from_secs(15);
+        o
+    };
+    let t0 = Instant::now();
+    let first = relay_with(
+        &client,
+        &options,
+        publisher.clone(),
+        timings("invocation-1"),
+    )
+    .await;
+    let first = tokio::spawn(async move { first.run_until(t0 + Duration::from_secs(7)).await });
+    wait_until(
+        "the first owns every bucket",
+        Duration::from_secs(5),
+        || async {
+            lease_owners(&client, &options)
+                .await
+                .iter()
+                .all(Option::is_some)
+        },
+    )
+    .await;
+    tokio::time::sleep_until(t0 + Duration::from_secs(3)).await;
+    let second = relay_with(
+        &client,
+        &options,
+        publisher.clone(),
+        timings("invocation-2"),
+    )
+    .await;
+    let second = tokio::spawn(async move { second.run_until(t0 + Duration::from_secs(14)).await });
+
+    // Sample ownership every 50 ms across the boundary and record the longest unowned stretch.
+    let mut unowned_since: Vec<Option<Instant>> = vec![None; 4];
+    let mut longest = Duration::ZERO;
+    while Instant::now() < t0 + Duration::from_secs(10) {
+        let owners = lease_owners(&client, &options).await;
+        let now = Instant::now();
+        for (b, owner) in owners.iter().enumerate() {
+            match (owner, unowned_since[b]) {
+                (None, None) => unowned_since[b] = Some(now),
+                (Some(_), Some(since)) => {
+                    longest = longest.max(now - since);
+                    unowned_since[b] = None;
+                }
+                _ => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for since in unowned_since.into_iter().flatten() {
+        longest = longest.max(Instant::now() - since);
+    }
+    let (first, second) = (
+        first.await.unwrap().unwrap(),
+        second.await.unwrap().unwrap(),
+    );
+    println!("longest unowned stretch at the invocation boundary: {longest:?}");
+    assert!(
+        first.released && first.stop_reason == StopReason::Deadline,
+        "{first:?}"
+    );
+    assert_eq!(
+        first.refused_total() + second.refused_total(),
+        0,
+        "{first:?} {second:?}"
+    );
+    assert!(
+        longest < Duration::from_millis(1500),
+        "buckets unowned for {longest:?} (renew interval 5 s)"
+    );
+}

@@ -30,6 +30,10 @@ use crate::writer::CommitNotifier;
 
 /// Default time kept free before the deadline for the graceful stop.
 pub const DEFAULT_STOP_RESERVE: Duration = Duration::from_secs(2);
+/// Delay after a peer's announced stop before the extra acquisition, and between retries.
+pub const HANDOVER_STEP: Duration = Duration::from_millis(300);
+/// How long past a peer's announced stop the relay keeps looking for its released buckets.
+pub const HANDOVER_WATCH: Duration = Duration::from_secs(5);
 
 /// An in-process commit notifier: the writer marks buckets, the relay in the same process
 /// wakes at once instead of waiting for its next poll.
@@ -198,6 +202,10 @@ impl<P: Publisher> std::fmt::Debug for Relay<P> {
 struct RunState {
     owned: BTreeMap<u32, Owned>,
     last_acquire: Option<Instant>,
+    /// An extra acquisition right after a peer's announced stop (its `StopsAtUtc`).
+    handover_at: Option<Instant>,
+    /// When this run stops working (deadline minus the stop reserve), announced to peers.
+    stops_at: Option<Instant>,
     last_heartbeat: Option<Instant>,
     far_standby: bool,
     report_published: u64,
@@ -287,7 +295,13 @@ impl<P: Publisher> Relay<P> {
         grace: Duration,
     ) -> Result<RunReport> {
         let refused_before = self.refused_snapshot();
-        let mut state = RunState::default();
+        let mut state = RunState {
+            stops_at: deadline.map(|d| {
+                d.checked_sub(self.stop_reserve)
+                    .unwrap_or_else(Instant::now)
+            }),
+            ..RunState::default()
+        };
         let mut hard_deadline = deadline;
         let mut reason = None;
         info!(bucket_count = self.options.bucket_count, "relay starting");
@@ -425,6 +439,9 @@ impl<P: Publisher> Relay<P> {
         let mut wake = state
             .last_acquire
             .map_or(now, |t| t + self.options.lease_renew_interval);
+        if let Some(h) = state.handover_at {
+            wake = wake.min(h);
+        }
         for owned in state.owned.values() {
             let at = match (owned.dirty, owned.retry_at) {
                 (_, Some(r)) => r,
@@ -448,13 +465,15 @@ impl<P: Publisher> Relay<P> {
                 }
             }
         }
-        let due = state
+        let regular = state
             .last_acquire
             .is_none_or(|t| Instant::now() >= t + self.options.lease_renew_interval);
-        if due {
+        let handover = state.handover_at.is_some_and(|h| Instant::now() >= h);
+        if regular || handover {
             let started = Instant::now();
             state.last_acquire = Some(started);
-            if self.skip_round(state) {
+            state.handover_at = None;
+            if regular && !handover && self.skip_round(state) {
                 debug!("far-back standby: skipping this round");
             } else {
                 self.acquire(state).await?;
@@ -493,7 +512,10 @@ impl<P: Publisher> Relay<P> {
         let d_ticks = duration_to_ticks(self.options.lease_duration);
         let refused_before = self.refused_snapshot();
         let beat_at = self.store.clock().now_ticks();
-        let heartbeat_ok = self.store.heartbeat(me, beat_at).await?;
+        let stops_at = state
+            .stops_at
+            .map(|s| beat_at + duration_to_ticks(s.saturating_duration_since(Instant::now())));
+        let heartbeat_ok = self.store.heartbeat(me, beat_at, stops_at).await?;
         if heartbeat_ok {
             state.last_heartbeat = Some(Instant::now());
         }
@@ -642,11 +664,36 @@ impl<P: Publisher> Relay<P> {
                 self.metrics.refused_write(kind);
             }
         }
+        state.handover_at = self.handover_time(&coordination, now);
         self.cleanup(&coordination, &active, now, d_ticks).await;
         if state.owned.contains_key(&0) {
             self.sample_backlog(now).await;
         }
         Ok(())
+    }
+
+    /// When to run an extra acquisition for a peer that announced its stop: just after the
+    /// announced time, and again every few hundred milliseconds while it has not stamped
+    /// its stop yet (at most [`HANDOVER_WATCH`] past the announced time).
+    fn handover_time(&self, coordination: &Coordination, now: i64) -> Option<Instant> {
+        let me = self.options.relay_id.as_str();
+        let step = duration_to_ticks(HANDOVER_STEP);
+        let watch = duration_to_ticks(HANDOVER_WATCH);
+        coordination
+            .relays
+            .iter()
+            .filter(|r| r.relay_id != me && r.stopped_at.is_none())
+            .filter(|r| {
+                coordination.leases.iter().any(|l| {
+                    l.bucket < self.options.bucket_count
+                        && l.owner.as_deref() == Some(r.relay_id.as_str())
+                })
+            })
+            .filter_map(|r| r.stops_at)
+            .filter(|&at| now < at + watch)
+            .map(|at| (at + step).max(now + step))
+            .min()
+            .map(|at| Instant::now() + ticks_to_duration(at - now))
     }
 
     /// The first active relay in id order deletes heartbeat records of relays that stopped

@@ -54,6 +54,10 @@ pub mod attr {
     pub const LAST_SEEN: &str = "LastSeenUtc";
     /// When a relay stopped, in UTC ticks (N).
     pub const STOPPED_AT: &str = "StoppedAtUtc";
+    /// When a relay with a deadline plans to stop, in UTC ticks (N) (this project): peers
+    /// run their next acquisition right after it, so its buckets change hands within a
+    /// poll interval instead of a renew interval. Relays that do not know it ignore it.
+    pub const STOPS_AT: &str = "StopsAtUtc";
     /// When an idempotency marker stops counting, in UTC ticks (N) (this project).
     pub const IDEMPOTENCY_EXPIRES_AT: &str = "IdempotencyExpiresAtUtc";
     /// The enqueue result an idempotency marker returns again (S, JSON) (this project).
@@ -74,6 +78,7 @@ pub mod attr {
         EXPIRES_AT,
         LAST_SEEN,
         STOPPED_AT,
+        STOPS_AT,
         IDEMPOTENCY_EXPIRES_AT,
         RESULT,
     ];

@@ -32,6 +32,8 @@ pub struct RelayRecord {
     pub last_seen: i64,
     /// When it stopped, if it did.
     pub stopped_at: Option<i64>,
+    /// When it plans to stop (this project's `StopsAtUtc`), if it runs inside a deadline.
+    pub stops_at: Option<i64>,
 }
 
 impl RelayRecord {
@@ -120,10 +122,11 @@ impl DynamoDbOutboxStore {
     }
 
     /// Writes the relay's heartbeat at `now`, conditional on `LastSeenUtc` moving forward;
-    /// clears a stop stamp (a relay restarted under the same id). `Ok(false)` when refused.
+    /// clears a stop stamp (a relay restarted under the same id) and records when the
+    /// relay plans to stop, if it has a deadline. `Ok(false)` when refused.
     #[instrument(skip(self), level = "debug")]
-    pub async fn heartbeat(&self, relay_id: &str, now: i64) -> Result<bool> {
-        let result = self
+    pub async fn heartbeat(&self, relay_id: &str, now: i64, stops_at: Option<i64>) -> Result<bool> {
+        let mut request = self
             .client
             .update_item()
             .table_name(&self.options.table_name)
@@ -131,13 +134,18 @@ impl DynamoDbOutboxStore {
                 self.keys
                     .key(self.keys.coordination_pk(), schema::relay_sk(relay_id)),
             ))
-            .update_expression("SET #seen = :now REMOVE #stopped")
             .condition_expression("attribute_not_exists(#seen) OR #seen < :now")
             .expression_attribute_names("#seen", attr::LAST_SEEN)
             .expression_attribute_names("#stopped", attr::STOPPED_AT)
-            .expression_attribute_values(":now", schema::n(now))
-            .send()
-            .await;
+            .expression_attribute_names("#stops", attr::STOPS_AT)
+            .expression_attribute_values(":now", schema::n(now));
+        request = match stops_at {
+            Some(at) => request
+                .update_expression("SET #seen = :now, #stops = :stops REMOVE #stopped")
+                .expression_attribute_values(":stops", schema::n(at)),
+            None => request.update_expression("SET #seen = :now REMOVE #stopped, #stops"),
+        };
+        let result = request.send().await;
         self.outcome(WriteKind::Heartbeat, "UpdateItem", relay_id, None, result)
     }
 
@@ -194,6 +202,7 @@ impl DynamoDbOutboxStore {
                         relay_id: relay_id.to_string(),
                         last_seen: get_n(item, attr::LAST_SEEN).unwrap_or(0),
                         stopped_at: get_n(item, attr::STOPPED_AT),
+                        stops_at: get_n(item, attr::STOPS_AT),
                     });
                 }
             }
