@@ -27,6 +27,7 @@
 //! - [`metrics`]: the relay's measurements, behind a trait for exporters, and
 //!   [`metrics::emf`], the CloudWatch Embedded Metric Format exporter.
 //! - [`status`]: the state of an outbox as the table says it is (`outboxctl status`).
+//! - [`accounting`]: an SDK interceptor counting DynamoDB attempts by operation and outcome.
 //! - [`error`]: the crate's error type.
 #![deny(missing_docs)]
 
@@ -35,6 +36,7 @@
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+pub mod accounting;
 pub mod clock;
 pub mod enqueue_api;
 pub mod error;
