@@ -928,3 +928,128 @@ async fn consecutive_invocations_hand_buckets_over_promptly() {
         "buckets unowned for {longest:?} (renew interval 5 s)"
     );
 }
+
+#[derive(Debug, Default)]
+struct PoisonCounter(AtomicUsize);
+
+impl dynamo_outbox::metrics::RelayMetrics for PoisonCounter {
+    fn poison_item(&self, _bucket: u32) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn a_poison_item_stops_only_its_bucket_until_it_is_quarantined() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 2).await;
+    let topic = random_name("poison");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    // Bucket 0: an item without MessageId at sequence 1, then a good message.
+    client
+        .put_item()
+        .table_name(&options.table_name)
+        .item(
+            "PK",
+            aws_sdk_dynamodb::types::AttributeValue::S("OUTBOX#MESSAGES#0".into()),
+        )
+        .item(
+            "SK",
+            aws_sdk_dynamodb::types::AttributeValue::S("0000000000000000001".into()),
+        )
+        .item(
+            "Topic",
+            aws_sdk_dynamodb::types::AttributeValue::S(topic.clone()),
+        )
+        .send()
+        .await
+        .unwrap();
+    client
+        .update_item()
+        .table_name(&options.table_name)
+        .key(
+            "PK",
+            aws_sdk_dynamodb::types::AttributeValue::S("OUTBOX#SEQUENCE#0".into()),
+        )
+        .key(
+            "SK",
+            aws_sdk_dynamodb::types::AttributeValue::S("SEQUENCE".into()),
+        )
+        .update_expression("SET #s = :one")
+        .expression_attribute_names("#s", "Sequence")
+        .expression_attribute_values(
+            ":one",
+            aws_sdk_dynamodb::types::AttributeValue::N("1".into()),
+        )
+        .send()
+        .await
+        .unwrap();
+    let stuck = writer
+        .message(&topic)
+        .with_partition(0)
+        .with_value("after the poison");
+    let fine = writer
+        .message(&topic)
+        .with_partition(1)
+        .with_value("other bucket");
+    writer
+        .enqueue(&[stuck.clone(), fine.clone()])
+        .await
+        .unwrap();
+
+    let metrics = Arc::new(PoisonCounter::default());
+    let relay = relay_with(
+        &client,
+        &options,
+        kafka_publisher().await,
+        fast_relay_options("r", 2),
+    )
+    .await
+    .with_metrics(metrics.clone());
+    let report = relay
+        .run_until(Instant::now() + Duration::from_secs(4))
+        .await
+        .unwrap();
+    assert_eq!(report.published, 1, "the other bucket went on");
+    assert_eq!(report.stop_reason, StopReason::Deadline, "no crash loop");
+    assert!(
+        metrics.0.load(Ordering::SeqCst) >= 1,
+        "the poison item is reported"
+    );
+    let ids: Vec<String> = read_topic(&topic)
+        .iter()
+        .filter_map(ReadRecord::message_id)
+        .collect();
+    assert_eq!(ids, [fine.message_id.to_string()]);
+    assert_eq!(
+        pending_messages(&client, &options).await,
+        2,
+        "nothing dropped silently"
+    );
+
+    // The operator moves it aside; the bucket resumes.
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    store.quarantine(0, 1).await.unwrap();
+    let dead = store.dead_letters().await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0]["OriginalSK"].as_s().unwrap(), "0000000000000000001");
+    let relay = relay_with(
+        &client,
+        &options,
+        kafka_publisher().await,
+        fast_relay_options("r", 2),
+    )
+    .await;
+    let report = relay
+        .run_until(Instant::now() + Duration::from_secs(4))
+        .await
+        .unwrap();
+    assert_eq!(report.published, 1);
+    assert_eq!(pending_messages(&client, &options).await, 0);
+    let err = store.quarantine(0, 1).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("no message item at bucket 0, sequence 1"),
+        "{err}"
+    );
+}

@@ -3,11 +3,13 @@
 //! - [`leases`]: heartbeats, the coordination read, renew / release / claim.
 //! - [`fetch`]: the idle probe, the ordered fetch, gap probes.
 //! - [`delete`]: deleting published messages in chunks of 25.
+//! - [`quarantine`]: moving a poison item to the dead-letter partition.
 //! - [`sample`]: backlog metrics reads (pending count, oldest pending age).
 
 pub mod delete;
 pub mod fetch;
 pub mod leases;
+pub mod quarantine;
 pub mod sample;
 
 use std::sync::atomic::{AtomicU64, Ordering};
