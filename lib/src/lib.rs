@@ -28,6 +28,7 @@
 //!   [`metrics::emf`], the CloudWatch Embedded Metric Format exporter.
 //! - [`status`]: the state of an outbox as the table says it is (`outboxctl status`).
 //! - [`accounting`]: an SDK interceptor counting DynamoDB attempts by operation and outcome.
+//! - [`client`]: a DynamoDB client with attempt and operation timeouts.
 //! - [`error`]: the crate's error type.
 #![deny(missing_docs)]
 
@@ -37,6 +38,7 @@
 pub struct ReadmeDoctests;
 
 pub mod accounting;
+pub mod client;
 pub mod clock;
 pub mod enqueue_api;
 pub mod error;

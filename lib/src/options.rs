@@ -183,8 +183,8 @@ impl OutboxOptions {
         if self.max_concurrency < 1 {
             return Err(Error::option("max_concurrency", "must be at least 1"));
         }
-        if self.pending_count_limit < 1 {
-            return Err(Error::option("pending_count_limit", "must be at least 1"));
+        if !(1..=1_000_000).contains(&self.pending_count_limit) {
+            return Err(Error::option("pending_count_limit", "must be 1 to 1000000"));
         }
         Ok(())
     }

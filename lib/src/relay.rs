@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{NoMetrics, RelayMetrics};
 use crate::options::RelayOptions;
 use crate::plan::{self, PlanInput};
-use crate::publish::Publisher;
+use crate::publish::{PublishOutcome, Publisher};
 use crate::store::leases::Coordination;
 use crate::store::{DynamoDbOutboxStore, WriteKind};
 use crate::writer::CommitNotifier;
@@ -164,6 +164,9 @@ impl Owned {
 enum BatchResult {
     /// Nothing waiting (probe or fetch found nothing).
     Idle,
+    /// Not started (or stopped before publishing): too close to the lease's end or the
+    /// deadline. Nothing changed.
+    Skipped,
     /// Published and deleted `deleted` of `fetched` messages, the last removed one being `last`.
     Done {
         fetched: usize,
@@ -173,8 +176,13 @@ enum BatchResult {
     },
     /// A retryable failure; try again after the backoff.
     Failed { deleted: usize, last: Option<u64> },
-    /// The bucket is stuck on an unreadable item or a record the broker rejects.
-    Poison(String),
+    /// The bucket is stuck on an unreadable item or a record the broker rejects, after
+    /// `deleted` messages went through.
+    Poison {
+        reason: String,
+        deleted: usize,
+        last: Option<u64>,
+    },
 }
 
 /// The relay: owns a share of the buckets and moves their messages to Kafka.
@@ -202,8 +210,9 @@ impl<P: Publisher> std::fmt::Debug for Relay<P> {
 struct RunState {
     owned: BTreeMap<u32, Owned>,
     last_acquire: Option<Instant>,
-    /// An extra acquisition right after a peer's announced stop (its `StopsAtUtc`).
-    handover_at: Option<Instant>,
+    /// An extra acquisition: right after a peer's announced stop (its `StopsAtUtc`), or
+    /// after the error backoff when a round failed.
+    early_acquire: Option<Instant>,
     /// When this run stops working (deadline minus the stop reserve), announced to peers.
     stops_at: Option<Instant>,
     last_heartbeat: Option<Instant>,
@@ -439,10 +448,15 @@ impl<P: Publisher> Relay<P> {
         let mut wake = state
             .last_acquire
             .map_or(now, |t| t + self.options.lease_renew_interval);
-        if let Some(h) = state.handover_at {
+        if let Some(h) = state.early_acquire {
             wake = wake.min(h);
         }
-        for owned in state.owned.values() {
+        let now_ticks = self.store.clock().now_ticks();
+        for owned in state
+            .owned
+            .values()
+            .filter(|o| self.publishable(o, now, now_ticks))
+        {
             let at = match (owned.dirty, owned.retry_at) {
                 (_, Some(r)) => r,
                 (true, None) => now,
@@ -468,15 +482,25 @@ impl<P: Publisher> Relay<P> {
         let regular = state
             .last_acquire
             .is_none_or(|t| Instant::now() >= t + self.options.lease_renew_interval);
-        let handover = state.handover_at.is_some_and(|h| Instant::now() >= h);
-        if regular || handover {
+        let early = state.early_acquire.is_some_and(|h| Instant::now() >= h);
+        if regular || early {
             let started = Instant::now();
             state.last_acquire = Some(started);
-            state.handover_at = None;
-            if regular && !handover && self.skip_round(state) {
+            state.early_acquire = None;
+            if regular && !early && self.skip_round(state) {
                 debug!("far-back standby: skipping this round");
             } else {
-                self.acquire(state).await?;
+                // A round is bounded by one renew interval: a hung request cannot hold
+                // the loop past the leases it is about to renew.
+                let bound = started + self.options.lease_renew_interval;
+                let result = match tokio::time::timeout_at(bound, self.acquire(state)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::DeadlineExceeded("an acquisition round")),
+                };
+                if let Err(e) = result {
+                    state.early_acquire = Some(Instant::now() + self.options.error_backoff);
+                    return Err(e);
+                }
                 state.rounds += 1;
                 self.metrics.round_duration(started.elapsed());
             }
@@ -515,7 +539,15 @@ impl<P: Publisher> Relay<P> {
         let stops_at = state
             .stops_at
             .map(|s| beat_at + duration_to_ticks(s.saturating_duration_since(Instant::now())));
-        let heartbeat_ok = self.store.heartbeat(me, beat_at, stops_at).await?;
+        // A heartbeat that fails (throttled, timed out) must not keep the leases already
+        // held from being renewed: only claims depend on it.
+        let heartbeat_ok = match self.store.heartbeat(me, beat_at, stops_at).await {
+            Ok(ok) => ok,
+            Err(e) => {
+                warn!(error = %e, "heartbeat failed: renewing, claiming nothing this round");
+                false
+            }
+        };
         if heartbeat_ok {
             state.last_heartbeat = Some(Instant::now());
         }
@@ -576,10 +608,15 @@ impl<P: Publisher> Relay<P> {
                 .collect::<Vec<_>>(),
         )
         .buffer_unordered(concurrency)
-        .collect::<Vec<_>>()
+        .collect::<Vec<Result<_>>>()
         .await
         .into_iter()
-        .collect::<Result<_>>()?;
+        .filter_map(|r| {
+            // One failed renewal does not undo the others; its bucket keeps its old
+            // validity and the next round tries again.
+            r.map_err(|e| warn!(error = %e, "renewal failed")).ok()
+        })
+        .collect();
         for (b, outcome, read) in renewals {
             match outcome {
                 None => {
@@ -613,11 +650,27 @@ impl<P: Publisher> Relay<P> {
             }
         }
         // 2. hand back what exceeds the share
-        for &b in &plan.release {
-            let read = coordination.lease(b).map_or(0, |l| l.expires_at);
-            self.store.release(b, me, Some(read)).await?;
-            state.owned.remove(&b);
-            info!(bucket = b, "handed a bucket back");
+        // (Stop publishing it before the request: a release that times out may still land.)
+        for b in &plan.release {
+            state.owned.remove(b);
+        }
+        let released: Vec<Result<bool>> = stream::iter(
+            plan.release
+                .iter()
+                .map(|&b| {
+                    let read = coordination.lease(b).map_or(0, |l| l.expires_at);
+                    async move { self.store.release(b, me, Some(read)).await }
+                })
+                .collect::<Vec<_>>(),
+        )
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+        for (b, r) in plan.release.iter().zip(released) {
+            match r {
+                Ok(_) => info!(bucket = b, "handed a bucket back"),
+                Err(e) => warn!(bucket = b, error = %e, "release failed; the lease will lapse"),
+            }
         }
         // 3. claim what the plan gives it, unless the heartbeat was refused
         if !heartbeat_ok && !plan.claim.is_empty() {
@@ -636,7 +689,8 @@ impl<P: Publisher> Relay<P> {
             .collect::<Vec<_>>()
             .await
             .into_iter()
-            .collect::<Result<_>>()?;
+            .filter_map(|r| r.map_err(|e| warn!(error = %e, "claim failed")).ok())
+            .collect();
             let mut acquired = 0;
             for (b, ok) in claims {
                 if ok {
@@ -664,10 +718,17 @@ impl<P: Publisher> Relay<P> {
                 self.metrics.refused_write(kind);
             }
         }
-        state.handover_at = self.handover_time(&coordination, now);
+        state.early_acquire = self.handover_time(&coordination, now);
         self.cleanup(&coordination, &active, now, d_ticks).await;
         if state.owned.contains_key(&0) {
-            self.sample_backlog(now).await;
+            // Bounded: a slow count must not delay the next round or the deadline.
+            let bound = self.options.lease_renew_interval / 2;
+            if tokio::time::timeout(bound, self.sample_backlog(now))
+                .await
+                .is_err()
+            {
+                debug!("backlog sample cut short");
+            }
         }
         Ok(())
     }
@@ -690,10 +751,10 @@ impl<P: Publisher> Relay<P> {
                 })
             })
             .filter_map(|r| r.stops_at)
-            .filter(|&at| now < at + watch)
-            .map(|at| (at + step).max(now + step))
+            .filter(|&at| now < at.saturating_add(watch))
+            .map(|at| at.saturating_add(step).max(now + step))
             .min()
-            .map(|at| Instant::now() + ticks_to_duration(at - now))
+            .map(|at| Instant::now() + ticks_to_duration(at.saturating_sub(now)))
     }
 
     /// The first active relay in id order deletes heartbeat records of relays that stopped
@@ -715,8 +776,8 @@ impl<P: Publisher> Relay<P> {
                 continue;
             }
             let stale = match r.stopped_at {
-                Some(stopped) => now - stopped >= d_ticks,
-                None => now - r.last_seen >= 10 * d_ticks,
+                Some(stopped) => now.saturating_sub(stopped) >= d_ticks,
+                None => now.saturating_sub(r.last_seen) >= d_ticks.saturating_mul(10),
             };
             if stale {
                 match self
@@ -733,16 +794,23 @@ impl<P: Publisher> Relay<P> {
     }
 
     async fn sample_backlog(&self, now: i64) {
-        for bucket in 0..self.options.bucket_count {
-            match self.store.backlog(bucket).await {
+        let samples: Vec<_> = stream::iter(
+            (0..self.options.bucket_count)
+                .map(|bucket| self.store.backlog(bucket))
+                .collect::<Vec<_>>(),
+        )
+        .buffer_unordered(self.store.options().max_concurrency)
+        .collect()
+        .await;
+        for sample in samples {
+            match sample {
                 Ok(b) => {
-                    let age = b.oldest_created_at.map(|c| ticks_to_duration(now - c));
-                    self.metrics.backlog(bucket, b.pending, age);
+                    let age = b
+                        .oldest_created_at
+                        .map(|c| ticks_to_duration(now.saturating_sub(c)));
+                    self.metrics.backlog(b.bucket, b.pending, age);
                 }
-                Err(e) => {
-                    debug!(error = %e, bucket, "backlog sample failed");
-                    return;
-                }
+                Err(e) => debug!(error = %e, "backlog sample failed"),
             }
         }
     }
@@ -751,21 +819,21 @@ impl<P: Publisher> Relay<P> {
     async fn work(&self, state: &mut RunState, work_until: Option<Instant>) -> Result<()> {
         let now = Instant::now();
         let now_ticks = self.store.clock().now_ticks();
-        let margin = duration_to_ticks(self.options.lease_renew_interval);
         let estimate = state.batch_estimate.unwrap_or(Duration::from_millis(200));
         if work_until.is_some_and(|w| now + estimate >= w) {
             return Ok(());
         }
+        // One wave of batches ends within a renew interval, so the next acquisition is
+        // never held up by more than that; each batch also ends while its lease is valid.
+        let wave_end = now + self.options.lease_renew_interval;
+        let wave_end = work_until.map_or(wave_end, |w| wave_end.min(w));
         let due: Vec<(u32, Owned)> = state
             .owned
             .iter()
             .filter(|(_, o)| {
-                let lease_ok = o.expires_at - now_ticks > margin
-                    && o.valid_until > now + self.options.lease_renew_interval;
-                let unblocked = o.blocked_until.is_none_or(|t| now_ticks > t);
                 let retry_ok = o.retry_at.is_none_or(|t| now >= t);
                 let wanted = o.dirty || now >= o.next_probe;
-                lease_ok && unblocked && retry_ok && wanted
+                self.publishable(o, now, now_ticks) && retry_ok && wanted
             })
             .map(|(b, o)| (*b, o.clone()))
             .collect();
@@ -776,7 +844,12 @@ impl<P: Publisher> Relay<P> {
             due.into_iter()
                 .map(|(b, o)| async move {
                     let started = Instant::now();
-                    let r = self.batch(b, &o).await;
+                    let limit = wave_end.min(
+                        o.valid_until
+                            .checked_sub(self.options.lease_renew_interval)
+                            .unwrap_or(started),
+                    );
+                    let r = self.batch(b, &o, limit, estimate).await;
                     (b, r, started.elapsed())
                 })
                 .collect::<Vec<_>>(),
@@ -827,7 +900,17 @@ impl<P: Publisher> Relay<P> {
                     o.dirty = true;
                     o.retry_at = Some(now + self.options.error_backoff);
                 }
-                Ok(BatchResult::Poison(reason)) => {
+                Ok(BatchResult::Skipped) => {}
+                Ok(BatchResult::Poison {
+                    reason,
+                    deleted,
+                    last,
+                }) => {
+                    state.report_published += deleted as u64;
+                    self.metrics.published(bucket, deleted as u64);
+                    if last.is_some() {
+                        o.last_removed = last;
+                    }
                     error!(bucket, reason = %reason, "bucket stuck on an item it cannot publish; quarantine it with `outboxctl quarantine`");
                     self.metrics.poison_item(bucket);
                     state.publish_failures += 1;
@@ -849,8 +932,29 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
-    /// Probe (unless dirty), fetch, publish, delete the acknowledged prefix.
-    async fn batch(&self, bucket: u32, owned: &Owned) -> Result<BatchResult> {
+    /// Whether the relay may publish a bucket now: its lease is valid for more than a
+    /// renew interval by both the wall clock and the monotonic clock, and the clock is not
+    /// behind the stored expiry.
+    fn publishable(&self, o: &Owned, now: Instant, now_ticks: i64) -> bool {
+        let margin = duration_to_ticks(self.options.lease_renew_interval);
+        let lease_ok = o.expires_at.saturating_sub(now_ticks) > margin
+            && o.valid_until > now + self.options.lease_renew_interval;
+        let unblocked = o.blocked_until.is_none_or(|t| now_ticks > t);
+        lease_ok && unblocked
+    }
+
+    /// Probe (unless dirty), fetch, publish, delete the acknowledged prefix; nothing is
+    /// started or published after `limit`.
+    async fn batch(
+        &self,
+        bucket: u32,
+        owned: &Owned,
+        limit: Instant,
+        estimate: Duration,
+    ) -> Result<BatchResult> {
+        if Instant::now() + estimate >= limit {
+            return Ok(BatchResult::Skipped);
+        }
         if !owned.dirty && !self.store.probe(bucket).await? {
             return Ok(BatchResult::Idle);
         }
@@ -860,27 +964,45 @@ impl<P: Publisher> Relay<P> {
             .await
         {
             Ok(f) => f,
-            Err(e @ Error::Corrupt { .. }) => return Ok(BatchResult::Poison(e.to_string())),
+            Err(e @ Error::Corrupt { .. }) => {
+                return Ok(BatchResult::Poison {
+                    reason: e.to_string(),
+                    deleted: 0,
+                    last: None,
+                })
+            }
             Err(e) => return Err(e),
         };
         if fetched.messages.is_empty() {
             return Ok(BatchResult::Idle);
         }
-        let outcome = self.publisher.publish(&fetched.messages).await;
+        if Instant::now() >= limit {
+            return Ok(BatchResult::Skipped);
+        }
+        // Cut short at the limit, a publish counts as nothing acknowledged: the messages
+        // stay and go out again (duplicates, never a loss).
+        let outcome = tokio::time::timeout_at(limit, self.publisher.publish(&fetched.messages))
+            .await
+            .unwrap_or_else(|_| {
+                PublishOutcome::failed(Error::DeadlineExceeded("publishing a batch"))
+            });
         let acked = outcome.acknowledged.min(fetched.messages.len());
         let sequences: Vec<u64> = fetched.messages[..acked]
             .iter()
             .map(|m| m.sequence)
             .collect();
-        // Deletes get a bounded budget of their own: one lease renew interval.
-        let delete_deadline = Instant::now() + self.options.lease_renew_interval;
+        // Deletes retry until the limit (and at least a short while), then give up: what
+        // stays is published again.
+        let delete_deadline = limit.max(Instant::now() + Duration::from_millis(500));
         let deleted = if sequences.is_empty() {
             0
         } else {
-            match self
+            let deleting = self
                 .store
-                .delete_messages(bucket, &sequences, delete_deadline)
+                .delete_messages(bucket, &sequences, delete_deadline);
+            match tokio::time::timeout_at(delete_deadline + Duration::from_secs(2), deleting)
                 .await
+                .unwrap_or(Err(Error::DeadlineExceeded("deleting a batch")))
             {
                 Ok(n) => n,
                 Err(e) => {
@@ -899,11 +1021,17 @@ impl<P: Publisher> Relay<P> {
             }),
             None => Ok(BatchResult::Failed { deleted, last }),
             Some(e @ Error::KafkaRejected { .. }) => {
-                let m = &fetched.messages[acked];
-                Ok(BatchResult::Poison(format!(
-                    "message {} (bucket {bucket}, sequence {}): {e}",
-                    m.message.message_id, m.sequence
-                )))
+                let at = fetched.messages.get(acked).map_or_else(String::new, |m| {
+                    format!(
+                        " (message {}, sequence {})",
+                        m.message.message_id, m.sequence
+                    )
+                });
+                Ok(BatchResult::Poison {
+                    reason: format!("bucket {bucket}{at}: {e}"),
+                    deleted,
+                    last,
+                })
             }
             Some(e) => {
                 warn!(bucket, acknowledged = acked, error = %e, "publish failed");
@@ -920,12 +1048,23 @@ impl<P: Publisher> Relay<P> {
             .unwrap_or_else(|| Instant::now() + self.stop_reserve.max(Duration::from_secs(5)));
         let attempt = async {
             let now = self.store.clock().now_ticks();
-            self.store.stamp_stopped(me, now).await?;
+            if !self.store.stamp_stopped(me, now).await? {
+                // Peers still count this relay: freed buckets would stay reserved for it.
+                // Leave the leases to lapse instead, as after a crash.
+                warn!("stop stamp refused: leaving the leases to lapse");
+                return Ok::<_, Error>(false);
+            }
             let mut held: Vec<u32> = state.owned.keys().copied().collect();
             for _ in 0..5 {
-                for b in &held {
-                    self.store.release(*b, me, None).await?;
-                }
+                let releases: Vec<Result<bool>> = stream::iter(
+                    held.iter()
+                        .map(|&b| self.store.release(b, me, None))
+                        .collect::<Vec<_>>(),
+                )
+                .buffer_unordered(self.store.options().max_concurrency)
+                .collect()
+                .await;
+                releases.into_iter().collect::<Result<Vec<_>>>()?;
                 let coordination = self.store.read_coordination().await?;
                 held = coordination
                     .leases
@@ -936,7 +1075,7 @@ impl<P: Publisher> Relay<P> {
                     .map(|l| l.bucket)
                     .collect();
                 if held.is_empty() {
-                    return Ok::<_, Error>(true);
+                    return Ok(true);
                 }
             }
             Ok(false)

@@ -4,8 +4,10 @@
 //! error of the call: it returns `Ok(false)`, is counted by [`WriteKind`] and logged with
 //! its most likely cause.
 
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::AttributeValue;
-use tracing::{instrument, warn};
+use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
+use tracing::{debug, instrument, warn};
 
 use super::{DynamoDbOutboxStore, WriteKind};
 use crate::error::{from_sdk, Error, Result};
@@ -40,7 +42,9 @@ impl RelayRecord {
     /// Whether the relay counts toward fair share at `now`: heartbeat younger than the
     /// lease duration and not stamped stopped.
     pub fn is_active(&self, now: i64, lease_duration_ticks: i64) -> bool {
-        self.stopped_at.is_none() && now - self.last_seen < lease_duration_ticks
+        self.stopped_at.is_none()
+            && self.last_seen <= now.saturating_add(lease_duration_ticks)
+            && now.saturating_sub(self.last_seen) < lease_duration_ticks
     }
 }
 
@@ -121,6 +125,39 @@ impl DynamoDbOutboxStore {
         }
     }
 
+    /// Like `outcome`, for an `UpdateItem` sent with `ReturnValuesOnConditionCheckFailure =
+    /// ALL_OLD`: a refusal whose old item already shows this very write (`applied`) is the
+    /// SDK's retry of a request whose first attempt landed, so it is a success, not a
+    /// refusal.
+    fn update_outcome<R>(
+        &self,
+        kind: WriteKind,
+        relay_id: &str,
+        bucket: Option<u32>,
+        result: std::result::Result<
+            aws_sdk_dynamodb::operation::update_item::UpdateItemOutput,
+            aws_sdk_dynamodb::error::SdkError<UpdateItemError, R>,
+        >,
+        applied: impl Fn(&crate::schema::Item) -> bool,
+    ) -> Result<bool>
+    where
+        R: std::fmt::Debug + Send + Sync + 'static,
+    {
+        if let Err(e) = &result {
+            if let Some(UpdateItemError::ConditionalCheckFailedException(c)) = e.as_service_error()
+            {
+                if c.item().is_some_and(&applied) {
+                    debug!(
+                        kind = kind.as_str(),
+                        relay_id, bucket, "write already applied by an earlier attempt"
+                    );
+                    return Ok(true);
+                }
+            }
+        }
+        self.outcome(kind, "UpdateItem", relay_id, bucket, result)
+    }
+
     /// Writes the relay's heartbeat at `now`, conditional on `LastSeenUtc` moving forward;
     /// clears a stop stamp (a relay restarted under the same id) and records when the
     /// relay plans to stop, if it has a deadline. `Ok(false)` when refused.
@@ -138,7 +175,8 @@ impl DynamoDbOutboxStore {
             .expression_attribute_names("#seen", attr::LAST_SEEN)
             .expression_attribute_names("#stopped", attr::STOPPED_AT)
             .expression_attribute_names("#stops", attr::STOPS_AT)
-            .expression_attribute_values(":now", schema::n(now));
+            .expression_attribute_values(":now", schema::n(now))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         request = match stops_at {
             Some(at) => request
                 .update_expression("SET #seen = :now, #stops = :stops REMOVE #stopped")
@@ -146,7 +184,9 @@ impl DynamoDbOutboxStore {
             None => request.update_expression("SET #seen = :now REMOVE #stopped, #stops"),
         };
         let result = request.send().await;
-        self.outcome(WriteKind::Heartbeat, "UpdateItem", relay_id, None, result)
+        self.update_outcome(WriteKind::Heartbeat, relay_id, None, result, |old| {
+            get_n::<i64>(old, attr::LAST_SEEN) == Some(now) && !old.contains_key(attr::STOPPED_AT)
+        })
     }
 
     /// Stamps the relay's record as stopped at `now` (peers stop counting it at once), also
@@ -162,13 +202,16 @@ impl DynamoDbOutboxStore {
                     .key(self.keys.coordination_pk(), schema::relay_sk(relay_id)),
             ))
             .update_expression("SET #seen = :now, #stopped = :now")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .condition_expression("attribute_not_exists(#seen) OR #seen < :now")
             .expression_attribute_names("#seen", attr::LAST_SEEN)
             .expression_attribute_names("#stopped", attr::STOPPED_AT)
             .expression_attribute_values(":now", schema::n(now))
             .send()
             .await;
-        self.outcome(WriteKind::Heartbeat, "UpdateItem", relay_id, None, result)
+        self.update_outcome(WriteKind::Heartbeat, relay_id, None, result, |old| {
+            get_n::<i64>(old, attr::STOPPED_AT) == Some(now)
+        })
     }
 
     /// Reads every lease and heartbeat with one strongly consistent query (following pages).
@@ -254,15 +297,13 @@ impl DynamoDbOutboxStore {
             .expression_attribute_names("#owner", attr::OWNER)
             .expression_attribute_names("#exp", attr::EXPIRES_AT)
             .set_expression_attribute_values(Some(values.into_iter().collect()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        self.outcome(
-            WriteKind::Renew,
-            "UpdateItem",
-            relay_id,
-            Some(bucket),
-            result,
-        )
+        self.update_outcome(WriteKind::Renew, relay_id, Some(bucket), result, |old| {
+            get_s(old, attr::OWNER) == Some(relay_id)
+                && get_n::<i64>(old, attr::EXPIRES_AT) == Some(new_expires)
+        })
     }
 
     /// Hands a lease back: removes the owner, conditional on the owner and, when given,
@@ -290,18 +331,17 @@ impl DynamoDbOutboxStore {
             .update_expression("REMOVE #owner")
             .condition_expression(condition)
             .expression_attribute_names("#owner", attr::OWNER)
-            .set_expression_attribute_values(Some(values.into_iter().collect()));
+            .set_expression_attribute_values(Some(values.into_iter().collect()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         if read_expires.is_some() {
             request = request.expression_attribute_names("#exp", attr::EXPIRES_AT);
         }
         let result = request.send().await;
-        self.outcome(
-            WriteKind::Release,
-            "UpdateItem",
-            relay_id,
-            Some(bucket),
-            result,
-        )
+        // Only the owner releases: no owner left, at the expiry it released, is this release.
+        self.update_outcome(WriteKind::Release, relay_id, Some(bucket), result, |old| {
+            !old.contains_key(attr::OWNER)
+                && read_expires.is_none_or(|r| get_n::<i64>(old, attr::EXPIRES_AT) == Some(r))
+        })
     }
 
     /// Claims a lease read as free (absent, no owner, or lapsed at `now`) until `new_expires`.
@@ -327,15 +367,13 @@ impl DynamoDbOutboxStore {
             .expression_attribute_values(":me", schema::s(relay_id))
             .expression_attribute_values(":now", schema::n(now))
             .expression_attribute_values(":new", schema::n(new_expires))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        self.outcome(
-            WriteKind::Claim,
-            "UpdateItem",
-            relay_id,
-            Some(bucket),
-            result,
-        )
+        self.update_outcome(WriteKind::Claim, relay_id, Some(bucket), result, |old| {
+            get_s(old, attr::OWNER) == Some(relay_id)
+                && get_n::<i64>(old, attr::EXPIRES_AT) == Some(new_expires)
+        })
     }
 
     /// Deletes a stopped or dead relay's heartbeat record, conditional on it being unchanged
