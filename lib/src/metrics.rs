@@ -28,6 +28,8 @@ pub trait RelayMetrics: Debug + Send + Sync {
     fn backlog(&self, _bucket: u32, _pending: u32, _oldest_age: Option<Duration>) {}
     /// A bucket is stuck on an item it cannot read (a poison item).
     fn poison_item(&self, _bucket: u32) {}
+    /// The relay started (`owned`) or stopped publishing `bucket`.
+    fn ownership(&self, _bucket: u32, _owned: bool) {}
     /// One acquisition round took `duration`.
     fn round_duration(&self, _duration: Duration) {}
     /// One batch (fetch, publish, delete) took `duration`.

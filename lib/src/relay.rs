@@ -552,6 +552,7 @@ impl<P: Publisher> Relay<P> {
             state.last_heartbeat = Some(Instant::now());
         }
         let coordination = self.store.read_coordination().await?;
+        let owned_before: BTreeSet<u32> = state.owned.keys().copied().collect();
         let now = self.store.clock().now_ticks();
         let active = coordination.active_relays(now, d_ticks);
         let leases = coordination.lease_views(now);
@@ -710,6 +711,7 @@ impl<P: Publisher> Relay<P> {
             state.leases_lost += lost.len() as u64;
             self.metrics.leases_lost(lost.len());
         }
+        self.log_ownership(&owned_before, state);
         state.max_owned = state.max_owned.max(state.owned.len());
         self.metrics.owned_buckets(state.owned.len());
         for kind in WriteKind::ALL {
@@ -731,6 +733,19 @@ impl<P: Publisher> Relay<P> {
             }
         }
         Ok(())
+    }
+
+    /// Logs (and reports) every bucket this relay started or stopped publishing, so a
+    /// history of who believed it owned what can be checked afterwards.
+    fn log_ownership(&self, before: &BTreeSet<u32>, state: &RunState) {
+        for b in state.owned.keys().filter(|b| !before.contains(b)) {
+            info!(bucket = b, ownership = "owns", "bucket ownership");
+            self.metrics.ownership(*b, true);
+        }
+        for b in before.iter().filter(|b| !state.owned.contains_key(b)) {
+            info!(bucket = b, ownership = "disowns", "bucket ownership");
+            self.metrics.ownership(*b, false);
+        }
     }
 
     /// When to run an extra acquisition for a peer that announced its stop: just after the
@@ -1046,6 +1061,8 @@ impl<P: Publisher> Relay<P> {
         let me = self.options.relay_id.as_str();
         let deadline = deadline
             .unwrap_or_else(|| Instant::now() + self.stop_reserve.max(Duration::from_secs(5)));
+        // Publishing has ended: from here on this relay believes it owns nothing.
+        self.log_ownership(&state.owned.keys().copied().collect(), &RunState::default());
         let attempt = async {
             let now = self.store.clock().now_ticks();
             if !self.store.stamp_stopped(me, now).await? {
