@@ -244,13 +244,66 @@ EOF
 
 # ------------------------------------------------------------------ commands
 
-# Traps of `run`.  On INT/TERM: pass the signal on to CMD and exit; the EXIT
-# trap then stops the services.  Cleanup runs exactly once, on EXIT.
+# ------------------------------------------------------------ CMD of `run`
+
+# Is pid $1 running (zombies, which `kill -0` still finds, count as gone)?
+pid_running() {
+    local state
+    state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+    [[ -n $state && $state != Z ]]
+}
+
+# Print pid $1 and all its descendants.
+pid_tree() {
+    local child
+    echo "$1"
+    for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do pid_tree "$child"; done
+}
+
+# Send signal $1 to CMD and everything it started.  CMD shares our process
+# group (so that a terminal's Ctrl-C and tty input reach it), so it cannot be
+# signalled as a group; its tree is collected first, before parents die and
+# their children get reparented.
+signal_cmd_tree() {
+    [[ -n $CMD_PID ]] || return 0
+    local pids
+    pids=$(pid_tree "$CMD_PID")
+    # shellcheck disable=SC2086  # word splitting wanted
+    kill "-$1" $pids 2>/dev/null || true
+}
+
+# Stop CMD's tree: TERM, up to 10 s of grace, then KILL.
+stop_cmd_tree() {
+    [[ -n $CMD_PID ]] || return 0
+    local pids i pid alive
+    pids=$(pid_tree "$CMD_PID")
+    # shellcheck disable=SC2086
+    kill -TERM $pids 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do
+        alive=""
+        for pid in $pids; do pid_running "$pid" && alive=1 && break; done
+        [[ -n $alive ]] || break
+        sleep 0.1
+    done
+    if [[ -n $alive ]]; then
+        say "command did not stop on SIGTERM; killing it"
+        # Include what the survivors started meanwhile.
+        pids=$(for pid in $pids; do pid_tree "$pid"; done)
+        # shellcheck disable=SC2086
+        kill -KILL $pids 2>/dev/null || true
+    fi
+    wait "$CMD_PID" 2>/dev/null || true
+    CMD_PID=""
+}
+
+# Traps of `run`.  On INT/TERM: pass the signal on to CMD's tree and exit;
+# the EXIT trap then stops what is left and the services.  Cleanup runs
+# exactly once, on EXIT.
 # shellcheck disable=SC2317  # invoked from traps
 run_on_signal() {
     local sig=$1
     trap - INT TERM
-    if [[ -n $CMD_PID ]]; then kill "-$sig" "$CMD_PID" 2>/dev/null || true; fi
+    signal_cmd_tree "$sig"
     exit $((128 + $(kill -l "$sig")))
 }
 
@@ -258,9 +311,7 @@ run_on_signal() {
 run_cleanup() {
     local rc=$?
     trap - EXIT INT TERM
-    if [[ -n $CMD_PID ]] && kill -0 "$CMD_PID" 2>/dev/null; then
-        kill -TERM "$CMD_PID" 2>/dev/null || true
-    fi
+    stop_cmd_tree
     stop_services
     if ((rc != 0)); then
         show_logs
@@ -284,9 +335,11 @@ cmd_run() {
     eval "$(stack_env)"
 
     # CMD runs in the background so that a trapped signal interrupts `wait`
-    # (bash defers traps while a foreground child runs).  stdin is passed on
-    # explicitly, since background jobs would otherwise get /dev/null.
-    "$@" <&0 &
+    # (bash defers traps while a foreground child runs).  Background jobs of a
+    # script get stdin from /dev/null and ignore SIGINT/SIGQUIT: stdin is
+    # passed on explicitly, and env restores the default signal handling so
+    # that Ctrl-C reaches CMD as usual.
+    env --default-signal=INT,QUIT "$@" <&0 &
     CMD_PID=$!
     wait "$CMD_PID" || STATUS=$?
     CMD_PID=""

@@ -6,6 +6,7 @@
 #      with their endpoints exported, runs the checks below:
 #        cargo fmt --all --check
 #        cargo clippy --workspace --all-targets -- -D warnings
+#        cfn-lint template.yaml, sam validate --lint
 #        cargo test --workspace
 #
 # Build output goes to CARGO_TARGET_DIR (default ~/.cache/dynamo-outbox/target,
@@ -33,10 +34,14 @@ if [[ ${1:-} == --inside-stack ]]; then
     step "cargo clippy --workspace --all-targets -- -D warnings"
     cargo clippy --workspace --all-targets -- -D warnings
 
-    # HOOK: template / SAM checks go here, e.g.
-    #   step "cfn-lint template.yaml";  cfn-lint template.yaml
-    #   step "sam validate --lint";     sam validate --lint --template template.yaml
-    #   step "cargo lambda build";      cargo lambda build --release --arm64 ...
+    # The SAM template (template.yaml); its IAM actions are checked by
+    # functions/relay/tests/template.rs.  `sam build` / `cargo lambda build` are not
+    # run here (minutes of release builds); see the README's deployment section.
+    step "cfn-lint template.yaml"
+    cfn-lint template.yaml
+
+    step "sam validate --lint"
+    SAM_CLI_TELEMETRY=0 sam validate --lint --template template.yaml
 
     # Last, so that its summary lines ("test result: ...") close the output.
     step "cargo test --workspace"

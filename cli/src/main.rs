@@ -4,26 +4,35 @@
 //! (`OUTBOX_*`, `KAFKA_*`, and the standard AWS ones); flags override them. Exit codes:
 //! 0 ok, 1 operational failure, 2 bad usage or bad input.
 
-use std::collections::BTreeMap;
+mod demo;
+mod drain;
+mod enqueue;
+mod status;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use clap::{Parser, Subcommand};
+use dynamo_outbox::metrics::emf::EmfMetrics;
 use dynamo_outbox::options::parse_duration;
 use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
 use dynamo_outbox::table::{self, Provisioned};
-use dynamo_outbox::writer::transaction_error;
-use dynamo_outbox::{
-    DynamoDbOutboxStore, DynamoDbOutboxWriter, Error, Header, LocalNotifier, OutboxOptions, Relay,
-    RelayOptions,
-};
+use dynamo_outbox::{DynamoDbOutboxStore, Error, OutboxOptions, Relay, RelayOptions};
 use tokio::time::Instant;
 
 /// Operate a DynamoDB transactional outbox that publishes to Kafka.
+///
+/// Configuration comes from the same environment variables as the Lambda functions:
+/// OUTBOX_TABLE_NAME, OUTBOX_BUCKET_COUNT, OUTBOX_KEY_PREFIX, OUTBOX_PARTITION_KEY_ATTRIBUTE,
+/// OUTBOX_SORT_KEY_ATTRIBUTE, OUTBOX_PENDING_COUNT_LIMIT, the relay's OUTBOX_LEASE_DURATION
+/// and friends, KAFKA_* for the broker, and the standard AWS variables (AWS_REGION,
+/// AWS_PROFILE, AWS_ENDPOINT_URL_DYNAMODB, ...). Flags override them.
+///
+/// Exit codes: 0 ok, 1 operational failure (DynamoDB, Kafka, a timeout), 2 bad usage or bad
+/// input (unknown flags, invalid options, a rejected enqueue request).
 #[derive(Debug, Parser)]
-#[command(name = "outboxctl", version, about, long_about = None)]
+#[command(name = "outboxctl", version)]
 struct Cli {
     /// Outbox table (overrides OUTBOX_TABLE_NAME).
     #[arg(long, global = true)]
@@ -41,8 +50,34 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Create the outbox table unless it exists, and wait until it is active.
+    ///
+    /// The table has a string partition key and a string sort key (PK and SK unless
+    /// OUTBOX_PARTITION_KEY_ATTRIBUTE / OUTBOX_SORT_KEY_ATTRIBUTE say otherwise), on-demand
+    /// billing, and nothing else. Safe to run from several places at once.
     CreateTable,
+    /// Enqueue messages from a JSON request (the enqueue function's contract).
+    ///
+    /// Reads the request from FILE, or from stdin when FILE is `-` or absent:
+    ///
+    ///   {"messages": [{"topic": "orders", "key": "order-1", "value": "{...}",
+    ///                  "headers": [{"key": "type", "value": "created"}], "partition": 3}],
+    ///    "idempotency_key": "optional"}
+    ///
+    /// key/value are UTF-8 text; key_base64/value_base64 (and value_base64 in a header) take
+    /// bytes. 1 to 100 messages, written in one transaction, all or nothing. A request
+    /// with an idempotency_key (at most 99 messages) that was already written within
+    /// OUTBOX_IDEMPOTENCY_RETENTION (24h) writes nothing and answers the first call's
+    /// response. It runs the enqueue function's own handler: prints its JSON response
+    /// (each message's id, bucket and sequence). A rejected request writes nothing, prints
+    /// the function's errorType and error text and exits 2.
+    #[command(verbatim_doc_comment)]
+    Enqueue(enqueue::Args),
     /// Run a long-lived relay: SIGTERM or SIGINT stops it gracefully (leases released).
+    ///
+    /// The relay takes its fair share of the buckets, publishes their messages in order and
+    /// deletes them after the broker acknowledged them. Relay settings come from the
+    /// OUTBOX_* relay variables (OUTBOX_RELAY_ID, OUTBOX_LEASE_DURATION, OUTBOX_BATCH_SIZE,
+    /// ...), the broker from KAFKA_*.
     Relay {
         /// Stop after this long (e.g. 30s, 5m) instead of waiting for a signal.
         #[arg(long = "for", value_name = "DURATION")]
@@ -50,7 +85,38 @@ enum Command {
         /// Time allowed for the graceful stop after a signal.
         #[arg(long, default_value = "10s")]
         grace: String,
+        /// Print the relay's metrics to stdout as CloudWatch Embedded Metric Format
+        /// documents (one JSON line each, as the Lambda relay does; namespace from
+        /// POWERTOOLS_METRICS_NAMESPACE, default Outbox) every --emf-interval and at the end.
+        /// A log shipper with EMF support (CloudWatch agent, Fluent Bit) turns them into
+        /// CloudWatch metrics.
+        #[arg(long)]
+        emf: bool,
+        /// How often --emf flushes.
+        #[arg(long, value_name = "DURATION", default_value = "60s")]
+        emf_interval: String,
     },
+    /// Show who owns which bucket, the backlog, the relays, and what needs attention.
+    ///
+    /// One strongly consistent read of the coordination partition (leases and heartbeats)
+    /// and, per bucket, a count of its messages (capped at OUTBOX_PENDING_COUNT_LIMIT,
+    /// shown as >=N at the cap), its oldest and newest message and its sequence counter.
+    /// Every figure is read from the table now; nothing is cached.
+    ///
+    /// Warnings: buckets with pending messages and no live owner, messages stamped with
+    /// another bucket count, a sequence counter behind its messages, relays whose
+    /// heartbeat is in the future or that hold leases with a stale heartbeat (refused
+    /// heartbeats), leases beyond the bucket count with a live owner, buckets stuck behind
+    /// an unreadable item, quarantined items in the dead-letter partition. Warnings do not
+    /// change the exit code; scripts read them from --json.
+    Status(status::Args),
+    /// Wait until every bucket is empty, e.g. before changing the bucket count.
+    ///
+    /// Counts the messages of every bucket each --interval and shows the messages left and
+    /// the rate: a progress bar on a terminal, plain lines otherwise. Exits 0 once every
+    /// bucket is empty, 1 when --timeout passes first. Draining needs running relays;
+    /// stop the writers first, or it may never finish.
+    Drain(drain::Args),
     /// The whole path on the local stack: table, topic, business transactions carrying
     /// messages, a relay publishing them; prints what the relay published.
     Demo {
@@ -71,9 +137,9 @@ enum Command {
 
 /// A failure with its exit code.
 #[derive(Debug)]
-struct Failure {
-    code: u8,
-    message: String,
+pub(crate) struct Failure {
+    pub(crate) code: u8,
+    pub(crate) message: String,
 }
 
 impl From<Error> for Failure {
@@ -82,19 +148,34 @@ impl From<Error> for Failure {
             Error::InvalidOption { .. } | Error::InvalidMessage { .. } | Error::Limit { .. } => 2,
             _ => 1,
         };
-        let mut message = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            message.push_str(&format!(": {s}"));
-            source = s.source();
+        Failure {
+            code,
+            message: error_text(&e),
         }
-        Failure { code, message }
     }
 }
 
-fn usage(message: impl Into<String>) -> Failure {
+/// An error's text with its source chain, as the Lambda functions report it.
+pub(crate) fn error_text(e: &Error) -> String {
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        message.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    message
+}
+
+pub(crate) fn usage(message: impl Into<String>) -> Failure {
     Failure {
         code: 2,
+        message: message.into(),
+    }
+}
+
+pub(crate) fn failure(message: impl Into<String>) -> Failure {
+    Failure {
+        code: 1,
         message: message.into(),
     }
 }
@@ -119,7 +200,10 @@ async fn main() -> ExitCode {
     }
 }
 
-fn outbox_options(cli: &Cli, default_table: Option<&str>) -> Result<OutboxOptions, Failure> {
+pub(crate) fn outbox_options(
+    cli: &Cli,
+    default_table: Option<&str>,
+) -> Result<OutboxOptions, Failure> {
     let table = cli.table.clone();
     let default_table = default_table.map(str::to_string);
     let bucket_count = cli.bucket_count.map(|c| c.to_string());
@@ -140,7 +224,7 @@ fn outbox_options(cli: &Cli, default_table: Option<&str>) -> Result<OutboxOption
     Ok(options)
 }
 
-fn relay_options(options: &OutboxOptions) -> Result<RelayOptions, Failure> {
+pub(crate) fn relay_options(options: &OutboxOptions) -> Result<RelayOptions, Failure> {
     let count = options.bucket_count.to_string();
     Ok(RelayOptions::from_lookup(|name| {
         if name == dynamo_outbox::options::env::BUCKET_COUNT {
@@ -151,12 +235,12 @@ fn relay_options(options: &OutboxOptions) -> Result<RelayOptions, Failure> {
     })?)
 }
 
-async fn dynamodb() -> aws_sdk_dynamodb::Client {
+pub(crate) async fn dynamodb() -> aws_sdk_dynamodb::Client {
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     aws_sdk_dynamodb::Client::new(&config)
 }
 
-async fn kafka(deadline: Instant) -> Result<Arc<KafkaPublisher>, Failure> {
+pub(crate) async fn kafka(deadline: Instant) -> Result<Arc<KafkaPublisher>, Failure> {
     let config = KafkaConfig::from_env()?;
     Ok(Arc::new(KafkaPublisher::connect(config, deadline).await?))
 }
@@ -172,20 +256,64 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
             Ok(())
         }
-        Command::Relay { run_for, grace } => {
+        Command::Enqueue(args) => enqueue::run(&cli, args).await,
+        Command::Status(args) => status::run(&cli, args).await,
+        Command::Drain(args) => drain::run(&cli, args).await,
+        Command::Relay {
+            run_for,
+            grace,
+            emf,
+            emf_interval,
+        } => {
             let options = outbox_options(&cli, None)?;
             let grace = parse_duration("--grace", grace)?;
             let run_for = run_for
                 .as_deref()
                 .map(|d| parse_duration("--for", d))
                 .transpose()?;
+            let emf_interval = parse_duration("--emf-interval", emf_interval)?;
+            if emf_interval.is_zero() {
+                return Err(usage("--emf-interval must be greater than zero"));
+            }
             let store = DynamoDbOutboxStore::new(dynamodb().await, options.clone())?;
+            let store = match test_clock_offset()? {
+                Some(ticks) => {
+                    tracing::warn!(
+                        offset_ticks = ticks,
+                        "OUTBOX_TEST_CLOCK_OFFSET is set: this relay's lease clock is offset (tests only)"
+                    );
+                    store.with_clock(Arc::new(dynamo_outbox::clock::OffsetClock::new(ticks)))
+                }
+                None => store,
+            };
             let publisher = kafka(Instant::now() + Duration::from_secs(30)).await?;
             let relay = Relay::new(store, publisher, relay_options(&options)?)?;
-            let report = match run_for {
-                Some(d) => relay.run_until(Instant::now() + d).await?,
-                None => relay.run_until_shutdown(shutdown_signal(), grace).await?,
+            let metrics = emf.then(|| Arc::new(EmfMetrics::from_env(&options.table_name)));
+            let relay = match &metrics {
+                Some(m) => relay.with_metrics(m.clone()),
+                None => relay,
             };
+            let flusher = metrics.clone().map(|m| {
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(emf_interval);
+                    tick.tick().await;
+                    loop {
+                        tick.tick().await;
+                        let _ = m.flush_to(&mut std::io::stdout().lock());
+                    }
+                })
+            });
+            let result = match run_for {
+                Some(d) => relay.run_until(Instant::now() + d).await,
+                None => relay.run_until_shutdown(shutdown_signal(), grace).await,
+            };
+            if let Some(f) = flusher {
+                f.abort();
+            }
+            if let Some(m) = &metrics {
+                let _ = m.flush_to(&mut std::io::stdout().lock());
+            }
+            let report = result?;
             println!(
                 "relay {} stopped ({}): published {}, refused writes {}, leases released: {}",
                 report.relay_id,
@@ -201,8 +329,30 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             partitions,
             orders,
             keys,
-        } => demo(&cli, topic, *partitions, *orders, *keys).await,
+        } => demo::demo(&cli, topic, *partitions, *orders, *keys).await,
     }
+}
+
+/// The test-only lease clock offset of `outboxctl relay`: `OUTBOX_TEST_CLOCK_OFFSET`, a
+/// duration with an optional sign (`-5s`, `+2s`, `1500ms`), in ticks. Used by the
+/// fault-injection harness (`harness/`) to run a relay whose clock is off.
+fn test_clock_offset() -> Result<Option<i64>, Failure> {
+    const VAR: &str = "OUTBOX_TEST_CLOCK_OFFSET";
+    match std::env::var(VAR) {
+        Ok(value) => Ok(Some(parse_clock_offset(VAR, &value)?)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// A signed duration (`-5s`, `+2s`, `1500ms`) in ticks.
+fn parse_clock_offset(field: &str, value: &str) -> Result<i64, Failure> {
+    let value = value.trim();
+    let (sign, magnitude) = match value.strip_prefix('-') {
+        Some(rest) => (-1, rest),
+        None => (1, value.strip_prefix('+').unwrap_or(value)),
+    };
+    let d = parse_duration(field, magnitude)?;
+    Ok(sign * dynamo_outbox::clock::duration_to_ticks(d))
 }
 
 /// Completes on SIGTERM or SIGINT.
@@ -221,126 +371,47 @@ async fn shutdown_signal() {
     }
 }
 
-async fn demo(
-    cli: &Cli,
-    topic: &str,
-    partitions: i32,
-    orders: u32,
-    keys: u32,
-) -> Result<(), Failure> {
-    if keys == 0 || orders == 0 {
-        return Err(usage("--orders and --keys must be at least 1"));
+/// Formats a duration for people: `850ms`, `12s`, `3m 4s`, `2h 3m`, `4d 5h`.
+pub(crate) fn human_duration(seconds: f64) -> String {
+    let s = seconds.abs();
+    if s < 1.0 {
+        return format!("{}ms", (s * 1000.0).round() as u64);
     }
-    let options = outbox_options(cli, Some("outbox-demo"))?;
-    let client = dynamodb().await;
-    let started = Instant::now();
-    table::create_if_not_exists(&client, &options).await?;
-    let publisher = kafka(Instant::now() + Duration::from_secs(30)).await?;
-    publisher.create_topic(topic, partitions, 1).await?;
-    println!(
-        "table {} ({} buckets) and topic {topic} ({partitions} partitions) ready",
-        options.table_name, options.bucket_count
-    );
+    let s = s.round() as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m {}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h {}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d {}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
 
-    // The relay runs in this process, woken by the writer's commit notifications.
-    let notifier = LocalNotifier::new();
-    let writer =
-        DynamoDbOutboxWriter::new(client.clone(), options.clone())?.with_notifier(notifier.clone());
-    let store = DynamoDbOutboxStore::new(client.clone(), options.clone())?;
-    let relay = Relay::new(store, publisher, relay_options(&options)?)?.with_notifier(notifier);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let relay_task = tokio::spawn(async move {
-        relay
-            .run_until_shutdown(
-                async move {
-                    let _ = stop_rx.await;
-                },
-                Duration::from_secs(10),
-            )
-            .await
-    });
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
 
-    // Each order is a business item and a message in one transaction.
-    let mut per_key: BTreeMap<String, u32> = BTreeMap::new();
-    for i in 0..orders {
-        let customer = format!("customer-{}", i % keys);
-        let n = per_key.entry(customer.clone()).or_default();
-        *n += 1;
-        let enqueued_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
-        let order_id = format!("{}-{i}", options.table_name);
-        let message = writer
-            .message(topic)
-            .with_key(customer.clone())
-            .with_value(format!(
-                "{{\"order\":\"{order_id}\",\"customer\":\"{customer}\",\"seq\":{n},\"enqueued_ms\":{enqueued_ms}}}"
-            ))
-            .with_header(Header::new("type", "OrderPlaced"));
-        let outbox_item = writer.transact_write_item(&message).await?;
-        let business = Put::builder()
-            .table_name(&options.table_name)
-            .item(
-                &options.partition_key_attribute,
-                AttributeValue::S(format!("ORDER#{order_id}")),
-            )
-            .item(
-                &options.sort_key_attribute,
-                AttributeValue::S("ORDER".into()),
-            )
-            .item("Customer", AttributeValue::S(customer))
-            .condition_expression("attribute_not_exists(#pk)")
-            .expression_attribute_names("#pk", &options.partition_key_attribute)
-            .build()
-            .map_err(|e| usage(e.to_string()))?;
-        client
-            .transact_write_items()
-            .transact_items(TransactWriteItem::builder().put(business).build())
-            .transact_items(outbox_item)
-            .send()
-            .await
-            .map_err(transaction_error)?;
-        writer.notify_committed(std::slice::from_ref(&message));
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
     }
-    println!("placed {orders} orders over {keys} customers, each with its message in the same transaction");
 
-    // Wait until the relay has drained the table.
-    let store = DynamoDbOutboxStore::new(client.clone(), options.clone())?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut pending = 0;
-        for b in 0..options.bucket_count {
-            pending += store.backlog(b).await?.pending;
-        }
-        if pending == 0 {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(Failure {
-                code: 1,
-                message: format!("{pending} messages still pending after 60 s"),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    #[test]
+    fn test_clock_offsets_take_a_sign() {
+        let s = dynamo_outbox::clock::TICKS_PER_SECOND;
+        assert_eq!(parse_clock_offset("x", "-5s").unwrap(), -5 * s);
+        assert_eq!(parse_clock_offset("x", "+2s").unwrap(), 2 * s);
+        assert_eq!(parse_clock_offset("x", "1500ms").unwrap(), 15 * s / 10);
+        assert_eq!(parse_clock_offset("x", "soon").unwrap_err().code, 2);
     }
-    let _ = stop_tx.send(());
-    let report = relay_task.await.map_err(|e| Failure {
-        code: 1,
-        message: format!("relay task: {e}"),
-    })??;
-    println!(
-        "relay {} published {} messages in {:.1} s; refused conditional writes: {}; leases released: {}",
-        report.relay_id,
-        report.published,
-        started.elapsed().as_secs_f64(),
-        report.refused_total(),
-        report.released
-    );
-    if report.published != u64::from(orders) {
-        return Err(Failure {
-            code: 1,
-            message: format!("published {} of {orders} messages", report.published),
-        });
+
+    #[test]
+    fn durations_for_people() {
+        assert_eq!(human_duration(0.25), "250ms");
+        assert_eq!(human_duration(12.4), "12s");
+        assert_eq!(human_duration(-3.0), "3s");
+        assert_eq!(human_duration(184.0), "3m 4s");
+        assert_eq!(human_duration(7380.0), "2h 3m");
+        assert_eq!(human_duration(4.0 * 86_400.0 + 5.0 * 3600.0), "4d 5h");
     }
-    Ok(())
 }

@@ -16,14 +16,15 @@
 //! - `headers`: a list of `{"key", "value" | "value_base64"}`; the key is a non-empty string,
 //!   a missing or `null` value is Kafka's null header value.
 //! - `partition`: an explicit partition, `0..=2147483647`.
-//! - `idempotency_key`: 1 to 256 characters without control characters.
+//! - `idempotency_key`: 1 to 256 characters without control characters; with one, at most
+//!   99 messages (the idempotency marker is the transaction's 100th item).
 //!
 //! Unknown fields are rejected everywhere. Every error names the field and the rule, for
 //! example `messages[3].topic: must not be empty`; the caller writes nothing when parsing
 //! or [`DynamoDbOutboxWriter::check`](crate::DynamoDbOutboxWriter::check) fails.
 
 use base64::Engine;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
@@ -45,7 +46,7 @@ pub struct EnqueueRequest {
 }
 
 /// One enqueued message of an [`EnqueueResponse`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnqueuedMessage {
     /// The message id (a UUID, hyphenated), also stamped on the record as a header.
     pub message_id: String,
@@ -56,7 +57,7 @@ pub struct EnqueuedMessage {
 }
 
 /// The response to an enqueue request: one entry per message, in request order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnqueueResponse {
     /// The enqueued messages.
     pub messages: Vec<EnqueuedMessage>,
@@ -142,6 +143,16 @@ pub fn parse_request(value: &Value, bucket_count: u32) -> Result<EnqueueRequest>
             ))
         }
     };
+    if idempotency_key.is_some() && messages.len() >= MAX_TRANSACTION_ITEMS {
+        return Err(Error::message(
+            "messages",
+            format!(
+                "must hold at most {} messages with an idempotency_key (its marker item takes one of the transaction's {MAX_TRANSACTION_ITEMS}), got {}",
+                MAX_TRANSACTION_ITEMS - 1,
+                messages.len()
+            ),
+        ));
+    }
     Ok(EnqueueRequest {
         messages,
         idempotency_key,
@@ -397,6 +408,10 @@ mod tests {
             (json!({"messages": {}}), "messages: must be an array"),
             (json!({"messages": []}), "messages: must hold at least 1"),
             (json!({"messages": many}), "messages: must hold at most 100"),
+            (
+                json!({"messages": many[..100], "idempotency_key": "k"}),
+                "messages: must hold at most 99 messages with an idempotency_key",
+            ),
             (
                 json!({"messages": [ok], "extra": 1}),
                 "extra: unknown field",

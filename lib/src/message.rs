@@ -202,7 +202,7 @@ mod tests {
             (b"21", -973_932_308),
             (b"foobar", -790_332_482),
             (b"a-little-bit-long-string", -985_981_536),
-            (b"a-little-bit-longer-string", 1_486_304_829),
+            (b"a-little-bit-longer-string", -1_486_304_829),
             (
                 b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
                 -58_897_971,

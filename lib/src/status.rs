@@ -2,13 +2,14 @@
 //!
 //! [`read_status`] reads the coordination partition once (strongly consistent), then for
 //! every bucket its backlog ([`DynamoDbOutboxStore::backlog`]: a count capped at the
-//! pending count limit and the head message), its last message and its sequence counter.
+//! pending count limit and the head message), its last message and its sequence counter,
+//! and counts the dead-letter partition.
 //! Nothing is cached: every figure of a [`StatusReport`] was read by that call. The report
 //! also lists the [`Warning`]s an operator must act on; formatting is the caller's.
 //!
-//! Cost per call: one query of the coordination partition, and per bucket one count query
+//! Cost per call: one query of the coordination partition; per bucket one count query
 //! (billed as a read of every counted item, at most the pending count limit), two
-//! one-item queries and one `GetItem`.
+//! one-item queries and one `GetItem`; and one count query of the dead-letter partition.
 
 use std::time::Duration;
 
@@ -40,10 +41,17 @@ pub struct StatusReport {
     pub lease_duration_seconds: f64,
     /// The reader's clock when the coordination partition had been read, in UTC ticks.
     pub now_ticks: i64,
+    /// The same instant as RFC 3339 UTC text, to the second (`2026-11-30T14:00:00Z`).
+    pub now_utc: String,
     /// One entry per bucket, ascending.
     pub buckets: Vec<BucketStatus>,
     /// One entry per heartbeat record, by relay id.
     pub relays: Vec<RelayStatus>,
+    /// Items in the dead-letter partition (quarantined poison items), counted up to the
+    /// pending count limit.
+    pub dead_letters: u32,
+    /// Whether the dead-letter count stopped at the limit.
+    pub dead_letters_capped: bool,
     /// What an operator must act on; empty when all is well.
     pub warnings: Vec<Warning>,
 }
@@ -74,6 +82,9 @@ pub struct BucketStatus {
     pub head_sequence: Option<u64>,
     /// `BucketCount` stamped on the head message.
     pub head_bucket_count: Option<u32>,
+    /// Whether the head item cannot be read as a message: a poison item the bucket is
+    /// stuck behind.
+    pub head_unreadable: bool,
     /// Sequence number of the last (newest) message.
     pub last_sequence: Option<u64>,
     /// `BucketCount` stamped on the last message.
@@ -104,6 +115,9 @@ pub struct RelayStatus {
     pub stopped_at: Option<i64>,
     /// Whether it stopped gracefully.
     pub stopped: bool,
+    /// When it plans to stop, in UTC ticks: a relay running inside a deadline (a Lambda
+    /// invocation) announces it.
+    pub stops_at: Option<i64>,
     /// Whether peers count it towards fair share: not stopped, heartbeat younger than the
     /// lease duration.
     pub active: bool,
@@ -143,6 +157,10 @@ pub enum WarningKind {
     HeartbeatStale,
     /// A lease beyond the bucket count has a live owner: a relay runs with another count.
     LeaseBeyondBucketCount,
+    /// A bucket's oldest item cannot be read as a message: the bucket is stuck behind it.
+    UnreadableHead,
+    /// The dead-letter partition holds quarantined items: messages that were not published.
+    DeadLetters,
 }
 
 impl WarningKind {
@@ -155,6 +173,8 @@ impl WarningKind {
             WarningKind::HeartbeatInFuture => "heartbeat_in_future",
             WarningKind::HeartbeatStale => "heartbeat_stale",
             WarningKind::LeaseBeyondBucketCount => "lease_beyond_bucket_count",
+            WarningKind::UnreadableHead => "unreadable_head",
+            WarningKind::DeadLetters => "dead_letters",
         }
     }
 }
@@ -204,10 +224,12 @@ pub async fn read_status(
         .buffered(options.max_concurrency.max(1))
         .try_collect()
         .await?;
+    let dead_letters = store.count_dead_letters().await?;
     Ok(build_report(
         store,
         &coordination,
         reads,
+        dead_letters,
         now,
         duration_to_ticks(lease_duration),
     ))
@@ -249,6 +271,35 @@ impl DynamoDbOutboxStore {
         Ok(out.items.unwrap_or_default().into_iter().next())
     }
 
+    /// Counts the items of the dead-letter partition up to the pending count limit; the
+    /// flag says whether the count stopped at the limit.
+    pub async fn count_dead_letters(&self) -> Result<(u32, bool)> {
+        let limit = self.options.pending_count_limit;
+        let mut count: u32 = 0;
+        let mut start = None;
+        while count < limit {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.options.table_name)
+                .key_condition_expression("#pk = :pk")
+                .expression_attribute_names("#pk", &self.keys.pk)
+                .expression_attribute_values(":pk", AttributeValue::S(self.keys.dead_letter_pk()))
+                .select(aws_sdk_dynamodb::types::Select::Count)
+                .limit((limit - count) as i32)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| from_sdk("Query", e))?;
+            count += out.count().max(0) as u32;
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => break,
+            }
+        }
+        Ok((count.min(limit), count >= limit))
+    }
+
     /// A bucket's sequence counter (the last number handed out): one strongly consistent
     /// `GetItem`; `None` when the counter item does not exist.
     pub async fn sequence_counter(&self, bucket: u32) -> Result<Option<u64>> {
@@ -275,6 +326,7 @@ fn build_report(
     store: &DynamoDbOutboxStore,
     coordination: &Coordination,
     reads: Vec<BucketRead>,
+    (dead_letters, dead_letters_capped): (u32, bool),
     now: i64,
     lease_ticks: i64,
 ) -> StatusReport {
@@ -301,6 +353,7 @@ fn build_report(
                 oldest_age_seconds: r.backlog.oldest_created_at.map(|c| seconds(now - c)),
                 head_sequence: r.backlog.head_sequence,
                 head_bucket_count: r.backlog.head_bucket_count,
+                head_unreadable: r.backlog.head_unreadable,
                 last_sequence: r.last_sequence,
                 last_bucket_count: r.last_bucket_count,
                 sequence_counter: r.sequence_counter,
@@ -326,6 +379,24 @@ fn build_report(
                     b.bucket,
                     pending_text(b.pending, b.pending_capped),
                     options.bucket_count
+                ),
+            });
+        }
+        if b.head_unreadable {
+            let seq = b
+                .head_sequence
+                .map_or_else(|| "?".into(), schema::message_sk);
+            warnings.push(Warning {
+                kind: WarningKind::UnreadableHead,
+                bucket: Some(b.bucket),
+                relay: None,
+                message: format!(
+                    "bucket {}: its oldest item {}/{seq} cannot be read as a message (a poison \
+                     item): the bucket is stuck behind it; quarantine it (DynamoDbOutboxStore::\
+                     quarantine moves it to {})",
+                    b.bucket,
+                    keys.message_pk(b.bucket),
+                    keys.dead_letter_pk()
                 ),
             });
         }
@@ -402,6 +473,7 @@ fn build_report(
                 last_seen_age_seconds: seconds(now - r.last_seen),
                 stopped_at: r.stopped_at,
                 stopped: r.stopped_at.is_some(),
+                stops_at: r.stops_at,
                 active: r.is_active(now, lease_ticks),
                 buckets: held,
             }
@@ -456,6 +528,20 @@ fn build_report(
         }
     }
 
+    if dead_letters > 0 {
+        warnings.push(Warning {
+            kind: WarningKind::DeadLetters,
+            bucket: None,
+            relay: None,
+            message: format!(
+                "{}{dead_letters} quarantined item(s) in {}: messages that were not published; \
+                 inspect them, then re-enqueue or delete them",
+                if dead_letters_capped { ">=" } else { "" },
+                keys.dead_letter_pk()
+            ),
+        });
+    }
+
     StatusReport {
         table: options.table_name.clone(),
         key_prefix: options.key_prefix.clone(),
@@ -463,10 +549,35 @@ fn build_report(
         pending_count_limit: options.pending_count_limit,
         lease_duration_seconds: seconds(lease_ticks),
         now_ticks: now,
+        now_utc: rfc3339(now),
         buckets,
         relays,
+        dead_letters,
+        dead_letters_capped,
         warnings,
     }
+}
+
+/// UTC ticks as `YYYY-MM-DDTHH:MM:SSZ` (seconds truncated).
+pub fn rfc3339(ticks: i64) -> String {
+    let secs = (ticks - crate::clock::UNIX_EPOCH_TICKS).div_euclid(TICKS_PER_SECOND);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
 }
 
 fn pending_text(pending: u32, capped: bool) -> String {
@@ -484,4 +595,23 @@ fn list(buckets: &[u32]) -> String {
         .map(u32::to_string)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_of_ticks() {
+        assert_eq!(
+            rfc3339(crate::clock::UNIX_EPOCH_TICKS),
+            "1970-01-01T00:00:00Z"
+        );
+        assert_eq!(rfc3339(639_316_440_000_000_000), "2026-11-30T14:00:00Z");
+        assert_eq!(rfc3339(638_396_640_000_000_000 - 1), "2023-12-31T23:59:59Z");
+        assert_eq!(
+            rfc3339(630_822_816_000_000_000 + 59 * 86_400 * TICKS_PER_SECOND),
+            "2000-02-29T00:00:00Z"
+        );
+    }
 }

@@ -5,22 +5,47 @@
 //!
 //! The DynamoDB client is built once per execution environment (in `main`).
 //!
+//! # Idempotency
+//! A request with an `idempotency_key` writes a marker item in the same transaction as its
+//! messages: partition key `{prefix}#IDEMPOTENCY#{key}`, sort key `IDEMPOTENCY` (outside
+//! every message, sequence and coordination partition), holding the response as JSON
+//! (`Result`, S) and the end of its retention window (`IdempotencyExpiresAtUtc`, N, UTC
+//! ticks). The marker's put is conditional on no marker or an expired one; when the
+//! condition fails, the transaction writes nothing and the function returns the first
+//! call's response from the marker (read back through the cancellation reason, so the
+//! function needs no read permission). A reuse of a key with a different request inside
+//! the window also returns the first call's response. Markers are not deleted: an expired
+//! one is overwritten by the next call with its key.
+//!
 //! # Environment
-//! Everything [`OutboxOptions::from_env`] reads.
+//! Everything [`OutboxOptions::from_env`] reads, and [`env::IDEMPOTENCY_RETENTION`]
+//! (`OUTBOX_IDEMPOTENCY_RETENTION`, default 24h).
 //!
 //! # Not implemented yet
-//! - `idempotency_key` is validated but not honoured: a retried call writes the messages
-//!   again (consumers deduplicate on the message-id header as for any at-least-once copy).
 //! - The commit notification to EventBridge (`OUTBOX_NOTIFY_EVENT_BUS`).
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use dynamo_outbox::enqueue_api::{error_type, parse_request, EnqueueResponse};
-use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions};
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem};
+use dynamo_outbox::clock::{duration_to_ticks, ticks_from_system_time};
+use dynamo_outbox::enqueue_api::{error_type, parse_request, EnqueueResponse, EnqueuedMessage};
+use dynamo_outbox::schema::{self, attr, Keys};
+use dynamo_outbox::writer::{transaction_error, Reserved};
+use dynamo_outbox::{DynamoDbOutboxWriter, Error, OutboxMessage, OutboxOptions};
 use lambda_runtime::{Diagnostic, LambdaEvent};
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::info;
+
+/// Environment variables of the enqueue function (besides the library's).
+pub mod env {
+    /// How long an idempotency key answers with the first call's response (24h).
+    pub const IDEMPOTENCY_RETENTION: &str = "OUTBOX_IDEMPOTENCY_RETENTION";
+}
+
+/// Default retention window of an idempotency key.
+pub const DEFAULT_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// Time kept free before the invocation's deadline: the write is abandoned then, so the
 /// function returns an error instead of being timed out.
@@ -72,6 +97,8 @@ impl From<FunctionError> for Diagnostic {
 #[derive(Debug, Clone)]
 pub struct EnqueueFunction {
     writer: DynamoDbOutboxWriter,
+    keys: Keys,
+    idempotency_retention: Duration,
 }
 
 impl EnqueueFunction {
@@ -81,8 +108,26 @@ impl EnqueueFunction {
         options: OutboxOptions,
     ) -> dynamo_outbox::Result<Self> {
         Ok(EnqueueFunction {
+            keys: Keys::new(&options),
             writer: DynamoDbOutboxWriter::new(client, options)?,
+            idempotency_retention: DEFAULT_IDEMPOTENCY_RETENTION,
         })
+    }
+
+    /// Sets how long an idempotency key answers with the first call's response.
+    pub fn with_idempotency_retention(mut self, retention: Duration) -> Self {
+        self.idempotency_retention = retention;
+        self
+    }
+
+    /// Reads [`env::IDEMPOTENCY_RETENTION`] through `lookup` (an environment stand-in).
+    pub fn retention_from_lookup(
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> dynamo_outbox::Result<Duration> {
+        match lookup(env::IDEMPOTENCY_RETENTION) {
+            Some(v) => dynamo_outbox::options::parse_duration(env::IDEMPOTENCY_RETENTION, &v),
+            None => Ok(DEFAULT_IDEMPOTENCY_RETENTION),
+        }
     }
 
     /// The writer the function uses.
@@ -98,15 +143,19 @@ impl EnqueueFunction {
         let (payload, context) = event.into_parts();
         let request = parse_request(&payload, self.writer.options().bucket_count)?;
         self.writer.check(&request.messages)?;
-        if request.idempotency_key.is_some() {
-            warn!("idempotency_key is not implemented yet: the messages are written as a new call");
-        }
-        let write = self.writer.enqueue(&request.messages);
-        let enqueued = match context.deadline().duration_since(SystemTime::now()) {
+        let write = async {
+            match &request.idempotency_key {
+                None => Ok(EnqueueResponse::from_enqueued(
+                    &self.writer.enqueue(&request.messages).await?,
+                )),
+                Some(key) => self.enqueue_idempotent(&request.messages, key).await,
+            }
+        };
+        let response = match context.deadline().duration_since(SystemTime::now()) {
             Ok(left) if context.deadline > 0 && !left.is_zero() => {
                 let by = Instant::now() + left.saturating_sub(DEADLINE_MARGIN);
                 tokio::time::timeout_at(by, write).await.map_err(|_| {
-                    FunctionError::from(dynamo_outbox::Error::DeadlineExceeded(
+                    FunctionError::from(Error::DeadlineExceeded(
                         "enqueue (the write may or may not have committed)",
                     ))
                 })??
@@ -114,7 +163,6 @@ impl EnqueueFunction {
             // No usable deadline (a local emulator): the SDK's own timeouts bound the write.
             _ => write.await?,
         };
-        let response = EnqueueResponse::from_enqueued(&enqueued);
         info!(
             messages = response.messages.len(),
             request_id = %context.request_id,
@@ -122,4 +170,97 @@ impl EnqueueFunction {
         );
         Ok(response)
     }
+
+    /// One transaction: the messages and the idempotency marker; a live marker of the same
+    /// key cancels it, and its stored response is returned instead.
+    async fn enqueue_idempotent(
+        &self,
+        messages: &[OutboxMessage],
+        key: &str,
+    ) -> dynamo_outbox::Result<EnqueueResponse> {
+        let reserved = self.writer.reserve(messages).await?;
+        let response = response_of(&reserved);
+        let now = ticks_from_system_time(SystemTime::now());
+        let expires = now.saturating_add(duration_to_ticks(self.idempotency_retention));
+        let options = self.writer.options();
+        let mut item = self
+            .keys
+            .key(self.keys.idempotency_pk(key), schema::IDEMPOTENCY_SK.into());
+        item.insert(
+            attr::RESULT.into(),
+            schema::s(serde_json::to_string(&response).map_err(|e| {
+                Error::Misconfiguration(format!("cannot serialize the response: {e}"))
+            })?),
+        );
+        item.insert(attr::IDEMPOTENCY_EXPIRES_AT.into(), schema::n(expires));
+        let marker = Put::builder()
+            .table_name(&options.table_name)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(#pk) OR #exp < :now")
+            .expression_attribute_names("#pk", &self.keys.pk)
+            .expression_attribute_names("#exp", attr::IDEMPOTENCY_EXPIRES_AT)
+            .expression_attribute_values(":now", schema::n(now))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| Error::Misconfiguration(e.to_string()))?;
+        let mut items = reserved
+            .iter()
+            .map(Reserved::transact_write_item)
+            .collect::<dynamo_outbox::Result<Vec<_>>>()?;
+        items.push(TransactWriteItem::builder().put(marker).build());
+        let sent = self
+            .writer
+            .client()
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .client_request_token(uuid_token())
+            .send()
+            .await;
+        match sent {
+            Ok(_) => {
+                self.writer.notify_committed(messages);
+                Ok(response)
+            }
+            Err(err) => {
+                if let Some(TransactWriteItemsError::TransactionCanceledException(e)) =
+                    err.as_service_error()
+                {
+                    let marker_reason = e.cancellation_reasons().last();
+                    if let Some(reason) =
+                        marker_reason.filter(|r| r.code() == Some("ConditionalCheckFailed"))
+                    {
+                        let stored = reason
+                            .item()
+                            .and_then(|i| schema::get_s(i, attr::RESULT))
+                            .and_then(|r| serde_json::from_str::<EnqueueResponse>(r).ok())
+                            .ok_or_else(|| Error::Corrupt {
+                                pk: self.keys.idempotency_pk(key),
+                                sk: schema::IDEMPOTENCY_SK.into(),
+                                reason: "the idempotency marker has no readable Result".into(),
+                            })?;
+                        info!(idempotency_key = key, "replayed the first call's response");
+                        return Ok(stored);
+                    }
+                }
+                Err(transaction_error(err))
+            }
+        }
+    }
+}
+
+fn response_of(reserved: &[Reserved]) -> EnqueueResponse {
+    EnqueueResponse {
+        messages: reserved
+            .iter()
+            .map(|r| EnqueuedMessage {
+                message_id: r.message_id.hyphenated().to_string(),
+                bucket: r.bucket,
+                sequence: r.sequence,
+            })
+            .collect(),
+    }
+}
+
+fn uuid_token() -> String {
+    uuid::Uuid::new_v4().to_string()
 }

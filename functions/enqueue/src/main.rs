@@ -12,11 +12,12 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     // Honours the function's LoggingConfig (JSON) and AWS_LAMBDA_LOG_LEVEL / RUST_LOG.
     lambda_runtime::tracing::init_default_subscriber();
     let options = OutboxOptions::from_env()?;
+    let retention = EnqueueFunction::retention_from_lookup(|name| std::env::var(name).ok())?;
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let function = Arc::new(EnqueueFunction::new(
-        aws_sdk_dynamodb::Client::new(&config),
-        options,
-    )?);
+    let function = Arc::new(
+        EnqueueFunction::new(aws_sdk_dynamodb::Client::new(&config), options)?
+            .with_idempotency_retention(retention),
+    );
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let function = function.clone();
         Box::pin(async move { function.handle(event).await })

@@ -58,7 +58,10 @@ async fn enqueues_a_batch_and_answers_with_ids_buckets_and_sequences() {
         messages[1]["sequence"].as_u64().unwrap(),
         messages[0]["sequence"].as_u64().unwrap() + 1
     );
-    assert_eq!(messages[2]["bucket"], 2, "explicit partition 2 of 4 buckets");
+    assert_eq!(
+        messages[2]["bucket"], 2,
+        "explicit partition 2 of 4 buckets"
+    );
     assert_eq!(pending_messages(&client, &options).await, 4);
 
     // The stored items read back as the request said.
@@ -114,7 +117,10 @@ async fn a_rejected_request_is_a_validation_error_and_writes_nothing() {
             json!({"messages": [ok, {"topic": "t", "partition": -1}]}),
             "messages[1].partition: ",
         ),
-        (json!({"messages": [ok], "priority": 1}), "priority: unknown field"),
+        (
+            json!({"messages": [ok], "priority": 1}),
+            "priority: unknown field",
+        ),
         (
             json!({"messages": [ok, {"topic": "t", "value": big}]}),
             "messages[1]: item size in bytes",
@@ -127,7 +133,10 @@ async fn a_rejected_request_is_a_validation_error_and_writes_nothing() {
             .await
             .expect_err("a rejected request");
         assert_eq!(e.error_type, "ValidationError", "{e}");
-        assert!(e.message.starts_with(field), "{e} does not start with {field:?}");
+        assert!(
+            e.message.starts_with(field),
+            "{e} does not start with {field:?}"
+        );
         let diagnostic = lambda_runtime::Diagnostic::from(e);
         assert_eq!(diagnostic.error_type, "ValidationError");
     }
@@ -136,4 +145,61 @@ async fn a_rejected_request_is_a_validation_error_and_writes_nothing() {
         before,
         "no item (not even a sequence counter) was written"
     );
+}
+
+#[tokio::test]
+async fn a_retried_call_with_the_same_idempotency_key_returns_the_first_result() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let function = EnqueueFunction::new(client.clone(), options.clone())
+        .unwrap()
+        .with_idempotency_retention(Duration::from_secs(2));
+    let request = json!({
+        "messages": [{"topic": "orders", "key": "k", "value": "v1"},
+                     {"topic": "orders", "key": "j", "value": "v2"}],
+        "idempotency_key": "order-42/create"
+    });
+    let first = function
+        .handle(event(request.clone(), Duration::from_secs(10)))
+        .await
+        .expect("first call");
+    assert_eq!(pending_messages(&client, &options).await, 2);
+    let marker_pk = format!("{}#IDEMPOTENCY#order-42/create", options.key_prefix);
+    let marker = scan_all(&client, &options.table_name)
+        .await
+        .into_iter()
+        .find(|i| i["PK"].as_s().is_ok_and(|pk| *pk == marker_pk))
+        .expect("the marker item");
+    assert_eq!(marker["SK"].as_s().unwrap(), "IDEMPOTENCY");
+
+    // A retry (even with another body) inside the window: same answer, nothing new.
+    let mut other = request.clone();
+    other["messages"][0]["value"] = json!("changed");
+    for retry in [request.clone(), other] {
+        let again = function
+            .handle(event(retry, Duration::from_secs(10)))
+            .await
+            .expect("retried call");
+        assert_eq!(again, first);
+        assert_eq!(pending_messages(&client, &options).await, 2);
+    }
+
+    // Another key is another call.
+    let mut fresh = request.clone();
+    fresh["idempotency_key"] = json!("order-43/create");
+    let third = function
+        .handle(event(fresh, Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_ne!(third, first);
+    assert_eq!(pending_messages(&client, &options).await, 4);
+
+    // After the retention window the key writes again.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let later = function
+        .handle(event(request, Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_ne!(later, first);
+    assert_eq!(pending_messages(&client, &options).await, 6);
 }

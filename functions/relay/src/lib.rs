@@ -395,8 +395,10 @@ mod tests {
         assert_eq!(long.chars().count(), MAX_RELAY_ID_LEN);
         assert!(long.starts_with(&"f".repeat(100)));
         assert_eq!(relay_id("a\nb", "c"), "ab-c");
-        let mut options = RelayOptions::default();
-        options.relay_id = long;
+        let options = RelayOptions {
+            relay_id: long,
+            ..RelayOptions::default()
+        };
         options.validate().unwrap();
     }
 

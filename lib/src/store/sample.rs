@@ -23,6 +23,9 @@ pub struct BucketBacklog {
     /// `BucketCount` stamped on the head message (`None` when there is no head or it is
     /// not stamped).
     pub head_bucket_count: Option<u32>,
+    /// Whether the head item cannot be read as a message (a poison item that blocks the
+    /// bucket until it is quarantined).
+    pub head_unreadable: bool,
 }
 
 impl DynamoDbOutboxStore {
@@ -71,6 +74,7 @@ impl DynamoDbOutboxStore {
             oldest_created_at: head.and_then(|i| schema::get_n(i, attr::CREATED_AT)),
             head_sequence: head.and_then(|i| schema::parse_message_sk(self.keys.key_of(i).1)),
             head_bucket_count: head.and_then(|i| schema::get_n(i, attr::BUCKET_COUNT)),
+            head_unreadable: head.is_some_and(|i| schema::parse_message(&self.keys, i).is_err()),
         })
     }
 }

@@ -1,0 +1,234 @@
+//! The `outboxctl` binary: help texts, exit codes, and `enqueue`, `status --json` and
+//! `drain` against DynamoDB Local (the tests that need the stack fail outside it).
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use dynamo_outbox::DynamoDbOutboxStore;
+use outbox_integration_tests::*;
+
+fn outboxctl(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outboxctl"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run outboxctl");
+    let mut input = child.stdin.take().unwrap();
+    if let Some(text) = stdin {
+        input.write_all(text.as_bytes()).unwrap();
+    }
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exited")
+}
+
+#[test]
+fn help_explains_every_command_and_usage_errors_exit_2() {
+    let help = outboxctl(&["--help"], None);
+    assert_eq!(code(&help), 0);
+    let help = text(&help.stdout);
+    for cmd in [
+        "create-table",
+        "enqueue",
+        "relay",
+        "status",
+        "drain",
+        "demo",
+    ] {
+        assert!(help.contains(cmd), "--help lists {cmd}: {help}");
+    }
+    assert!(help.contains("Exit codes"), "{help}");
+    let status = text(&outboxctl(&["status", "--help"], None).stdout);
+    assert!(
+        status.contains("strongly consistent") && status.contains("--json"),
+        "{status}"
+    );
+    let drain = text(&outboxctl(&["drain", "--help"], None).stdout);
+    assert!(
+        drain.contains("--timeout") && drain.contains("progress bar"),
+        "{drain}"
+    );
+    let enqueue = text(&outboxctl(&["enqueue", "--help"], None).stdout);
+    assert!(
+        enqueue.contains("value_base64") && enqueue.contains("exits 2"),
+        "{enqueue}"
+    );
+
+    assert_eq!(code(&outboxctl(&["no-such-command"], None)), 2);
+    assert_eq!(code(&outboxctl(&["status", "--no-such-flag"], None)), 2);
+    let bad = outboxctl(&["drain", "--table", "t-123", "--timeout", "soon"], None);
+    assert_eq!(code(&bad), 2, "{}", text(&bad.stderr));
+}
+
+#[tokio::test]
+async fn enqueue_status_and_drain_against_the_stack() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let table = options.table_name.as_str();
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let base = ["--table", table, "--bucket-count", "4"];
+    let with = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        v.extend(base.iter().map(|s| s.to_string()));
+        v
+    };
+    let run = |args: Vec<String>, stdin: Option<&str>| {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        outboxctl(&refs, stdin)
+    };
+
+    // An empty table drains at once.
+    let out = run(with(&["drain", "--timeout", "10s"]), None);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("drained"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // A rejected request writes nothing, prints the function's error text, exits 2.
+    let out = run(
+        with(&["enqueue", "-"]),
+        Some(r#"{"messages": [{"topic": "orders"}, {"topic": ""}]}"#),
+    );
+    assert_eq!(code(&out), 2, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("ValidationError: messages[1].topic: must not be empty"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(with(&["enqueue"]), Some("{not json"));
+    assert_eq!(code(&out), 2);
+    assert!(text(&out.stderr).contains("request: is not valid JSON"));
+    assert_eq!(pending_messages(&client, &options).await, 0);
+
+    // A good request from a file: the function's JSON response.
+    let file = std::env::temp_dir().join(format!("{}.json", random_name("enqueue")));
+    std::fs::write(
+        &file,
+        r#"{"messages": [
+            {"topic": "orders", "key": "customer-42", "value": "{}",
+             "headers": [{"key": "type", "value": "created"}]},
+            {"topic": "orders", "partition": 3, "value_base64": "AAE="}
+        ]}"#,
+    )
+    .unwrap();
+    let out = run(with(&["enqueue", file.to_str().unwrap()]), None);
+    std::fs::remove_file(&file).ok();
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let response: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let messages = response["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2);
+    // customer-42 hashes to bucket 1 of 4 (docs/item-schema.md), partition 3 to bucket 3.
+    assert_eq!(messages[0]["bucket"], 1);
+    assert_eq!(messages[1]["bucket"], 3);
+    assert_eq!(messages[0]["sequence"], 1);
+    assert_eq!(pending_messages(&client, &options).await, 2);
+
+    // An idempotency key: the second call writes nothing and answers the first response.
+    let request = r#"{"messages": [{"topic": "orders", "key": "customer-42", "value": "again"}],
+                      "idempotency_key": "order-1001"}"#;
+    let first = run(with(&["enqueue"]), Some(request));
+    assert_eq!(code(&first), 0, "{}", text(&first.stderr));
+    let second = run(with(&["enqueue", "-"]), Some(request));
+    assert_eq!(code(&second), 0, "{}", text(&second.stderr));
+    assert_eq!(text(&first.stdout), text(&second.stdout));
+    let first: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    assert_eq!(first["messages"][0]["bucket"], 1);
+    assert_eq!(first["messages"][0]["sequence"], 2);
+    assert_eq!(pending_messages(&client, &options).await, 3);
+    // Take it away again, so that the figures below stay simple.
+    client
+        .delete_item()
+        .table_name(table)
+        .set_key(Some(store.keys().key(
+            store.keys().message_pk(1),
+            dynamo_outbox::schema::message_sk(2),
+        )))
+        .send()
+        .await
+        .unwrap();
+
+    // status --json: every figure from the table.
+    let out = run(with(&["status", "--json"]), None);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["table"], table);
+    assert_eq!(report["buckets"][1]["pending"], 1);
+    assert_eq!(report["buckets"][3]["pending"], 1);
+    assert_eq!(report["buckets"][0]["pending"], 0);
+    let unowned: Vec<u64> = report["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["kind"] == "pending_without_owner")
+        .map(|w| w["bucket"].as_u64().unwrap())
+        .collect();
+    assert_eq!(unowned, [1, 3]);
+
+    // The human form.
+    let out = run(with(&["status"]), None);
+    assert_eq!(code(&out), 0);
+    let human = text(&out.stdout);
+    assert!(human.contains("never claimed"), "{human}");
+    assert!(human.contains("no live owner"), "{human}");
+    assert!(human.contains("no relay heartbeats"), "{human}");
+
+    // No relay runs: drain gives up after its timeout with exit 1 (plain lines, as stdout
+    // is a pipe here).
+    let out = run(
+        with(&["drain", "--timeout", "2s", "--interval", "500ms"]),
+        None,
+    );
+    assert_eq!(code(&out), 1, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("drain: 2 messages left"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(text(&out.stderr).contains("2 messages still pending"));
+
+    // Drain while the messages go away: exit 0.
+    let keys = store.keys().clone();
+    let deleter = {
+        let client = client.clone();
+        let table = table.to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+            for (bucket, seq) in [(1, 1), (3, 1)] {
+                client
+                    .delete_item()
+                    .table_name(&table)
+                    .set_key(Some(keys.key(
+                        keys.message_pk(bucket),
+                        dynamo_outbox::schema::message_sk(seq),
+                    )))
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    let args = with(&["drain", "--timeout", "20s", "--interval", "200ms"]);
+    let out = tokio::task::spawn_blocking(move || run_owned(args))
+        .await
+        .unwrap();
+    deleter.await.unwrap();
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("drained: every bucket is empty (2 messages"));
+}
+
+fn run_owned(args: Vec<String>) -> Output {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    outboxctl(&refs, None)
+}

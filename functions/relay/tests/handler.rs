@@ -1,0 +1,266 @@
+//! The relay handler, called directly with a `LambdaEvent` whose context carries a real
+//! deadline, against DynamoDB Local and the local broker (run through scripts/stack.sh;
+//! never skipped).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions};
+use lambda_runtime::{Config, Context, LambdaEvent};
+use outbox_integration_tests::*;
+use outbox_relay_function::{DeadlineSource, RelayFunction, RelaySettings, RelaySummary};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+fn event(request_id: &str, deadline_ms: u64) -> LambdaEvent<Value> {
+    let mut context = Context::default();
+    context.request_id = request_id.into();
+    context.deadline = deadline_ms;
+    context.env_config = Arc::new(Config {
+        function_name: "outbox-relay-test".into(),
+        ..Config::default()
+    });
+    LambdaEvent::new(json!({"source": "aws.scheduler"}), context)
+}
+
+fn in_ms(time_left: Duration) -> u64 {
+    (SystemTime::now() + time_left)
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn settings(options: &OutboxOptions, extra: &[(&str, &str)]) -> RelaySettings {
+    let mut vars: HashMap<String, String> = HashMap::from([
+        ("OUTBOX_TABLE_NAME".into(), options.table_name.clone()),
+        (
+            "OUTBOX_BUCKET_COUNT".into(),
+            options.bucket_count.to_string(),
+        ),
+        (
+            "KAFKA_BOOTSTRAP_SERVERS".into(),
+            stack_var("KAFKA_BOOTSTRAP_SERVERS"),
+        ),
+        ("OUTBOX_POLL_INTERVAL".into(), "100ms".into()),
+    ]);
+    for (k, v) in extra {
+        vars.insert((*k).into(), (*v).into());
+    }
+    RelaySettings::from_lookup(|name| vars.get(name).cloned()).unwrap()
+}
+
+async fn enqueue(writer: &DynamoDbOutboxWriter, topic: &str, from: u64, count: u64) {
+    let batch: Vec<_> = (from..from + count)
+        .map(|n| {
+            writer
+                .message(topic)
+                .with_key(format!("key-{}", n % 5))
+                .with_value(format!("value-{n}"))
+        })
+        .collect();
+    writer.enqueue(&batch).await.unwrap();
+}
+
+fn distinct_values(topic: &str) -> HashSet<String> {
+    read_topic(topic)
+        .iter()
+        .map(|r| String::from_utf8(r.value_bytes().unwrap()).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn publishes_and_stops_before_the_invocation_deadline() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let topic = random_name("relay-fn");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    enqueue(&writer, &topic, 0, 20).await;
+
+    let function = RelayFunction::new(client.clone(), settings(&options, &[])).unwrap();
+    let started = Instant::now();
+    let summary = function
+        .handle(event("req-1", in_ms(Duration::from_secs(8))))
+        .await
+        .expect("relay invocation");
+    let took = started.elapsed();
+    assert_eq!(summary.relay_id, "outbox-relay-test-req-1");
+    assert_eq!(summary.published, 20, "{summary:?}");
+    assert_eq!(summary.stop_reason, "deadline", "{summary:?}");
+    assert!(summary.released, "{summary:?}");
+    assert_eq!(summary.refused_writes, 0, "{summary:?}");
+    assert_eq!(summary.buckets_owned, 4, "{summary:?}");
+    assert_eq!(summary.deadline_source, DeadlineSource::Invocation);
+    // 8 s deadline minus the 3 s margin: the relay works until 2 s (its stop reserve)
+    // before that, stops at once, and returns after about 3 s, leaving about 5 s.
+    assert!(took < Duration::from_millis(5_000), "took {took:?}");
+    assert!(took >= Duration::from_millis(2_500), "took {took:?}");
+    assert!(
+        (3_000..=5_500).contains(&summary.time_left_ms),
+        "{summary:?}"
+    );
+    assert_eq!(pending_messages(&client, &options).await, 0);
+    assert_eq!(
+        lease_owners(&client, &options).await,
+        vec![None; 4],
+        "every lease released"
+    );
+    let values = distinct_values(&topic);
+    assert_eq!(values.len(), 20);
+
+    // The summary is the JSON the function returns.
+    let v = serde_json::to_value(&summary).unwrap();
+    for field in [
+        "published",
+        "buckets_owned",
+        "refused_writes",
+        "stop_reason",
+        "time_left_ms",
+    ] {
+        assert!(v.get(field).is_some(), "{field} missing from {v}");
+    }
+
+    // A warm invocation reuses the clients and publishes what arrived since.
+    enqueue(&writer, &topic, 20, 5).await;
+    let summary = function
+        .handle(event("req-2", in_ms(Duration::from_secs(7))))
+        .await
+        .expect("warm invocation");
+    assert_eq!(summary.published, 5, "{summary:?}");
+    assert_eq!(distinct_values(&topic).len(), 25);
+}
+
+#[tokio::test]
+async fn a_missing_or_past_deadline_falls_back_to_the_configured_run_time() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 2).await;
+    let topic = random_name("relay-fn");
+    create_topic(&topic, 1);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    enqueue(&writer, &topic, 0, 3).await;
+    let function = RelayFunction::new(
+        client.clone(),
+        settings(&options, &[("OUTBOX_MAX_RUN_TIME", "4s")]),
+    )
+    .unwrap();
+    for (request, deadline_ms) in [("zero", 0), ("past", in_ms(Duration::ZERO) - 60_000)] {
+        let started = Instant::now();
+        let summary = function
+            .handle(event(request, deadline_ms))
+            .await
+            .expect("relay invocation");
+        let took = started.elapsed();
+        assert_eq!(summary.deadline_source, DeadlineSource::Fallback);
+        assert_eq!(summary.stop_reason, "deadline", "{summary:?}");
+        assert!(summary.released, "{summary:?}");
+        // 4 s of run time, the last 2 s of it kept for the stop.
+        assert!(
+            took >= Duration::from_millis(1_500) && took < Duration::from_millis(4_000),
+            "{request}: took {took:?}"
+        );
+    }
+    assert_eq!(distinct_values(&topic).len(), 3);
+}
+
+/// Two scheduled invocations that overlap, as consecutive schedule ticks do: the newcomer
+/// joins while the leaver still owns every bucket, the leaver stops and releases. Reports
+/// the longest time any bucket had no live owner while messages kept arriving.
+#[tokio::test]
+async fn overlapping_invocations_hand_buckets_over() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let topic = random_name("relay-fn");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    // Two execution environments.
+    let first = RelayFunction::new(client.clone(), settings(&options, &[])).unwrap();
+    let second = RelayFunction::new(client.clone(), settings(&options, &[])).unwrap();
+
+    // Timeline (s): the first invocation works until 12 - 3 (margin) - 2 (stop reserve)
+    // = 7; the second starts at 5 and works until 5 + 7 = 12. Messages arrive until 9;
+    // buckets are watched until 11.5.
+    let begin = Instant::now();
+    let watch_until = begin + Duration::from_millis(11_500);
+    let watcher = {
+        let client = client.clone();
+        let options = options.clone();
+        tokio::spawn(async move {
+            let buckets = options.bucket_count as usize;
+            let mut unowned_since: Vec<Option<Instant>> = vec![None; buckets];
+            let mut longest = Duration::ZERO;
+            let mut all_owned_once = false;
+            let mut timeline = Vec::new();
+            let mut last = None;
+            while Instant::now() < watch_until {
+                let owners = lease_owners(&client, &options).await;
+                let now = Instant::now();
+                if last.as_ref() != Some(&owners) {
+                    timeline.push(format!("{:>6}ms {owners:?}", (now - begin).as_millis()));
+                    last = Some(owners.clone());
+                }
+                all_owned_once |= owners.iter().all(Option::is_some);
+                if all_owned_once {
+                    for (b, o) in owners.iter().enumerate() {
+                        match (o, unowned_since[b]) {
+                            (None, None) => unowned_since[b] = Some(now),
+                            (Some(_), Some(since)) => {
+                                longest = longest.max(now - since);
+                                unowned_since[b] = None;
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let end = Instant::now();
+            for since in unowned_since.into_iter().flatten() {
+                longest = longest.max(end - since);
+            }
+            (longest, timeline)
+        })
+    };
+    let producer = {
+        let writer = writer.clone();
+        let topic = topic.clone();
+        tokio::spawn(async move {
+            let mut n = 0;
+            while begin.elapsed() < Duration::from_secs(9) {
+                enqueue(&writer, &topic, n, 4).await;
+                n += 4;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            n
+        })
+    };
+    let a = first.handle(event("tick-1", in_ms(Duration::from_secs(12))));
+    let b = async {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        second
+            .handle(event("tick-2", in_ms(Duration::from_secs(12))))
+            .await
+    };
+    let (a, b): (RelaySummary, RelaySummary) = {
+        let (a, b) = tokio::join!(a, b);
+        (a.expect("first invocation"), b.expect("second invocation"))
+    };
+    let enqueued = producer.await.unwrap();
+    let (longest_unowned, timeline) = watcher.await.unwrap();
+    println!(
+        "first:  {a:?}\nsecond: {b:?}\nlease owners:\n{}\nlongest unowned gap: {longest_unowned:?}",
+        timeline.join("\n")
+    );
+    assert!(a.released && b.released, "{a:?} {b:?}");
+    assert_eq!(
+        a.refused_writes + b.refused_writes,
+        0,
+        "no refused conditional write at the boundary: {a:?} {b:?}"
+    );
+    assert_eq!(distinct_values(&topic).len() as u64, enqueued);
+    assert_eq!(pending_messages(&client, &options).await, 0);
+    assert!(
+        longest_unowned < Duration::from_millis(2_500),
+        "a bucket was unowned for {longest_unowned:?}"
+    );
+}
