@@ -204,11 +204,14 @@ install_tansu() {
         cargo install tansu --locked --version "$TANSU_VERSION" \
         --features "$TANSU_FEATURES" --root "$root" >"$log" 2>&1 &
     pid=$!
-    # Keep CI's log alive with a heartbeat while cargo works.
+    # Keep CI's log alive with a heartbeat (every minute) while cargo works.
+    local next_beat=$((SECONDS + 60))
     while kill -0 "$pid" 2>/dev/null; do
-        sleep 60
-        kill -0 "$pid" 2>/dev/null &&
+        sleep 5
+        if ((SECONDS >= next_beat)) && kill -0 "$pid" 2>/dev/null; then
             say "... still building tansu ($((SECONDS - start))s): $(grep -c Compiling "$log" || true) crates compiled"
+            next_beat=$((SECONDS + 60))
+        fi
     done
     if ! wait "$pid"; then
         tail -n 40 "$log" >&2

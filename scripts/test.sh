@@ -44,8 +44,10 @@ if [[ ${1:-} == --inside-stack ]]; then
     SAM_CLI_TELEMETRY=0 sam validate --lint --template template.yaml
 
     # Last, so that its summary lines ("test result: ...") close the output.
-    step "cargo test --workspace"
-    cargo test --workspace "$@"
+    # --no-fail-fast: every test binary runs and prints its summary even when
+    # an earlier one failed (the exit status is still non-zero then).
+    step "cargo test --workspace --no-fail-fast"
+    cargo test --workspace --no-fail-fast "$@"
     exit 0
 fi
 

@@ -1053,3 +1053,59 @@ async fn a_poison_item_stops_only_its_bucket_until_it_is_quarantined() {
         "{err}"
     );
 }
+
+/// Stalls the whole (current-thread) runtime once, like a SIGSTOP in the middle of a batch.
+#[derive(Debug)]
+struct StallOnce {
+    inner: Arc<KafkaPublisher>,
+    stalled: AtomicBool,
+}
+
+impl Publisher for StallOnce {
+    async fn publish(&self, batch: &[StoredMessage]) -> PublishOutcome {
+        let outcome = self.inner.publish(batch).await;
+        if !self.stalled.swap(true, Ordering::SeqCst) {
+            // After the broker's ack, before the relay hears of it.
+            std::thread::sleep(Duration::from_millis(2500));
+        }
+        outcome
+    }
+}
+
+#[tokio::test]
+async fn one_stalled_batch_does_not_stop_later_batches() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 1).await;
+    let topic = random_name("stall");
+    create_topic(&topic, 1);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    writer
+        .enqueue(&[keyed(&writer, &topic, "k", 1)])
+        .await
+        .unwrap();
+    let publisher = Arc::new(StallOnce {
+        inner: kafka_publisher().await,
+        stalled: AtomicBool::new(false),
+    });
+    let running = spawn(relay_with(&client, &options, publisher, fast_relay_options("r", 1)).await);
+    wait_until(
+        "the first message is out",
+        Duration::from_secs(15),
+        || async { read_topic(&topic).len() == 1 },
+    )
+    .await;
+    // The batch took longer than the renew interval; later batches still run.
+    for n in 2..=4 {
+        writer
+            .enqueue(&[keyed(&writer, &topic, "k", n)])
+            .await
+            .unwrap();
+    }
+    wait_until(
+        "later messages are out",
+        Duration::from_secs(10),
+        || async { read_topic(&topic).len() == 4 },
+    )
+    .await;
+    running.stop().await;
+}

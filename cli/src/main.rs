@@ -236,8 +236,7 @@ pub(crate) fn relay_options(options: &OutboxOptions) -> Result<RelayOptions, Fai
 }
 
 pub(crate) async fn dynamodb() -> aws_sdk_dynamodb::Client {
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    aws_sdk_dynamodb::Client::new(&config)
+    dynamo_outbox::client::dynamodb_client_from_env().await
 }
 
 pub(crate) async fn kafka(deadline: Instant) -> Result<Arc<KafkaPublisher>, Failure> {
@@ -275,7 +274,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             if emf_interval.is_zero() {
                 return Err(usage("--emf-interval must be greater than zero"));
             }
-            let store = DynamoDbOutboxStore::new(dynamodb().await, options.clone())?;
+            // The client with attempt and operation timeouts (lib/src/client.rs): a
+            // half-open connection must not hold a renewal past the lease.
+            let client = dynamo_outbox::client::dynamodb_client_from_env().await;
+            let store = DynamoDbOutboxStore::new(client, options.clone())?;
             let store = match test_clock_offset()? {
                 Some(ticks) => {
                     tracing::warn!(

@@ -552,7 +552,7 @@ impl<P: Publisher> Relay<P> {
             state.last_heartbeat = Some(Instant::now());
         }
         let coordination = self.store.read_coordination().await?;
-        let owned_before: BTreeSet<u32> = state.owned.keys().copied().collect();
+        let mut owned_before: BTreeSet<u32> = state.owned.keys().copied().collect();
         let now = self.store.clock().now_ticks();
         let active = coordination.active_relays(now, d_ticks);
         let leases = coordination.lease_views(now);
@@ -653,7 +653,10 @@ impl<P: Publisher> Relay<P> {
         // 2. hand back what exceeds the share
         // (Stop publishing it before the request: a release that times out may still land.)
         for b in &plan.release {
-            state.owned.remove(b);
+            if state.owned.remove(b).is_some() && owned_before.remove(b) {
+                info!(bucket = b, ownership = "disowns", "bucket ownership");
+                self.metrics.ownership(*b, false);
+            }
         }
         let released: Vec<Result<bool>> = stream::iter(
             plan.release
@@ -834,7 +837,12 @@ impl<P: Publisher> Relay<P> {
     async fn work(&self, state: &mut RunState, work_until: Option<Instant>) -> Result<()> {
         let now = Instant::now();
         let now_ticks = self.store.clock().now_ticks();
-        let estimate = state.batch_estimate.unwrap_or(Duration::from_millis(200));
+        // Capped: a stall or one slow batch must not make every later batch look too long
+        // to start (a skipped batch never updates the estimate).
+        let estimate = state
+            .batch_estimate
+            .unwrap_or(Duration::from_millis(200))
+            .min(self.options.lease_renew_interval / 4);
         if work_until.is_some_and(|w| now + estimate >= w) {
             return Ok(());
         }
@@ -893,6 +901,7 @@ impl<P: Publisher> Relay<P> {
                     state.report_published += deleted as u64;
                     self.metrics.published(bucket, deleted as u64);
                     self.metrics.batch_duration(bucket, took);
+                    let took = took.min(self.options.lease_renew_interval / 4);
                     state.batch_estimate = Some(match state.batch_estimate {
                         Some(e) => (e * 3 + took) / 4,
                         None => took,

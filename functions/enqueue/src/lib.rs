@@ -264,3 +264,23 @@ fn response_of(reserved: &[Reserved]) -> EnqueueResponse {
 fn uuid_token() -> String {
     uuid::Uuid::new_v4().to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_defaults_to_a_day_and_names_bad_values() {
+        assert_eq!(
+            EnqueueFunction::retention_from_lookup(|_| None).unwrap(),
+            DEFAULT_IDEMPOTENCY_RETENTION
+        );
+        assert_eq!(
+            EnqueueFunction::retention_from_lookup(|_| Some("15m".into())).unwrap(),
+            Duration::from_secs(900)
+        );
+        let e = EnqueueFunction::retention_from_lookup(|_| Some("a while".into())).unwrap_err();
+        assert!(e.to_string().starts_with(env::IDEMPOTENCY_RETENTION), "{e}");
+        assert_eq!(FunctionError::from(e).error_type, "Misconfiguration");
+    }
+}

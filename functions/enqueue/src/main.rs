@@ -15,7 +15,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let retention = EnqueueFunction::retention_from_lookup(|name| std::env::var(name).ok())?;
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let function = Arc::new(
-        EnqueueFunction::new(aws_sdk_dynamodb::Client::new(&config), options)?
+        EnqueueFunction::new(dynamo_outbox::client::dynamodb_client(&config), options)?
             .with_idempotency_retention(retention),
     );
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {

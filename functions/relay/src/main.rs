@@ -13,7 +13,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let settings = RelaySettings::from_env()?;
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let function = Arc::new(RelayFunction::new(
-        aws_sdk_dynamodb::Client::new(&config),
+        dynamo_outbox::client::dynamodb_client(&config),
         settings,
     )?);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {

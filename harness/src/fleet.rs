@@ -1,0 +1,439 @@
+//! Relay processes (`outboxctl relay`), the faults injected into them, and their logs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::check::{OwnershipEvent, RelayHistory};
+
+/// Microseconds since the Unix epoch, now.
+pub fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Lease timings every relay of the harness runs with.
+pub const LEASE_DURATION: &str = "3s";
+/// See [`LEASE_DURATION`].
+pub const LEASE_RENEW_INTERVAL: &str = "1s";
+/// Graceful stop allowed after SIGTERM.
+pub const GRACE: Duration = Duration::from_secs(5);
+
+/// One `outboxctl relay` process.
+#[derive(Debug)]
+pub struct RelayProc {
+    /// Relay id (`OUTBOX_RELAY_ID`).
+    pub id: String,
+    /// `OUTBOX_TEST_CLOCK_OFFSET`, if any.
+    pub clock_offset: Option<String>,
+    child: Child,
+    /// When it was started.
+    pub started_at_us: i64,
+    /// When it was seen dead (or was killed).
+    pub ended_at_us: Option<i64>,
+    /// Killed with SIGKILL by the harness.
+    pub killed: bool,
+    /// Currently SIGSTOPped.
+    pub stopped: bool,
+    /// Did not stop within the grace period after SIGTERM (then killed).
+    pub unclean_stop: bool,
+    /// Exit status when it exited.
+    pub exit_code: Option<i32>,
+    log: PathBuf,
+    out: PathBuf,
+}
+
+/// The relays of one scenario.
+#[derive(Debug)]
+pub struct Fleet {
+    outboxctl: PathBuf,
+    dir: PathBuf,
+    table: String,
+    bucket_count: u32,
+    prefix: String,
+    next: usize,
+    /// `AWS_ENDPOINT_URL_DYNAMODB` for the relays (default: the harness's own).
+    pub dynamodb_endpoint: Option<String>,
+    /// `KAFKA_BOOTSTRAP_SERVERS` for the relays (default: the harness's own).
+    pub kafka_bootstrap: Option<String>,
+    /// Every relay started, alive or not.
+    pub relays: Vec<RelayProc>,
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+impl Fleet {
+    /// A fleet writing its logs under `dir`.
+    pub fn new(outboxctl: &Path, dir: &Path, table: &str, bucket_count: u32, prefix: &str) -> Self {
+        Fleet {
+            outboxctl: outboxctl.to_path_buf(),
+            dir: dir.to_path_buf(),
+            table: table.into(),
+            bucket_count,
+            prefix: prefix.into(),
+            next: 0,
+            dynamodb_endpoint: None,
+            kafka_bootstrap: None,
+            relays: Vec::new(),
+        }
+    }
+
+    /// Starts one relay; its stderr (the log) and stdout (the exit summary) go to files.
+    pub fn start(&mut self, clock_offset: Option<&str>) -> std::io::Result<usize> {
+        self.next += 1;
+        let id = format!("{}-r{:02}", self.prefix, self.next);
+        let log = self.dir.join(format!("{id}.log"));
+        let out = self.dir.join(format!("{id}.out"));
+        let mut cmd = Command::new(&self.outboxctl);
+        cmd.arg("relay")
+            .arg("--grace")
+            .arg(format!("{}s", GRACE.as_secs()))
+            .env("OUTBOX_TABLE_NAME", &self.table)
+            .env("OUTBOX_BUCKET_COUNT", self.bucket_count.to_string())
+            .env("OUTBOX_RELAY_ID", &id)
+            .env("OUTBOX_LEASE_DURATION", LEASE_DURATION)
+            .env("OUTBOX_LEASE_RENEW_INTERVAL", LEASE_RENEW_INTERVAL)
+            .env("OUTBOX_POLL_INTERVAL", "100ms")
+            .env("OUTBOX_ERROR_BACKOFF", "200ms")
+            .env("RUST_LOG", "info,aws=warn,rskafka=warn")
+            .env("NO_COLOR", "1")
+            .env_remove("OUTBOX_TEST_CLOCK_OFFSET")
+            .stdin(Stdio::null())
+            .stdout(File::create(&out)?)
+            .stderr(File::create(&log)?);
+        if let Some(b) = &self.kafka_bootstrap {
+            cmd.env("KAFKA_BOOTSTRAP_SERVERS", b);
+        }
+        if let Some(e) = &self.dynamodb_endpoint {
+            cmd.env("AWS_ENDPOINT_URL_DYNAMODB", e);
+        }
+        if let Some(o) = clock_offset {
+            cmd.env("OUTBOX_TEST_CLOCK_OFFSET", o);
+        }
+        let started_at_us = now_us();
+        let child = cmd.spawn()?;
+        self.relays.push(RelayProc {
+            id,
+            clock_offset: clock_offset.map(str::to_string),
+            child,
+            started_at_us,
+            ended_at_us: None,
+            killed: false,
+            stopped: false,
+            unclean_stop: false,
+            exit_code: None,
+            log,
+            out,
+        });
+        Ok(self.relays.len() - 1)
+    }
+
+    /// Notes relays that exited on their own.
+    pub fn reap(&mut self) {
+        for r in &mut self.relays {
+            if r.ended_at_us.is_none() {
+                if let Ok(Some(status)) = r.child.try_wait() {
+                    r.ended_at_us = Some(now_us());
+                    r.exit_code = status.code();
+                }
+            }
+        }
+    }
+
+    /// Indices of relays still running (stopped ones included).
+    pub fn alive(&mut self) -> Vec<usize> {
+        self.reap();
+        (0..self.relays.len())
+            .filter(|&i| self.relays[i].ended_at_us.is_none())
+            .collect()
+    }
+
+    /// `kill -9`.
+    pub fn kill9(&mut self, i: usize) {
+        let r = &mut self.relays[i];
+        if r.ended_at_us.is_some() {
+            return;
+        }
+        let _ = r.child.kill();
+        r.ended_at_us = Some(now_us());
+        r.killed = true;
+        let _ = r.child.wait();
+    }
+
+    /// SIGSTOP.
+    pub fn pause(&mut self, i: usize) {
+        let r = &mut self.relays[i];
+        if r.ended_at_us.is_none() && !r.stopped {
+            signal(r.child.id(), "STOP");
+            r.stopped = true;
+        }
+    }
+
+    /// SIGCONT.
+    pub fn resume(&mut self, i: usize) {
+        let r = &mut self.relays[i];
+        if r.stopped {
+            signal(r.child.id(), "CONT");
+            r.stopped = false;
+        }
+    }
+
+    /// SIGTERM to each relay in `which`, then waits for them (killing any that overstays
+    /// the grace period by more than 5 s, which counts as an unclean stop).
+    pub async fn terminate(&mut self, which: &[usize]) {
+        for &i in which {
+            self.resume(i);
+            let r = &self.relays[i];
+            if r.ended_at_us.is_none() {
+                signal(r.child.id(), "TERM");
+            }
+        }
+        let deadline = tokio::time::Instant::now() + GRACE + Duration::from_secs(5);
+        loop {
+            self.reap();
+            if which.iter().all(|&i| self.relays[i].ended_at_us.is_some()) {
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                for &i in which {
+                    if self.relays[i].ended_at_us.is_none() {
+                        self.relays[i].unclean_stop = true;
+                        self.kill9(i);
+                        self.relays[i].killed = false;
+                    }
+                }
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills whatever still runs (a scenario that failed half-way).
+    pub fn kill_all(&mut self) {
+        for i in 0..self.relays.len() {
+            if self.relays[i].ended_at_us.is_none() {
+                self.resume(i);
+                self.kill9(i);
+            }
+        }
+    }
+
+    /// The buckets each relay believes it owns now, from the logs so far.
+    pub fn current_owners(&self) -> BTreeMap<u32, BTreeSet<String>> {
+        let mut owners: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
+        for r in &self.relays {
+            if r.ended_at_us.is_some() {
+                continue;
+            }
+            let mut owned = BTreeSet::new();
+            for e in parse_log(&read(&r.log)).events {
+                if e.owns {
+                    owned.insert(e.bucket);
+                } else {
+                    owned.remove(&e.bucket);
+                }
+            }
+            for b in owned {
+                owners.entry(b).or_default().insert(r.id.clone());
+            }
+        }
+        owners
+    }
+
+    /// Waits until every bucket has an owner and no relay logged an ownership change for
+    /// `quiet` (the fleet settled), at most `timeout`; `true` when it did.
+    pub async fn wait_settled(&mut self, quiet: Duration, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while tokio::time::Instant::now() < deadline {
+            let last_change = self
+                .relays
+                .iter()
+                .filter_map(|r| parse_log(&read(&r.log)).events.last().map(|e| e.at_us))
+                .max()
+                .unwrap_or(0);
+            if self.current_owners().len() as u32 >= self.bucket_count
+                && now_us() - last_change >= quiet.as_micros() as i64
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
+    /// Each relay's history, from its log and exit summary.
+    pub fn histories(&self) -> Vec<RelayHistory> {
+        self.relays
+            .iter()
+            .map(|r| {
+                let parsed = parse_log(&read(&r.log));
+                RelayHistory {
+                    relay_id: r.id.clone(),
+                    events: parsed.events,
+                    ended_at_us: r.ended_at_us,
+                    refused: parsed.refused,
+                    refused_at_us: parsed.refused_at_us,
+                    released: parsed.released,
+                }
+            })
+            .collect()
+    }
+
+    /// Refused writes from the exit summaries (`refused writes N`) of relays that printed one.
+    pub fn summary_refused(&self) -> u64 {
+        self.relays
+            .iter()
+            .filter_map(|r| {
+                let text = read(&r.out);
+                let at = text.rfind("refused writes ")?;
+                text[at + 15..]
+                    .split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+
+    /// Lines of the relays' logs at ERROR level, or panics (for the report).
+    pub fn errors(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for r in &self.relays {
+            for line in read(&r.log).lines() {
+                let l = strip_ansi(line);
+                if l.contains(" ERROR ") || l.contains("panicked at") {
+                    out.push(format!("{}: {l}", r.id));
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ ... final byte in @..~
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// What a relay log says.
+#[derive(Debug, Default, PartialEq)]
+pub struct ParsedLog {
+    /// `bucket ownership` events.
+    pub events: Vec<OwnershipEvent>,
+    /// `conditional write refused` events by kind.
+    pub refused: BTreeMap<String, u64>,
+    /// When each refusal was logged.
+    pub refused_at_us: Vec<i64>,
+    /// `handed a bucket back` events: (when, bucket).
+    pub released: Vec<(i64, u32)>,
+}
+
+fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let pat = format!(" {name}=");
+    let at = line.find(&pat)? + pat.len();
+    let rest = &line[at..];
+    if let Some(quoted) = rest.strip_prefix('"') {
+        quoted.split('"').next()
+    } else {
+        rest.split([' ', ',', '}']).next()
+    }
+}
+
+/// Parses the text log of `outboxctl relay` (tracing's default format: an RFC 3339
+/// timestamp, the level, spans, the message, then `name=value` fields).
+pub fn parse_log(text: &str) -> ParsedLog {
+    let mut out = ParsedLog::default();
+    for raw in text.lines() {
+        let line = strip_ansi(raw);
+        let at = line
+            .split_whitespace()
+            .next()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.timestamp_micros());
+        if line.contains("bucket ownership") {
+            let bucket = field(&line, "bucket").and_then(|b| b.parse().ok());
+            let owns = match field(&line, "ownership") {
+                Some("owns") => Some(true),
+                Some("disowns") => Some(false),
+                _ => None,
+            };
+            if let (Some(at_us), Some(bucket), Some(owns)) = (at, bucket, owns) {
+                out.events.push(OwnershipEvent {
+                    at_us,
+                    bucket,
+                    owns,
+                });
+            }
+        } else if line.contains("handed a bucket back") {
+            if let (Some(at_us), Some(bucket)) =
+                (at, field(&line, "bucket").and_then(|b| b.parse().ok()))
+            {
+                out.released.push((at_us, bucket));
+            }
+        } else if line.contains("conditional write refused") {
+            let kind = field(&line, "kind").unwrap_or("unknown");
+            *out.refused.entry(kind.to_string()).or_default() += 1;
+            out.refused_at_us.extend(at);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ownership_and_refusals() {
+        let text = "\
+2026-11-30T14:35:16.123456Z  INFO run{relay_id=r1}: dynamo_outbox::relay: bucket ownership bucket=3 ownership=\"owns\"
+\u{1b}[2m2026-11-30T14:35:17.000001Z\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m run{relay_id=r1}: dynamo_outbox::relay: bucket ownership \u{1b}[3mbucket\u{1b}[0m\u{1b}[2m=\u{1b}[0m3 \u{1b}[3mownership\u{1b}[0m\u{1b}[2m=\u{1b}[0m\"disowns\"
+2026-11-30T14:35:18.5Z  WARN run{relay_id=r1}: dynamo_outbox::store::leases: conditional write refused kind=\"renew\" relay_id=\"r1\" bucket=3 likely_cause=\"x\"
+2026-11-30T14:35:18.6Z  WARN dynamo_outbox::store::leases: conditional write refused kind=\"claim\" relay_id=\"r1\" bucket=2
+";
+        let p = parse_log(text);
+        assert_eq!(p.events.len(), 2, "{p:?}");
+        assert_eq!(p.events[0].bucket, 3);
+        assert!(p.events[0].owns);
+        assert!(!p.events[1].owns);
+        assert_eq!(p.events[1].at_us - p.events[0].at_us, 876_545);
+        assert_eq!(p.refused.get("renew"), Some(&1));
+        assert_eq!(p.refused.get("claim"), Some(&1));
+    }
+}

@@ -1,0 +1,258 @@
+//! A fault-injecting HTTP/1.1 proxy in front of DynamoDB Local (scenario 5): per request,
+//! a `ThrottlingException` (400), an `InternalServerError` (500), added latency, or a
+//! request forwarded and applied whose response is dropped (the connection is closed
+//! instead), the case that makes an applied conditional write look refused on retry.
+//! Loopback only.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Probabilities of each fault per request (the rest is forwarded untouched).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct FaultMix {
+    /// Answered `400 ThrottlingException` without forwarding.
+    pub throttle: f64,
+    /// Answered `500 InternalServerError` without forwarding.
+    pub server_error: f64,
+    /// Forwarded (and applied), the response dropped: the connection is closed.
+    pub drop_response: f64,
+    /// Forwarded after a delay of up to `max_latency`.
+    pub slow: f64,
+    /// Longest added latency.
+    pub max_latency: Duration,
+}
+
+/// What the proxy did.
+#[derive(Debug, Default, Serialize)]
+pub struct ProxyStats {
+    /// Requests forwarded (dropped responses included).
+    pub forwarded: AtomicU64,
+    /// Throttling errors returned.
+    pub throttled: AtomicU64,
+    /// 500 errors returned.
+    pub server_errors: AtomicU64,
+    /// Responses dropped after the request was applied.
+    pub dropped_responses: AtomicU64,
+    /// Requests delayed.
+    pub delayed: AtomicU64,
+}
+
+/// A running proxy.
+#[derive(Debug)]
+pub struct HttpFaultProxy {
+    addr: SocketAddr,
+    enabled: Arc<AtomicBool>,
+    /// Counters.
+    pub stats: Arc<ProxyStats>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HttpFaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+enum Action {
+    Forward,
+    Throttle,
+    ServerError,
+    Drop,
+    Slow(Duration),
+}
+
+impl HttpFaultProxy {
+    /// Listens on a free loopback port and forwards to `upstream` (a loopback address).
+    pub async fn start(upstream: SocketAddr, mix: FaultMix, seed: u64) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let enabled = Arc::new(AtomicBool::new(true));
+        let stats = Arc::new(ProxyStats::default());
+        let rng = Arc::new(Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)));
+        let (en, st) = (enabled.clone(), stats.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (en, st, rng) = (en.clone(), st.clone(), rng.clone());
+                tokio::spawn(async move {
+                    let _ = serve(client, upstream, mix, en, st, rng).await;
+                });
+            }
+        });
+        Ok(HttpFaultProxy {
+            addr,
+            enabled,
+            stats,
+            task,
+        })
+    }
+
+    /// The endpoint URL to give clients.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Turns fault injection on or off (off: a plain forwarder).
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Ordering::SeqCst);
+    }
+}
+
+fn choose(mix: &FaultMix, rng: &Mutex<rand::rngs::StdRng>) -> Action {
+    let mut rng = rng.lock().unwrap_or_else(|e| e.into_inner());
+    let x: f64 = rng.gen();
+    let mut edge = mix.throttle;
+    if x < edge {
+        return Action::Throttle;
+    }
+    edge += mix.server_error;
+    if x < edge {
+        return Action::ServerError;
+    }
+    edge += mix.drop_response;
+    if x < edge {
+        return Action::Drop;
+    }
+    edge += mix.slow;
+    if x < edge {
+        let ms = rng.gen_range(0..=mix.max_latency.as_millis() as u64);
+        return Action::Slow(Duration::from_millis(ms));
+    }
+    Action::Forward
+}
+
+/// Reads one HTTP/1.1 message (head and body, by Content-Length or chunked), raw.
+async fn read_message<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let mut raw = Vec::new();
+    let mut content_length = 0usize;
+    let mut chunked = false;
+    let mut first = true;
+    loop {
+        let mut line = Vec::new();
+        let n = r.read_until(b'\n', &mut line).await?;
+        if n == 0 {
+            return if first {
+                Ok(None)
+            } else {
+                Err(std::io::ErrorKind::UnexpectedEof.into())
+            };
+        }
+        first = false;
+        raw.extend_from_slice(&line);
+        let text = String::from_utf8_lossy(&line).to_ascii_lowercase();
+        let text = text.trim_end();
+        if text.is_empty() {
+            break;
+        }
+        if let Some(v) = text.strip_prefix("content-length:") {
+            content_length = v.trim().parse().unwrap_or(0);
+        } else if let Some(v) = text.strip_prefix("transfer-encoding:") {
+            chunked = v.contains("chunked");
+        }
+    }
+    if chunked {
+        loop {
+            let mut size_line = Vec::new();
+            r.read_until(b'\n', &mut size_line).await?;
+            raw.extend_from_slice(&size_line);
+            let size_text = String::from_utf8_lossy(&size_line);
+            let size = usize::from_str_radix(size_text.trim().split(';').next().unwrap_or("0"), 16)
+                .unwrap_or(0);
+            let mut chunk = vec![0; size + 2];
+            r.read_exact(&mut chunk).await?;
+            raw.extend_from_slice(&chunk);
+            if size == 0 {
+                break;
+            }
+        }
+    } else if content_length > 0 {
+        let mut body = vec![0; content_length];
+        r.read_exact(&mut body).await?;
+        raw.extend_from_slice(&body);
+    }
+    Ok(Some(raw))
+}
+
+fn error_response(status: &str, error_type: &str) -> Vec<u8> {
+    let body = format!(
+        "{{\"__type\":\"com.amazonaws.dynamodb.v20120810#{error_type}\",\"message\":\"injected by the outbox harness\"}}"
+    );
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: application/x-amz-json-1.0\r\nx-amzn-ErrorType: {error_type}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+async fn serve(
+    client: TcpStream,
+    upstream: SocketAddr,
+    mix: FaultMix,
+    enabled: Arc<AtomicBool>,
+    stats: Arc<ProxyStats>,
+    rng: Arc<Mutex<rand::rngs::StdRng>>,
+) -> std::io::Result<()> {
+    let (client_r, mut client_w) = client.into_split();
+    let mut client_r = BufReader::new(client_r);
+    let mut up: Option<(
+        BufReader<tokio::net::tcp::OwnedReadHalf>,
+        tokio::net::tcp::OwnedWriteHalf,
+    )> = None;
+    while let Some(request) = read_message(&mut client_r).await? {
+        let action = if enabled.load(Ordering::SeqCst) {
+            choose(&mix, &rng)
+        } else {
+            Action::Forward
+        };
+        match action {
+            Action::Throttle => {
+                stats.throttled.fetch_add(1, Ordering::Relaxed);
+                client_w
+                    .write_all(&error_response("400 Bad Request", "ThrottlingException"))
+                    .await?;
+                continue;
+            }
+            Action::ServerError => {
+                stats.server_errors.fetch_add(1, Ordering::Relaxed);
+                client_w
+                    .write_all(&error_response(
+                        "500 Internal Server Error",
+                        "InternalServerError",
+                    ))
+                    .await?;
+                continue;
+            }
+            Action::Slow(d) => {
+                stats.delayed.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(d).await;
+            }
+            Action::Forward | Action::Drop => {}
+        }
+        if up.is_none() {
+            let s = TcpStream::connect(upstream).await?;
+            let (r, w) = s.into_split();
+            up = Some((BufReader::new(r), w));
+        }
+        let (up_r, up_w) = up.as_mut().expect("connected above");
+        stats.forwarded.fetch_add(1, Ordering::Relaxed);
+        up_w.write_all(&request).await?;
+        let Some(response) = read_message(up_r).await? else {
+            return Ok(());
+        };
+        if matches!(action, Action::Drop) {
+            // Applied upstream; the client never hears of it.
+            stats.dropped_responses.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        client_w.write_all(&response).await?;
+    }
+    Ok(())
+}

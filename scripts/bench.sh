@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The benchmarks of BENCHMARKS.md (the project's `make bench`):
+#
+#   scripts/bench.sh                 every benchmark at full size (about 15 minutes)
+#   scripts/bench.sh --small all     every benchmark at small sizes (a quick check)
+#   scripts/bench.sh drain --pairs 2 one benchmark, with its options
+#                                    (outbox-bench --help, outbox-bench drain --help)
+#
+# 1. scripts/install.sh (what is missing), 2. a release build of outbox-bench, outboxctl
+# and the relay function (their sizes are part of the footprint benchmark), 3.
+# scripts/stack.sh run: DynamoDB Local + tansu on loopback ports, then outbox-bench with
+# the stack's endpoints exported. BENCH_PROFILE=debug skips the release build (quick
+# checks of the benchmarks themselves; the figures then mean little).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${DYNAMO_OUTBOX_CACHE:-$HOME/.cache/dynamo-outbox}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$CACHE/target}
+PROFILE=${BENCH_PROFILE:-release}
+
+if [[ ${1:-} == --inside-stack ]]; then
+    shift
+    echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
+    exec "$CARGO_TARGET_DIR/$PROFILE/outbox-bench" "$@"
+fi
+
+cd "$ROOT"
+bash "$ROOT/scripts/install.sh"
+if [[ $PROFILE == release ]]; then
+    cargo build --release -p outbox-bench -p outboxctl -p outbox-relay-function
+else
+    cargo build -p outbox-bench
+fi
+(($# > 0)) || set -- all
+exec bash "$ROOT/scripts/stack.sh" run -- bash "$ROOT/scripts/bench.sh" --inside-stack "$@"
