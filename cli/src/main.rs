@@ -117,6 +117,21 @@ enum Command {
     /// bucket is empty, 1 when --timeout passes first. Draining needs running relays;
     /// stop the writers first, or it may never finish.
     Drain(drain::Args),
+    /// Move a message that blocks its bucket (a poison item) to the dead-letter partition.
+    ///
+    /// The item moves whole, in one transaction, to `{prefix}#DEADLETTER` with sort key
+    /// `{bucket:010}#{sequence:019}`, keeping its original key in OriginalPK / OriginalSK.
+    /// Relays never read that partition; `outboxctl status` lists what is there. Find the
+    /// bucket and sequence in the relay's error log or in `outboxctl status`.
+    Quarantine {
+        /// The bucket of the item.
+        bucket: u32,
+        /// The item's sequence number (its sort key, without the zero padding).
+        sequence: u64,
+        /// Print the moved item as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// The whole path on the local stack: table, topic, business transactions carrying
     /// messages, a relay publishing them; prints what the relay published.
     Demo {
@@ -324,6 +339,31 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 report.refused_total(),
                 report.released
             );
+            Ok(())
+        }
+        Command::Quarantine {
+            bucket,
+            sequence,
+            json,
+        } => {
+            let options = outbox_options(&cli, None)?;
+            if *bucket >= options.bucket_count {
+                return Err(usage(format!(
+                    "bucket: {bucket} is not below the bucket count {}",
+                    options.bucket_count
+                )));
+            }
+            let store = DynamoDbOutboxStore::new(dynamodb().await, options)?;
+            let moved = store.quarantine(*bucket, *sequence).await?;
+            let (pk, sk) = store.keys().key_of(&moved);
+            if *json {
+                println!(
+                    "{}",
+                    serde_json::json!({"bucket": bucket, "sequence": sequence, "pk": pk, "sk": sk})
+                );
+            } else {
+                println!("moved bucket {bucket}, sequence {sequence} to {pk} / {sk}");
+            }
             Ok(())
         }
         Command::Demo {

@@ -64,6 +64,11 @@ fn help_explains_every_command_and_usage_errors_exit_2() {
         "{enqueue}"
     );
 
+    let quarantine = text(&outboxctl(&["quarantine", "--help"], None).stdout);
+    assert!(quarantine.contains("dead-letter"), "{quarantine}");
+    let bad = outboxctl(&["quarantine", "99", "1", "--table", "t-123"], None);
+    assert_eq!(code(&bad), 2, "{}", text(&bad.stderr));
+    assert!(text(&bad.stderr).contains("bucket: 99 is not below the bucket count 8"));
     assert_eq!(code(&outboxctl(&["no-such-command"], None)), 2);
     assert_eq!(code(&outboxctl(&["status", "--no-such-flag"], None)), 2);
     let bad = outboxctl(&["drain", "--table", "t-123", "--timeout", "soon"], None);
@@ -231,4 +236,59 @@ async fn enqueue_status_and_drain_against_the_stack() {
 fn run_owned(args: Vec<String>) -> Output {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     outboxctl(&refs, None)
+}
+
+/// The README's main job, small: every order's message arrives, in per-key order, as an
+/// independent Kafka client (confluent-kafka, through scripts/demo_check.py) reads them.
+#[test]
+fn demo_delivers_every_order_in_per_key_order() {
+    let python = std::env::var("OUTBOX_STACK_PYTHON").expect("run inside scripts/stack.sh");
+    let scripts = std::env::var("OUTBOX_STACK_SCRIPTS").expect("run inside scripts/stack.sh");
+    let suffix = &uuid_like();
+    let table = format!("demo-{suffix}");
+    let topic = format!("orders-{suffix}");
+    let out = outboxctl(
+        &[
+            "demo", "--table", &table, "--topic", &topic, "--orders", "60", "--keys", "6",
+        ],
+        None,
+    );
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("published 60 messages"), "{stdout}");
+    assert!(stdout.contains("refused conditional writes: 0"), "{stdout}");
+    let read = Command::new(&python)
+        .arg(format!("{scripts}/kafka.py"))
+        .args(["read", &topic])
+        .output()
+        .expect("kafka.py read");
+    assert!(read.status.success(), "{}", text(&read.stderr));
+    let mut check = Command::new(&python)
+        .arg(format!("{scripts}/demo_check.py"))
+        .arg("60")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("demo_check.py");
+    check.stdin.take().unwrap().write_all(&read.stdout).unwrap();
+    let checked = check.wait_with_output().unwrap();
+    let report = text(&checked.stdout);
+    assert!(
+        checked.status.success(),
+        "{report}{}",
+        text(&checked.stderr)
+    );
+    assert!(
+        report.contains("60 distinct messages over 6 keys; per-key order verified"),
+        "{report}"
+    );
+}
+
+fn uuid_like() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{:x}{:x}", nanos, std::process::id())
 }

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use dynamo_outbox::enqueue_api::error_type;
+use dynamo_outbox::metrics::emf::EmfMetrics;
 use dynamo_outbox::options::{parse_duration, MAX_RELAY_ID_LEN};
 use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
 use dynamo_outbox::{DynamoDbOutboxStore, OutboxOptions, Relay, RelayOptions, RunReport};
@@ -259,6 +260,8 @@ pub struct RelayFunction {
     settings: RelaySettings,
     store: DynamoDbOutboxStore,
     publisher: tokio::sync::Mutex<Option<Arc<KafkaPublisher>>>,
+    /// CloudWatch metrics (Embedded Metric Format), flushed to stdout after each invocation.
+    metrics: Arc<EmfMetrics>,
 }
 
 impl RelayFunction {
@@ -268,10 +271,14 @@ impl RelayFunction {
         settings: RelaySettings,
     ) -> dynamo_outbox::Result<Self> {
         let store = DynamoDbOutboxStore::new(client, settings.outbox.clone())?;
+        let metrics = Arc::new(EmfMetrics::from_env(settings.outbox.table_name.clone()));
+        // The first invocation of this execution environment is its cold start.
+        metrics.cold_start();
         Ok(RelayFunction {
             settings,
             store,
             publisher: tokio::sync::Mutex::new(None),
+            metrics,
         })
     }
 
@@ -323,8 +330,14 @@ impl RelayFunction {
             );
         }
         let publisher = self.publisher(deadline).await?;
-        let relay = Relay::new(self.store.clone(), publisher, options)?;
-        let report = relay.run_until(deadline).await?;
+        let relay =
+            Relay::new(self.store.clone(), publisher, options)?.with_metrics(self.metrics.clone());
+        let result = relay.run_until(deadline).await;
+        // One EMF document set per invocation, on stdout, where CloudWatch Logs picks it up.
+        if let Err(e) = self.metrics.flush_to(&mut std::io::stdout().lock()) {
+            warn!(error = %e, "writing metrics failed");
+        }
+        let report = result?;
         if report.published == 0 && report.publish_failures > 0 {
             warn!("nothing published and publishing failed: the Kafka client is rebuilt on the next invocation");
             *self.publisher.lock().await = None;
