@@ -13,7 +13,6 @@
 
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::AttributeValue;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::Serialize;
 
@@ -256,12 +255,7 @@ impl DynamoDbOutboxStore {
     /// limit 1.
     pub async fn last_message(&self, bucket: u32) -> Result<Option<Item>> {
         let out = self
-            .client
-            .query()
-            .table_name(&self.options.table_name)
-            .key_condition_expression("#pk = :pk")
-            .expression_attribute_names("#pk", &self.keys.pk)
-            .expression_attribute_values(":pk", AttributeValue::S(self.keys.message_pk(bucket)))
+            .query_partition(self.keys.message_pk(bucket))
             .consistent_read(true)
             .scan_index_forward(false)
             .limit(1)
@@ -275,28 +269,9 @@ impl DynamoDbOutboxStore {
     /// flag says whether the count stopped at the limit.
     pub async fn count_dead_letters(&self) -> Result<(u32, bool)> {
         let limit = self.options.pending_count_limit;
-        let mut count: u32 = 0;
-        let mut start = None;
-        while count < limit {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.options.table_name)
-                .key_condition_expression("#pk = :pk")
-                .expression_attribute_names("#pk", &self.keys.pk)
-                .expression_attribute_values(":pk", AttributeValue::S(self.keys.dead_letter_pk()))
-                .select(aws_sdk_dynamodb::types::Select::Count)
-                .limit((limit - count) as i32)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| from_sdk("Query", e))?;
-            count += out.count().max(0) as u32;
-            match out.last_evaluated_key {
-                Some(key) if !key.is_empty() => start = Some(key),
-                _ => break,
-            }
-        }
+        let count = self
+            .count_partition(self.keys.dead_letter_pk(), limit)
+            .await?;
         Ok((count.min(limit), count >= limit))
     }
 

@@ -60,12 +60,7 @@ impl DynamoDbOutboxStore {
     #[instrument(skip(self), level = "debug")]
     pub async fn probe(&self, bucket: u32) -> Result<bool> {
         let out = self
-            .client
-            .query()
-            .table_name(&self.options.table_name)
-            .key_condition_expression("#pk = :pk")
-            .expression_attribute_names("#pk", &self.keys.pk)
-            .expression_attribute_values(":pk", AttributeValue::S(self.keys.message_pk(bucket)))
+            .query_partition(self.keys.message_pk(bucket))
             .projection_expression("#pk")
             .limit(1)
             .send()
@@ -81,12 +76,7 @@ impl DynamoDbOutboxStore {
         let mut start = None;
         while (items.len() as u32) < limit {
             let out = self
-                .client
-                .query()
-                .table_name(&self.options.table_name)
-                .key_condition_expression("#pk = :pk")
-                .expression_attribute_names("#pk", &self.keys.pk)
-                .expression_attribute_values(":pk", AttributeValue::S(self.keys.message_pk(bucket)))
+                .query_partition(self.keys.message_pk(bucket))
                 .consistent_read(true)
                 .scan_index_forward(true)
                 .limit((limit - items.len() as u32) as i32)
@@ -106,13 +96,9 @@ impl DynamoDbOutboxStore {
     /// Whether any message exists in `gap`: one strongly consistent `COUNT` query, limit 1.
     pub async fn probe_gap(&self, bucket: u32, gap: Gap) -> Result<bool> {
         let out = self
-            .client
-            .query()
-            .table_name(&self.options.table_name)
+            .query_partition(self.keys.message_pk(bucket))
             .key_condition_expression("#pk = :pk AND #sk BETWEEN :from AND :to")
-            .expression_attribute_names("#pk", &self.keys.pk)
             .expression_attribute_names("#sk", &self.keys.sk)
-            .expression_attribute_values(":pk", AttributeValue::S(self.keys.message_pk(bucket)))
             .expression_attribute_values(":from", AttributeValue::S(schema::message_sk(gap.from)))
             .expression_attribute_values(":to", AttributeValue::S(schema::message_sk(gap.to)))
             .consistent_read(true)

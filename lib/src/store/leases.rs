@@ -5,7 +5,6 @@
 //! its most likely cause.
 
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 use tracing::{debug, instrument, warn};
 
@@ -221,12 +220,7 @@ impl DynamoDbOutboxStore {
         let mut start = None;
         loop {
             let out = self
-                .client
-                .query()
-                .table_name(&self.options.table_name)
-                .key_condition_expression("#pk = :pk")
-                .expression_attribute_names("#pk", &self.keys.pk)
-                .expression_attribute_values(":pk", AttributeValue::S(self.keys.coordination_pk()))
+                .query_partition(self.keys.coordination_pk())
                 .consistent_read(true)
                 .set_exclusive_start_key(start)
                 .send()

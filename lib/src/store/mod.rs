@@ -15,10 +15,12 @@ pub mod sample;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
+use aws_sdk_dynamodb::types::{AttributeValue, Select};
 use aws_sdk_dynamodb::Client;
 
 use crate::clock::{Clock, SystemClock};
-use crate::error::Result;
+use crate::error::{from_sdk, Result};
 use crate::options::OutboxOptions;
 use crate::schema::Keys;
 
@@ -142,6 +144,40 @@ impl DynamoDbOutboxStore {
     /// The clock leases are compared with.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
+    }
+
+    /// A query of one partition of the outbox (`#pk = :pk`); callers add the rest.
+    pub(crate) fn query_partition(&self, pk: String) -> QueryFluentBuilder {
+        self.client
+            .query()
+            .table_name(&self.options.table_name)
+            .key_condition_expression("#pk = :pk")
+            .expression_attribute_names("#pk", &self.keys.pk)
+            .expression_attribute_values(":pk", AttributeValue::S(pk))
+    }
+
+    /// Counts the items of a partition up to `limit` (eventually consistent `COUNT`
+    /// queries, following pages): DynamoDB bills a count as a read of every counted item,
+    /// so it stops at the limit.
+    pub(crate) async fn count_partition(&self, pk: String, limit: u32) -> Result<u32> {
+        let mut count: u32 = 0;
+        let mut start = None;
+        while count < limit {
+            let out = self
+                .query_partition(pk.clone())
+                .select(Select::Count)
+                .limit(i32::try_from(limit - count).unwrap_or(i32::MAX))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| from_sdk("Query", e))?;
+            count = count.saturating_add(u32::try_from(out.count()).unwrap_or(0));
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => break,
+            }
+        }
+        Ok(count)
     }
 
     /// Refused conditional writes of this store so far, by kind.

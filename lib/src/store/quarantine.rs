@@ -85,12 +85,7 @@ impl DynamoDbOutboxStore {
         let mut start = None;
         loop {
             let out = self
-                .client
-                .query()
-                .table_name(&self.options.table_name)
-                .key_condition_expression("#pk = :pk")
-                .expression_attribute_names("#pk", &self.keys.pk)
-                .expression_attribute_values(":pk", AttributeValue::S(self.keys.dead_letter_pk()))
+                .query_partition(self.keys.dead_letter_pk())
                 .consistent_read(true)
                 .set_exclusive_start_key(start)
                 .send()

@@ -1,7 +1,6 @@
 //! Backlog reads for metrics and `outboxctl status`: a count capped at the pending count
 //! limit (DynamoDB bills a count as a read of every counted item) and the head's age.
 
-use aws_sdk_dynamodb::types::{AttributeValue, Select};
 
 use super::DynamoDbOutboxStore;
 use crate::error::{from_sdk, Result};
@@ -32,35 +31,11 @@ impl DynamoDbOutboxStore {
     /// Counts a bucket's messages up to the pending count limit and reads its head.
     pub async fn backlog(&self, bucket: u32) -> Result<BucketBacklog> {
         let limit = self.options.pending_count_limit;
-        let mut pending: u32 = 0;
-        let mut start = None;
-        while pending < limit {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.options.table_name)
-                .key_condition_expression("#pk = :pk")
-                .expression_attribute_names("#pk", &self.keys.pk)
-                .expression_attribute_values(":pk", AttributeValue::S(self.keys.message_pk(bucket)))
-                .select(Select::Count)
-                .limit((limit - pending) as i32)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| from_sdk("Query", e))?;
-            pending += out.count().max(0) as u32;
-            match out.last_evaluated_key {
-                Some(key) if !key.is_empty() => start = Some(key),
-                _ => break,
-            }
-        }
+        let pending = self
+            .count_partition(self.keys.message_pk(bucket), limit)
+            .await?;
         let head = self
-            .client
-            .query()
-            .table_name(&self.options.table_name)
-            .key_condition_expression("#pk = :pk")
-            .expression_attribute_names("#pk", &self.keys.pk)
-            .expression_attribute_values(":pk", AttributeValue::S(self.keys.message_pk(bucket)))
+            .query_partition(self.keys.message_pk(bucket))
             .consistent_read(true)
             .limit(1)
             .send()
