@@ -142,22 +142,43 @@ async fn main() -> Result<()> {
     };
     match cli.command {
         Command::All => {
-            drain::run(&drain_default(s)).await?;
-            accounting::run(pick(None, s, 10_000, 2_000), pick(None, s, 120, 15)).await?;
-            latency::run(pick(None, s, 200, 40), Duration::from_millis(50)).await?;
-            scale::run(
-                &pick(None, s, vec![8, 64, 256, 1024], vec![8, 64]),
-                &[8, 64],
-                &pick(None, s, vec![1, 2, 4, 8, 16], vec![1, 4]),
-            )
-            .await?;
-            footprint::run(pick(None, s, 20_000, 2_000)).await?;
-            enqueue::run(
-                &[1, 100],
-                &pick(None, s, vec![1, 4, 16], vec![1, 4]),
-                Duration::from_secs(pick(None, s, 15, 3)),
-            )
-            .await?;
+            // One failing benchmark does not stop the others.
+            let report = |name: &str, r: Result<()>| {
+                if let Err(e) = r {
+                    println!("== {name}: FAILED: {e}");
+                }
+            };
+            report("drain", drain::run(&drain_default(s)).await.map(|_| ()));
+            report(
+                "accounting",
+                accounting::run(pick(None, s, 10_000, 2_000), pick(None, s, 120, 15)).await,
+            );
+            report(
+                "latency",
+                latency::run(pick(None, s, 200, 40), Duration::from_millis(50)).await,
+            );
+            report(
+                "scale",
+                scale::run(
+                    &pick(None, s, vec![8, 64, 256, 1024], vec![8, 64]),
+                    &[8, 64],
+                    &pick(None, s, vec![1, 2, 4, 8, 16], vec![1, 4]),
+                )
+                .await,
+            );
+            report(
+                "footprint",
+                footprint::run(pick(None, s, 20_000, 2_000)).await,
+            );
+            report(
+                "enqueue",
+                enqueue::run(
+                    &[1, 100],
+                    &pick(None, s, vec![1, 4, 16], vec![1, 4]),
+                    Duration::from_secs(pick(None, s, 15, 3)),
+                )
+                .await,
+            );
         }
         Command::Drain {
             messages,

@@ -190,12 +190,16 @@ pub async fn run(bucket_counts: &[u32], concurrencies: &[usize], fleets: &[usize
     println!("== scale: acquisition rounds (renew 4 s, lease 12 s, poll 1 s)");
     for &b in bucket_counts {
         for &c in concurrencies {
-            one_relay(b, c).await?;
+            if let Err(e) = one_relay(b, c).await {
+                println!("buckets {b:>4}, concurrency {c:>2}: FAILED: {e}");
+            }
         }
     }
     println!("== scale: relays sharing 64 buckets (renew 2 s, lease 6 s, poll 1 s, concurrency 8)");
     for &n in fleets {
-        relays_on_64(n, 6).await?;
+        if let Err(e) = relays_on_64(n, 6).await {
+            println!("{n:>2} relays on 64 buckets: FAILED: {e}");
+        }
     }
     Ok(())
 }

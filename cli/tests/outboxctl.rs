@@ -292,3 +292,63 @@ fn uuid_like() -> String {
         .as_nanos();
     format!("{:x}{:x}", nanos, std::process::id())
 }
+
+/// Runs outboxctl with debug logs and planted credentials.
+fn outboxctl_with_secrets(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outboxctl"))
+        .args(args)
+        .env("RUST_LOG", "debug")
+        .env("AWS_ACCESS_KEY_ID", "AKIAPLANTED7F3A")
+        .env("AWS_SECRET_ACCESS_KEY", "secret-planted-7f3a")
+        .env("AWS_SESSION_TOKEN", "token-planted-7f3a")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run outboxctl");
+    let mut input = child.stdin.take().unwrap();
+    if let Some(text) = stdin {
+        input.write_all(text.as_bytes()).unwrap();
+    }
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+/// Debug logs of the writer and the relay carry neither the credentials nor the
+/// payloads (keys, values, header values) of the messages they move.
+#[tokio::test]
+async fn logs_never_contain_credentials_tokens_or_payloads() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 2).await;
+    let table = options.table_name.as_str();
+    let topic = random_name("secrets");
+    create_topic(&topic, 1);
+    let request = format!(
+        r#"{{"messages": [{{"topic": "{topic}", "key": "key-planted-7f3a", "value": "value-planted-7f3a",
+            "headers": [{{"key": "h", "value": "header-planted-7f3a"}}]}}]}}"#
+    );
+    let base = ["--table", table, "--bucket-count", "2"];
+    let enqueue =
+        outboxctl_with_secrets(&[&["enqueue", "-"][..], &base[..]].concat(), Some(&request));
+    assert_eq!(code(&enqueue), 0, "{}", text(&enqueue.stderr));
+    let relay = outboxctl_with_secrets(&[&["relay", "--for", "4s"][..], &base[..]].concat(), None);
+    assert_eq!(code(&relay), 0, "{}", text(&relay.stderr));
+    assert!(
+        text(&relay.stdout).contains("published 1"),
+        "{}",
+        text(&relay.stdout)
+    );
+    assert_eq!(read_topic(&topic).len(), 1, "the message went through");
+    let logs = [&enqueue.stderr, &relay.stderr, &relay.stdout]
+        .iter()
+        .map(|b| text(b))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(logs.lines().count() > 20, "debug logs were written: {logs}");
+    for planted in ["7f3a", "7F3A"] {
+        assert!(
+            !logs.contains(planted),
+            "a planted secret or payload leaked into the logs"
+        );
+    }
+}

@@ -547,4 +547,62 @@ mod tests {
             "DeadlineExceeded"
         );
     }
+
+    mod fuzz {
+        //! The request parser on hostile input (the stable-toolchain stand-in for a
+        //! `cargo fuzz` target): it never panics, and a request it accepts is valid.
+        use super::*;
+        use proptest::prelude::*;
+
+        fn json_value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(|n| json!(n)),
+                any::<f64>().prop_map(|f| json!(f)),
+                ".{0,20}".prop_map(Value::String),
+                "[A-Za-z0-9+/=]{0,24}".prop_map(Value::String),
+            ];
+            leaf.prop_recursive(4, 48, 6, |inner| {
+                let keys = prop_oneof![
+                    Just("messages".to_string()),
+                    Just("topic".to_string()),
+                    Just("key".to_string()),
+                    Just("key_base64".to_string()),
+                    Just("value".to_string()),
+                    Just("value_base64".to_string()),
+                    Just("headers".to_string()),
+                    Just("partition".to_string()),
+                    Just("idempotency_key".to_string()),
+                    ".{0,8}",
+                ];
+                prop_oneof![
+                    proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                    proptest::collection::btree_map(keys, inner, 0..6)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            #[test]
+            fn never_panics_on_arbitrary_json(v in json_value()) {
+                if let Ok(request) = parse_request(&v, 8) {
+                    prop_assert!(!request.messages.is_empty() && request.messages.len() <= 100);
+                    for (i, m) in request.messages.iter().enumerate() {
+                        let field = format!("messages[{}]", i);
+                        prop_assert!(m.validate(&field).is_ok());
+                    }
+                }
+                let _ = parse_request(&json!({ "messages": [v] }), 8);
+            }
+
+            #[test]
+            fn never_panics_on_arbitrary_text(text in ".{0,200}") {
+                let _ = parse_request_str(&text, 8);
+            }
+        }
+    }
 }
