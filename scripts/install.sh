@@ -222,12 +222,30 @@ install_tansu() {
     installed "tansu $TANSU_VERSION in $((SECONDS - start))s ($root/bin/tansu)"
 }
 
+# ---------------------------------------------------------------- cargo-deny
+# `cargo deny check licenses bans` in the test command (deny.toml).
+CARGO_DENY_VERSION=0.20.2
+install_cargo_deny() {
+    local root=$CACHE/cargo-deny log=$LOGS/cargo-deny-install.log
+    if "$root/bin/cargo-deny" --version 2>/dev/null | grep -q "$CARGO_DENY_VERSION"; then
+        skipped "cargo-deny $CARGO_DENY_VERSION ($root/bin/cargo-deny)"
+        return
+    fi
+    say "building cargo-deny $CARGO_DENY_VERSION (a few minutes; log $log)"
+    CARGO_TARGET_DIR=$CACHE/cargo-deny-build \
+        cargo install cargo-deny --locked --version "$CARGO_DENY_VERSION" --root "$root" \
+        >"$log" 2>&1 || { tail -n 30 "$log" >&2; die "cargo install cargo-deny failed (log $log)"; }
+    rm -rf "$CACHE/cargo-deny-build"
+    installed "cargo-deny $CARGO_DENY_VERSION ($root/bin/cargo-deny)"
+}
+
 # ---------------------------------------------------------------------- main
 prerequisites
 install_dynamodb_local
 install_venv
 install_rust_targets
 install_tansu
+install_cargo_deny
 
 say "done. installed: ${#INSTALLED[@]}, skipped: ${#SKIPPED[@]}, warnings: ${#WARNINGS[@]}"
 for w in "${WARNINGS[@]}"; do say "  warning: $w"; done

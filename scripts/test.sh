@@ -34,6 +34,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     step "cargo clippy --workspace --all-targets -- -D warnings"
     cargo clippy --workspace --all-targets -- -D warnings
 
+    step "cargo deny check licenses bans"
+    "$CACHE/cargo-deny/bin/cargo-deny" --log-level error check licenses bans
+
     # The SAM template (template.yaml); its IAM actions are checked by
     # functions/relay/tests/template.rs.  `sam build` / `cargo lambda build` are not
     # run here (minutes of release builds); see the README's deployment section.
