@@ -1109,3 +1109,77 @@ async fn one_stalled_batch_does_not_stop_later_batches() {
     .await;
     running.stop().await;
 }
+
+#[tokio::test]
+async fn a_record_the_broker_rejects_for_good_stops_only_its_bucket() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 2).await;
+    let topic = random_name("good");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    // Bucket 0: a record for a topic that does not exist (and is not auto-created).
+    let rejected = writer
+        .message(random_name("missing-topic"))
+        .with_partition(0);
+    let behind = writer
+        .message(&topic)
+        .with_partition(0)
+        .with_value("behind it");
+    let fine = writer
+        .message(&topic)
+        .with_partition(1)
+        .with_value("other bucket");
+    writer
+        .enqueue(&[rejected.clone(), behind.clone(), fine.clone()])
+        .await
+        .unwrap();
+    let metrics = Arc::new(PoisonCounter::default());
+    let relay = relay_with(
+        &client,
+        &options,
+        kafka_publisher().await,
+        fast_relay_options("r", 2),
+    )
+    .await
+    .with_metrics(metrics.clone());
+    let report = relay
+        .run_until(Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(report.published, 1, "{report:?}");
+    assert!(
+        metrics.0.load(Ordering::SeqCst) >= 1,
+        "the rejected record is reported"
+    );
+    let ids: Vec<String> = read_topic(&topic)
+        .iter()
+        .filter_map(ReadRecord::message_id)
+        .collect();
+    assert_eq!(
+        ids,
+        [fine.message_id.to_string()],
+        "nothing overtook the rejected record"
+    );
+    assert_eq!(pending_messages(&client, &options).await, 2);
+    // Quarantined, the bucket resumes in order.
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let head = store.backlog(0).await.unwrap().head_sequence.unwrap();
+    store.quarantine(0, head).await.unwrap();
+    let relay = relay_with(
+        &client,
+        &options,
+        kafka_publisher().await,
+        fast_relay_options("r", 2),
+    )
+    .await;
+    relay
+        .run_until(Instant::now() + Duration::from_secs(4))
+        .await
+        .unwrap();
+    let ids: Vec<String> = read_topic(&topic)
+        .iter()
+        .filter_map(ReadRecord::message_id)
+        .collect();
+    assert!(ids.contains(&behind.message_id.to_string()));
+    assert_eq!(pending_messages(&client, &options).await, 0);
+}
