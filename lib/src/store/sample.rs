@@ -1,7 +1,6 @@
 //! Backlog reads for metrics and `outboxctl status`: a count capped at the pending count
 //! limit (DynamoDB bills a count as a read of every counted item) and the head's age.
 
-
 use super::DynamoDbOutboxStore;
 use crate::error::{from_sdk, Result};
 use crate::schema::{self, attr};
