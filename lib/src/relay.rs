@@ -32,6 +32,11 @@ use crate::writer::CommitNotifier;
 pub const DEFAULT_STOP_RESERVE: Duration = Duration::from_secs(2);
 /// Delay after a peer's announced stop before the extra acquisition, and between retries.
 pub const HANDOVER_STEP: Duration = Duration::from_millis(300);
+/// Pause between a relay's first heartbeat and its first read of the coordination partition.
+pub const JOIN_DELAY: Duration = Duration::from_millis(300);
+/// How often the owner of bucket zero samples the backlog (counts are billed per item
+/// counted, so not every round; never in the first round, before anything is published).
+pub const BACKLOG_SAMPLE_INTERVAL: Duration = Duration::from_secs(60);
 /// How long past a peer's announced stop the relay keeps looking for its released buckets.
 pub const HANDOVER_WATCH: Duration = Duration::from_secs(5);
 
@@ -216,6 +221,8 @@ struct RunState {
     /// When this run stops working (deadline minus the stop reserve), announced to peers.
     stops_at: Option<Instant>,
     last_heartbeat: Option<Instant>,
+    /// When the owner of bucket zero last sampled the backlog.
+    last_backlog_sample: Option<Instant>,
     far_standby: bool,
     report_published: u64,
     publish_failures: u64,
@@ -548,8 +555,15 @@ impl<P: Publisher> Relay<P> {
                 false
             }
         };
+        let first_round = state.last_heartbeat.is_none();
         if heartbeat_ok {
             state.last_heartbeat = Some(Instant::now());
+        }
+        if first_round && heartbeat_ok {
+            // Relays that start together (a scheduled fleet, a rollout) give each other's
+            // first heartbeats a moment to land, so their first plans count each other
+            // instead of claiming into each other's ranges.
+            tokio::time::sleep(JOIN_DELAY.min(self.options.lease_renew_interval / 4)).await;
         }
         let coordination = self.store.read_coordination().await?;
         let mut owned_before: BTreeSet<u32> = state.owned.keys().copied().collect();
@@ -725,7 +739,11 @@ impl<P: Publisher> Relay<P> {
         }
         state.early_acquire = self.handover_time(&coordination, now);
         self.cleanup(&coordination, &active, now, d_ticks).await;
-        if state.owned.contains_key(&0) {
+        let sample_due = state
+            .last_backlog_sample
+            .map_or(state.rounds > 0, |t| t.elapsed() >= BACKLOG_SAMPLE_INTERVAL);
+        if state.owned.contains_key(&0) && sample_due {
+            state.last_backlog_sample = Some(Instant::now());
             // Bounded: a slow count must not delay the next round or the deadline.
             let bound = self.options.lease_renew_interval / 2;
             if tokio::time::timeout(bound, self.sample_backlog(now))
