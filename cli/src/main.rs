@@ -172,13 +172,7 @@ impl From<Error> for Failure {
 
 /// An error's text with its source chain, as the Lambda functions report it.
 pub(crate) fn error_text(e: &Error) -> String {
-    let mut message = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        message.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    message
+    dynamo_outbox::error::chain(e)
 }
 
 pub(crate) fn usage(message: impl Into<String>) -> Failure {

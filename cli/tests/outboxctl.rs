@@ -8,9 +8,13 @@ use dynamo_outbox::DynamoDbOutboxStore;
 use outbox_integration_tests::*;
 
 fn outboxctl(args: &[&str], stdin: Option<&str>) -> Output {
+    outboxctl_env(args, stdin, &[("RUST_LOG", "warn")])
+}
+
+fn outboxctl_env(args: &[&str], stdin: Option<&str>, env: &[(&str, &str)]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_outboxctl"))
         .args(args)
-        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -295,23 +299,16 @@ fn uuid_like() -> String {
 
 /// Runs outboxctl with debug logs and planted credentials.
 fn outboxctl_with_secrets(args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_outboxctl"))
-        .args(args)
-        .env("RUST_LOG", "debug")
-        .env("AWS_ACCESS_KEY_ID", "AKIAPLANTED7F3A")
-        .env("AWS_SECRET_ACCESS_KEY", "secret-planted-7f3a")
-        .env("AWS_SESSION_TOKEN", "token-planted-7f3a")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run outboxctl");
-    let mut input = child.stdin.take().unwrap();
-    if let Some(text) = stdin {
-        input.write_all(text.as_bytes()).unwrap();
-    }
-    drop(input);
-    child.wait_with_output().unwrap()
+    outboxctl_env(
+        args,
+        stdin,
+        &[
+            ("RUST_LOG", "debug"),
+            ("AWS_ACCESS_KEY_ID", "AKIAPLANTED7F3A"),
+            ("AWS_SECRET_ACCESS_KEY", "secret-planted-7f3a"),
+            ("AWS_SESSION_TOKEN", "token-planted-7f3a"),
+        ],
+    )
 }
 
 /// Debug logs of the writer and the relay carry neither the credentials nor the

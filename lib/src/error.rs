@@ -161,6 +161,19 @@ impl Error {
     }
 }
 
+/// An error's text followed by its sources, `: `-separated (how the functions and
+/// `outboxctl` report errors).
+pub fn chain(e: &dyn StdError) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// Turns an SDK error into [`Error`], recognising refused conditions and transient failures.
 pub(crate) fn from_sdk<E, R>(
     operation: &'static str,

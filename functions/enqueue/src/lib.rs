@@ -70,16 +70,9 @@ impl std::error::Error for FunctionError {}
 
 impl From<dynamo_outbox::Error> for FunctionError {
     fn from(e: dynamo_outbox::Error) -> Self {
-        let mut message = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            message.push_str(": ");
-            message.push_str(&s.to_string());
-            source = s.source();
-        }
         FunctionError {
             error_type: error_type(&e),
-            message,
+            message: dynamo_outbox::error::chain(&e),
         }
     }
 }

@@ -228,7 +228,7 @@ impl From<dynamo_outbox::Error> for FunctionError {
     fn from(e: dynamo_outbox::Error) -> Self {
         FunctionError {
             error_type: error_type(&e),
-            message: error_chain(&e),
+            message: dynamo_outbox::error::chain(&e),
         }
     }
 }
@@ -240,18 +240,6 @@ impl From<FunctionError> for Diagnostic {
             error_message: e.message,
         }
     }
-}
-
-/// The error and its sources, `: `-separated.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// The relay function: clients of one execution environment and the handler.
