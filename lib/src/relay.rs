@@ -497,9 +497,15 @@ impl<P: Publisher> Relay<P> {
             if regular && !early && self.skip_round(state) {
                 debug!("far-back standby: skipping this round");
             } else {
-                // A round is bounded by one renew interval: a hung request cannot hold
-                // the loop past the leases it is about to renew.
-                let bound = started + self.options.lease_renew_interval;
+                // A round is bounded by the time its held leases can still wait for their
+                // renewal (lease duration minus one renew interval): a hung request cannot
+                // hold the loop past them, and a slow one still gets to renew them.
+                let bound = started
+                    + self
+                        .options
+                        .lease_duration
+                        .saturating_sub(self.options.lease_renew_interval)
+                        .max(self.options.lease_renew_interval);
                 let result = match tokio::time::timeout_at(bound, self.acquire(state)).await {
                     Ok(r) => r,
                     Err(_) => Err(Error::DeadlineExceeded("an acquisition round")),
