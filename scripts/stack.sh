@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Local stack for dynamo-outbox, without Docker: DynamoDB Local (Java) and the
-# tansu Kafka broker (in-memory storage), both on free loopback ports.
+# Local stack for dynamo-outbox, without Docker: DynamoDB Local (Java), the
+# tansu Kafka broker (in-memory storage) and moto's server (the EventBridge and
+# SQS stand-in for commit notifications), all on free loopback ports.
 #
 # Usage:
 #   scripts/stack.sh run [--] CMD [ARG...]
@@ -20,6 +21,8 @@
 #     unless already set; boto3/SAM read only this one)
 #   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (local/local unless already set)
 #   KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:PORT, KAFKA_AUTH=none
+#   AWS_ENDPOINT_URL_EVENTBRIDGE, AWS_ENDPOINT_URL_SQS=http://127.0.0.1:PORT
+#     (moto's server; only the EventBridge and SQS clients use it)
 #   OUTBOX_STACK_PYTHON   the venv python that has confluent-kafka
 #   OUTBOX_STACK_SCRIPTS  absolute path of this scripts directory
 #
@@ -42,10 +45,12 @@ READY_TIMEOUT=${STACK_READY_TIMEOUT:-90}
 # Filled in by start_services; used by stop_services.
 DDB_PID=""
 TANSU_PID=""
+MOTO_PID=""
 LOG_DIR=""
 LOGS_SHOWN=""
 DDB_PORT=""
 KAFKA_PORT=""
+MOTO_PORT=""
 # Used by `run` (globals, since the traps read them).
 CMD_PID=""
 STATUS=0
@@ -71,17 +76,18 @@ find_ddb_dir() {
 check_installed() {
     [[ -x $PY ]] || die "venv python $PY missing; run scripts/install.sh"
     [[ -x $TANSU ]] || die "tansu binary $TANSU missing; run scripts/install.sh"
+    [[ -x $VENV/bin/moto_server ]] || die "moto_server missing from $VENV; run scripts/install.sh"
     command -v java >/dev/null || die "java not on PATH; run scripts/install.sh"
 }
 
-# Print two distinct free TCP ports on 127.0.0.1 (both sockets are held open
-# until both ports are known, so they differ).  There is a small window
+# Print three distinct free TCP ports on 127.0.0.1 (the sockets are held open
+# until all ports are known, so they differ).  There is a small window
 # between here and the services binding; start_services retries on failure.
 free_ports() {
     "$PY" - <<'EOF'
 import socket
 socks = []
-for _ in range(2):
+for _ in range(3):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     socks.append(s)
@@ -116,6 +122,18 @@ EOF
 # True once tansu answers a Kafka metadata request.
 kafka_ready() {
     "$PY" "$SCRIPTS_DIR/kafka.py" --bootstrap "127.0.0.1:$1" ping --timeout 2 >/dev/null 2>&1
+}
+
+# True once moto's server answers.
+moto_ready() {
+    "$PY" - "$1" <<'EOF'
+import sys, urllib.request
+try:
+    with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/moto-api/", timeout=2) as r:
+        sys.exit(0 if r.status == 200 else 1)
+except Exception:
+    sys.exit(1)
+EOF
 }
 
 # Is any process of process group $1 still alive?
@@ -164,9 +182,9 @@ wait_ready() {
 
 # ------------------------------------------------------------------ services
 
-# Start both services, each in its own session/process group (setsid: the
+# Start the services, each in its own session/process group (setsid: the
 # child is not a group leader here, so setsid execs in place and $! is both
-# the pid and the pgid).  Sets DDB_PID, TANSU_PID, DDB_PORT, KAFKA_PORT.
+# the pid and the pgid).  Sets DDB_PID, TANSU_PID, MOTO_PID and the ports.
 start_services() {
     local ddb_dir attempt
     check_installed
@@ -174,7 +192,7 @@ start_services() {
     LOG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/outbox-stack.XXXXXX")
 
     for attempt in 1 2 3; do
-        read -r DDB_PORT KAFKA_PORT < <(free_ports)
+        read -r DDB_PORT KAFKA_PORT MOTO_PORT < <(free_ports)
 
         # DynamoDB Local 3.x has no option to choose the bind address: it
         # listens on all interfaces (*:PORT).  -sharedDb: one database whatever
@@ -199,9 +217,16 @@ start_services() {
             </dev/null >"$LOG_DIR/tansu.log" 2>&1) &
         TANSU_PID=$!
 
+        # moto's server: EventBridge (commit notifications) and SQS (a rule's
+        # target that tests read the events from), in memory, loopback only.
+        (cd "$LOG_DIR" && exec setsid "$VENV/bin/moto_server" -H 127.0.0.1 -p "$MOTO_PORT" \
+            </dev/null >"$LOG_DIR/moto.log" 2>&1) &
+        MOTO_PID=$!
+
         if wait_ready ddb_ready "$DDB_PORT" "$DDB_PID" "DynamoDB Local" &&
-            wait_ready kafka_ready "$KAFKA_PORT" "$TANSU_PID" "tansu"; then
-            say "DynamoDB Local on 127.0.0.1:$DDB_PORT (pid $DDB_PID), tansu on 127.0.0.1:$KAFKA_PORT (pid $TANSU_PID)"
+            wait_ready kafka_ready "$KAFKA_PORT" "$TANSU_PID" "tansu" &&
+            wait_ready moto_ready "$MOTO_PORT" "$MOTO_PID" "moto_server"; then
+            say "DynamoDB Local on 127.0.0.1:$DDB_PORT (pid $DDB_PID), tansu on 127.0.0.1:$KAFKA_PORT (pid $TANSU_PID), moto on 127.0.0.1:$MOTO_PORT (pid $MOTO_PID)"
             return 0
         fi
         stop_services
@@ -218,11 +243,13 @@ start_services() {
 }
 
 stop_services() {
+    stop_group "$MOTO_PID" moto_server
     stop_group "$TANSU_PID" tansu
     stop_group "$DDB_PID" "DynamoDB Local"
     # Reap them (they are our children in `run`, not in `stop`).
     local pid
-    for pid in $TANSU_PID $DDB_PID; do wait "$pid" 2>/dev/null || true; done
+    for pid in $MOTO_PID $TANSU_PID $DDB_PID; do wait "$pid" 2>/dev/null || true; done
+    MOTO_PID=""
     TANSU_PID=""
     DDB_PID=""
 }
@@ -237,6 +264,8 @@ export AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-local}
 export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-local}
 export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT
 export KAFKA_AUTH=none
+export AWS_ENDPOINT_URL_EVENTBRIDGE=http://127.0.0.1:$MOTO_PORT
+export AWS_ENDPOINT_URL_SQS=http://127.0.0.1:$MOTO_PORT
 export OUTBOX_STACK_PYTHON=$PY
 export OUTBOX_STACK_SCRIPTS=$SCRIPTS_DIR
 EOF
@@ -352,7 +381,8 @@ cmd_run() {
 cmd_start() {
     if [[ -f $STATE_FILE ]]; then
         # shellcheck disable=SC1090
-        (source "$STATE_FILE" && group_alive "${STACK_TANSU_PGID:-}" && group_alive "${STACK_DDB_PGID:-}") &&
+        (source "$STATE_FILE" && group_alive "${STACK_TANSU_PGID:-}" && group_alive "${STACK_DDB_PGID:-}" &&
+            group_alive "${STACK_MOTO_PGID:-}") &&
             { say "already running (state in $STATE_FILE)"; cat "$STATE_FILE"; return 0; }
         cmd_stop
     fi
@@ -361,6 +391,7 @@ cmd_start() {
         stack_env
         echo "STACK_DDB_PGID=$DDB_PID"
         echo "STACK_TANSU_PGID=$TANSU_PID"
+        echo "STACK_MOTO_PGID=$MOTO_PID"
         echo "STACK_LOG_DIR=$LOG_DIR"
     } >"$STATE_FILE"
     say "state written to $STATE_FILE; load it with: source $STATE_FILE"
@@ -369,9 +400,10 @@ cmd_start() {
 
 cmd_stop() {
     [[ -f $STATE_FILE ]] || { say "not running (no $STATE_FILE)"; return 0; }
-    local STACK_DDB_PGID="" STACK_TANSU_PGID="" STACK_LOG_DIR=""
+    local STACK_DDB_PGID="" STACK_TANSU_PGID="" STACK_MOTO_PGID="" STACK_LOG_DIR=""
     # shellcheck disable=SC1090
     source "$STATE_FILE"
+    stop_group "$STACK_MOTO_PGID" moto_server
     stop_group "$STACK_TANSU_PGID" tansu
     stop_group "$STACK_DDB_PGID" "DynamoDB Local"
     rm -f "$STATE_FILE"

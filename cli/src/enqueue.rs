@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use dynamo_outbox::enqueue_api::parse_request_str;
 use lambda_runtime::{Context, LambdaEvent};
-use outbox_enqueue_function::{EnqueueFunction, FunctionError};
+use outbox_enqueue_function::notify::EventBridgeNotifier;
+use outbox_enqueue_function::{env, EnqueueFunction, FunctionError};
 
 use crate::{dynamodb, failure, outbox_options, usage, Cli, Failure};
 
@@ -52,8 +53,16 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
         }
     };
     let retention = EnqueueFunction::retention_from_lookup(|n| std::env::var(n).ok())?;
-    let function =
+    let mut function =
         EnqueueFunction::new(dynamodb().await, options)?.with_idempotency_retention(retention);
+    // The commit notification, as the function sends it, when the bus is configured.
+    if let Some(bus) = std::env::var(env::NOTIFY_EVENT_BUS)
+        .ok()
+        .filter(|b| !b.trim().is_empty())
+    {
+        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        function = function.with_notifier(EventBridgeNotifier::new(&config, bus));
+    }
     // No deadline in the context: the SDK's own timeouts bound the write, as in a local
     // emulator.
     let response = function

@@ -45,6 +45,7 @@ pub mod error;
 pub mod headers;
 pub mod message;
 pub mod metrics;
+pub mod notification;
 pub mod options;
 pub mod plan;
 pub mod publish;

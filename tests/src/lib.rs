@@ -91,19 +91,44 @@ fn b64(s: &str) -> Vec<u8> {
 }
 
 fn kafka_py(args: &[&str]) -> String {
+    stack_py("kafka.py", args)
+}
+
+/// Runs one of the stack's Python helpers (`scripts/NAME`) with the stack's venv python;
+/// panics with its stderr when it fails.
+fn stack_py(script: &str, args: &[&str]) -> String {
     let python = stack_var("OUTBOX_STACK_PYTHON");
     let scripts = stack_var("OUTBOX_STACK_SCRIPTS");
     let out = std::process::Command::new(python)
-        .arg(format!("{scripts}/kafka.py"))
+        .arg(format!("{scripts}/{script}"))
         .args(args)
         .output()
-        .expect("run kafka.py");
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
     assert!(
         out.status.success(),
-        "kafka.py {args:?} failed: {}",
+        "{script} {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+/// Creates the event bus `bus` on the stack's EventBridge stand-in (moto) with a rule
+/// that sends commit notifications to a fresh SQS queue, and returns the queue's URL.
+pub fn watch_notifications(bus: &str) -> String {
+    stack_py("events.py", &["watch", bus]).trim().to_owned()
+}
+
+/// The events delivered to the queue of [`watch_notifications`] so far (waiting up to
+/// `wait_secs` for the first), as a Lambda target would receive them; they are consumed.
+pub fn received_notifications(queue_url: &str, wait_secs: u32) -> Vec<serde_json::Value> {
+    stack_py(
+        "events.py",
+        &["receive", queue_url, "--wait", &wait_secs.to_string()],
+    )
+    .lines()
+    .filter(|l| !l.trim().is_empty())
+    .map(|l| serde_json::from_str(l).expect("event json"))
+    .collect()
 }
 
 /// Creates a topic with the independent client and waits until it is visible.

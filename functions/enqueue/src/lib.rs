@@ -17,12 +17,18 @@
 //! the window also returns the first call's response. Markers are not deleted: an expired
 //! one is overwritten by the next call with its key.
 //!
-//! # Environment
-//! Everything [`OutboxOptions::from_env`] reads, and [`env::IDEMPOTENCY_RETENTION`]
-//! (`OUTBOX_IDEMPOTENCY_RETENTION`, default 24h).
+//! # Commit notification
+//! With [`env::NOTIFY_EVENT_BUS`] set, every request that wrote messages sends one
+//! EventBridge event after its commit (see [`dynamo_outbox::notification`] and
+//! [`notify`]); an EventBridge rule on that bus invokes the relay function. The response
+//! never waits for more than [`notify::NOTIFY_TIMEOUT`] on it and never depends on it: a
+//! failed send is logged (`commit notification failed`) and the call still succeeds. A
+//! replayed idempotent request wrote nothing and sends nothing.
 //!
-//! # Not implemented yet
-//! - The commit notification to EventBridge (`OUTBOX_NOTIFY_EVENT_BUS`).
+//! # Environment
+//! Everything [`OutboxOptions::from_env`] reads, [`env::IDEMPOTENCY_RETENTION`]
+//! (`OUTBOX_IDEMPOTENCY_RETENTION`, default 24h) and [`env::NOTIFY_EVENT_BUS`]
+//! (`OUTBOX_NOTIFY_EVENT_BUS`, default none).
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -31,18 +37,25 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem};
 use dynamo_outbox::clock::{duration_to_ticks, ticks_from_system_time};
 use dynamo_outbox::enqueue_api::{error_type, parse_request, EnqueueResponse, EnqueuedMessage};
+use dynamo_outbox::notification::CommitNotification;
 use dynamo_outbox::schema::{self, attr, Keys};
 use dynamo_outbox::writer::{transaction_error, Reserved};
 use dynamo_outbox::{DynamoDbOutboxWriter, Error, OutboxMessage, OutboxOptions};
 use lambda_runtime::{Diagnostic, LambdaEvent};
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
 /// Environment variables of the enqueue function (besides the library's).
 pub mod env {
     /// How long an idempotency key answers with the first call's response (24h).
     pub const IDEMPOTENCY_RETENTION: &str = "OUTBOX_IDEMPOTENCY_RETENTION";
+    /// Event bus (name or ARN) for commit notifications; unset or empty for none.
+    pub const NOTIFY_EVENT_BUS: &str = "OUTBOX_NOTIFY_EVENT_BUS";
 }
+
+pub mod notify;
+
+use notify::{EventBridgeNotifier, NOTIFY_TIMEOUT};
 
 /// Default retention window of an idempotency key.
 pub const DEFAULT_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 3600);
@@ -92,6 +105,7 @@ pub struct EnqueueFunction {
     writer: DynamoDbOutboxWriter,
     keys: Keys,
     idempotency_retention: Duration,
+    notifier: Option<EventBridgeNotifier>,
 }
 
 impl EnqueueFunction {
@@ -104,13 +118,38 @@ impl EnqueueFunction {
             keys: Keys::new(&options),
             writer: DynamoDbOutboxWriter::new(client, options)?,
             idempotency_retention: DEFAULT_IDEMPOTENCY_RETENTION,
+            notifier: None,
         })
+    }
+
+    /// Sends a commit notification through `notifier` after every commit.
+    pub fn with_notifier(mut self, notifier: EventBridgeNotifier) -> Self {
+        self.notifier = Some(notifier);
+        self
     }
 
     /// Sets how long an idempotency key answers with the first call's response.
     pub fn with_idempotency_retention(mut self, retention: Duration) -> Self {
         self.idempotency_retention = retention;
         self
+    }
+
+    /// The function as the environment configures it: the outbox options
+    /// ([`OutboxOptions::from_lookup`]), [`env::IDEMPOTENCY_RETENTION`] and
+    /// [`env::NOTIFY_EVENT_BUS`], read through `lookup` (the process environment, or a
+    /// stand-in); the clients are built for `config`.
+    pub fn from_lookup(
+        config: &aws_config::SdkConfig,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> dynamo_outbox::Result<Self> {
+        let options = OutboxOptions::from_lookup(&lookup)?;
+        let retention = Self::retention_from_lookup(&lookup)?;
+        let mut function = Self::new(dynamo_outbox::client::dynamodb_client(config), options)?
+            .with_idempotency_retention(retention);
+        if let Some(bus) = lookup(env::NOTIFY_EVENT_BUS).filter(|b| !b.trim().is_empty()) {
+            function = function.with_notifier(EventBridgeNotifier::new(config, bus));
+        }
+        Ok(function)
     }
 
     /// Reads [`env::IDEMPOTENCY_RETENTION`] through `lookup` (an environment stand-in).
@@ -138,39 +177,65 @@ impl EnqueueFunction {
         self.writer.check(&request.messages)?;
         let write = async {
             match &request.idempotency_key {
-                None => Ok(EnqueueResponse::from_enqueued(
-                    &self.writer.enqueue(&request.messages).await?,
+                None => Ok((
+                    EnqueueResponse::from_enqueued(&self.writer.enqueue(&request.messages).await?),
+                    true,
                 )),
                 Some(key) => self.enqueue_idempotent(&request.messages, key).await,
             }
         };
-        let response = match context.deadline().duration_since(SystemTime::now()) {
+        let deadline = match context.deadline().duration_since(SystemTime::now()) {
             Ok(left) if context.deadline > 0 && !left.is_zero() => {
-                let by = Instant::now() + left.saturating_sub(DEADLINE_MARGIN);
-                tokio::time::timeout_at(by, write).await.map_err(|_| {
-                    FunctionError::from(Error::DeadlineExceeded(
-                        "enqueue (the write may or may not have committed)",
-                    ))
-                })??
+                Some(Instant::now() + left.saturating_sub(DEADLINE_MARGIN))
             }
             // No usable deadline (a local emulator): the SDK's own timeouts bound the write.
-            _ => write.await?,
+            _ => None,
+        };
+        let (response, wrote) = match deadline {
+            Some(by) => tokio::time::timeout_at(by, write).await.map_err(|_| {
+                FunctionError::from(Error::DeadlineExceeded(
+                    "enqueue (the write may or may not have committed)",
+                ))
+            })??,
+            None => write.await?,
         };
         info!(
             messages = response.messages.len(),
             request_id = %context.request_id,
+            replayed = !wrote,
             "enqueued"
         );
+        if let (Some(notifier), true) = (&self.notifier, wrote) {
+            let notification = CommitNotification::new(
+                self.writer.options(),
+                response.messages.iter().map(|m| m.bucket),
+            );
+            let cap = Instant::now() + NOTIFY_TIMEOUT;
+            let by = deadline.map_or(cap, |d| d.min(cap));
+            match notifier.send(&notification, by).await {
+                Ok(()) => info!(
+                    bus = notifier.bus(),
+                    buckets = ?notification.buckets,
+                    "commit notification sent"
+                ),
+                Err(e) => warn!(
+                    bus = notifier.bus(),
+                    error = %e,
+                    "commit notification failed (the messages are committed; relays find them on their next poll)"
+                ),
+            }
+        }
         Ok(response)
     }
 
     /// One transaction: the messages and the idempotency marker; a live marker of the same
-    /// key cancels it, and its stored response is returned instead.
+    /// key cancels it, and its stored response is returned instead. The flag is whether
+    /// this call wrote the messages (false for a replay).
     async fn enqueue_idempotent(
         &self,
         messages: &[OutboxMessage],
         key: &str,
-    ) -> dynamo_outbox::Result<EnqueueResponse> {
+    ) -> dynamo_outbox::Result<(EnqueueResponse, bool)> {
         let reserved = self.writer.reserve(messages).await?;
         let response = response_of(&reserved);
         let now = ticks_from_system_time(SystemTime::now());
@@ -212,7 +277,7 @@ impl EnqueueFunction {
         match sent {
             Ok(_) => {
                 self.writer.notify_committed(messages);
-                Ok(response)
+                Ok((response, true))
             }
             Err(err) => {
                 if let Some(TransactWriteItemsError::TransactionCanceledException(e)) =
@@ -232,7 +297,7 @@ impl EnqueueFunction {
                                 reason: "the idempotency marker has no readable Result".into(),
                             })?;
                         info!(idempotency_key = key, "replayed the first call's response");
-                        return Ok(stored);
+                        return Ok((stored, false));
                     }
                 }
                 Err(transaction_error(err))

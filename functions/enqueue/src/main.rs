@@ -1,9 +1,8 @@
-//! Lambda entry point of the enqueue function: the writer is built once per execution
-//! environment, then every invocation enqueues one request (see the library half).
+//! Lambda entry point of the enqueue function: the writer (and the EventBridge notifier,
+//! when configured) is built once per execution environment, then every invocation enqueues one request (see the library half).
 
 use std::sync::Arc;
 
-use dynamo_outbox::OutboxOptions;
 use lambda_runtime::{service_fn, LambdaEvent};
 use outbox_enqueue_function::EnqueueFunction;
 
@@ -11,13 +10,10 @@ use outbox_enqueue_function::EnqueueFunction;
 async fn main() -> Result<(), lambda_runtime::Error> {
     // Honours the function's LoggingConfig (JSON) and AWS_LAMBDA_LOG_LEVEL / RUST_LOG.
     lambda_runtime::tracing::init_default_subscriber();
-    let options = OutboxOptions::from_env()?;
-    let retention = EnqueueFunction::retention_from_lookup(|name| std::env::var(name).ok())?;
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let function = Arc::new(
-        EnqueueFunction::new(dynamo_outbox::client::dynamodb_client(&config), options)?
-            .with_idempotency_retention(retention),
-    );
+    let function = Arc::new(EnqueueFunction::from_lookup(&config, |name| {
+        std::env::var(name).ok()
+    })?);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let function = function.clone();
         Box::pin(async move { function.handle(event).await })

@@ -1,6 +1,7 @@
 //! The enqueue handler, called directly with a `LambdaEvent` whose context carries a real
 //! deadline, against DynamoDB Local (run through scripts/stack.sh; never skipped).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -202,4 +203,103 @@ async fn a_retried_call_with_the_same_idempotency_key_returns_the_first_result()
         .unwrap();
     assert_ne!(later, first);
     assert_eq!(pending_messages(&client, &options).await, 6);
+}
+
+/// The function as `sam deploy` configures it, with `OUTBOX_NOTIFY_EVENT_BUS` set.
+async fn function_with_bus(options: &dynamo_outbox::OutboxOptions, bus: &str) -> EnqueueFunction {
+    stack_var("AWS_ENDPOINT_URL_EVENTBRIDGE");
+    let vars: HashMap<&str, String> = HashMap::from([
+        ("OUTBOX_TABLE_NAME", options.table_name.clone()),
+        ("OUTBOX_BUCKET_COUNT", options.bucket_count.to_string()),
+        ("OUTBOX_NOTIFY_EVENT_BUS", bus.to_owned()),
+    ]);
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    EnqueueFunction::from_lookup(&config, |n| vars.get(n).cloned()).unwrap()
+}
+
+#[tokio::test]
+async fn a_commit_sends_one_notification_naming_the_table_and_buckets() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 8).await;
+    let bus = random_name("bus");
+    let queue = watch_notifications(&bus);
+    let function = function_with_bus(&options, &bus).await;
+    let request = json!({
+        "messages": [
+            {"topic": "orders", "key": "a", "value": "1"},
+            {"topic": "orders", "key": "b", "value": "2"},
+            {"topic": "orders", "key": "a", "value": "3"},
+            {"topic": "orders", "partition": 6}
+        ],
+        "idempotency_key": random_name("once"),
+    });
+    let response = function
+        .handle(event(request.clone(), Duration::from_secs(10)))
+        .await
+        .expect("enqueue");
+    let mut buckets: Vec<u64> = response.messages.iter().map(|m| m.bucket as u64).collect();
+    buckets.sort_unstable();
+    buckets.dedup();
+
+    let events = received_notifications(&queue, 5);
+    assert_eq!(events.len(), 1, "{events:?}");
+    let e = &events[0];
+    assert_eq!(e["source"], "dynamo-outbox");
+    assert_eq!(e["detail-type"], "OutboxCommitted");
+    assert_eq!(
+        e["detail"],
+        json!({
+            "table": options.table_name,
+            "key_prefix": options.key_prefix,
+            "bucket_count": 8,
+            "buckets": buckets,
+        })
+    );
+    // The relay reads the event as EventBridge delivers it.
+    let n = dynamo_outbox::notification::CommitNotification::from_event(e)
+        .unwrap()
+        .expect("a commit notification");
+    assert_eq!(n.mismatch(&options), None);
+
+    // A replay of the idempotent call wrote nothing and sends nothing; neither does a
+    // rejected request.
+    let replay = function
+        .handle(event(request, Duration::from_secs(10)))
+        .await
+        .expect("replay");
+    assert_eq!(replay, response);
+    let rejected = function
+        .handle(event(
+            json!({"messages": [{"topic": "bad topic"}]}),
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect_err("invalid topic");
+    assert_eq!(rejected.error_type, "ValidationError");
+    assert_eq!(received_notifications(&queue, 1), Vec::<Value>::new());
+    assert_eq!(pending_messages(&client, &options).await, 4);
+}
+
+#[tokio::test]
+async fn a_failed_notification_never_fails_the_committed_write() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    // No such bus: EventBridge refuses the event.
+    let function = function_with_bus(&options, &random_name("no-such-bus")).await;
+    let started = std::time::Instant::now();
+    let response = function
+        .handle(event(
+            json!({"messages": [{"topic": "orders", "key": "k", "value": "v"}]}),
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect("the write succeeds without its notification");
+    assert_eq!(response.messages.len(), 1);
+    assert_eq!(pending_messages(&client, &options).await, 1);
+    // The notification's own bound (2 s) kept the call short.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
 }

@@ -8,6 +8,19 @@
 //! the warm ones, and dropped (to be rebuilt by the next invocation) when a run published
 //! nothing but failed to publish.
 //!
+//! # Commit notifications
+//! An invocation whose payload is a commit notification
+//! ([`dynamo_outbox::notification`]; the SAM template's rule on the event bus delivers
+//! them) first reads the coordination partition once and returns (`stop_reason`
+//! `covered`, no write) when live relays take care of every notified bucket. When some
+//! bucket has none, it connects to Kafka, waits a jitter of its own
+//! ([`notification_jitter`], under 300 ms) and reads once more; only when a bucket is
+//! still uncovered does it run as a relay. A notification for another table, key
+//! prefix or bucket count returns at once (`not_this_outbox`). So a burst of commits does
+//! not start a burst of relays: while any relay is live, none joins; on an idle fleet, the
+//! first notified invocation that joins writes its heartbeat before anything else, and
+//! the ones that look after that count it as live.
+//!
 //! # Environment
 //! Everything [`OutboxOptions::from_env`], [`RelayOptions::from_env`] and
 //! [`KafkaConfig::from_env`] read, and:
@@ -23,8 +36,10 @@ use std::time::{Duration, SystemTime};
 
 use dynamo_outbox::enqueue_api::error_type;
 use dynamo_outbox::metrics::emf::EmfMetrics;
+use dynamo_outbox::notification::CommitNotification;
 use dynamo_outbox::options::{parse_duration, MAX_RELAY_ID_LEN};
 use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
+use dynamo_outbox::relay::JOIN_DELAY;
 use dynamo_outbox::{DynamoDbOutboxStore, OutboxOptions, Relay, RelayOptions, RunReport};
 use lambda_runtime::{Diagnostic, LambdaEvent};
 use serde::Serialize;
@@ -134,6 +149,15 @@ pub fn run_deadline(
     }
 }
 
+/// How long a notified invocation that found uncovered buckets waits before it looks
+/// again: spread over `[0, JOIN_DELAY)` by its request id, so that invocations of one
+/// burst look at different times.
+pub fn notification_jitter(request_id: &str) -> Duration {
+    let spread = JOIN_DELAY.as_millis() as u64;
+    let hash = dynamo_outbox::message::murmur2(request_id.as_bytes()) as u32 as u64;
+    Duration::from_millis(hash % spread)
+}
+
 /// The relay id of one invocation: function name and request id, at most 128 characters,
 /// without control characters.
 pub fn relay_id(function_name: &str, request_id: &str) -> String {
@@ -154,11 +178,27 @@ pub fn relay_id(function_name: &str, request_id: &str) -> String {
         .collect()
 }
 
+/// What started an invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    /// The schedule, a manual invoke, or any payload that is not a commit notification.
+    Schedule,
+    /// A commit notification ([`CommitNotification`]) from the event bus.
+    Notification,
+}
+
 /// What one invocation returns (and logs).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RelaySummary {
     /// The invocation's relay id.
     pub relay_id: String,
+    /// What started the invocation.
+    pub trigger: Trigger,
+    /// For a notification: the notified buckets that no live relay took care of (the
+    /// invocation joined the fleet when there was one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uncovered: Option<Vec<u32>>,
     /// Messages published and deleted.
     pub published: u64,
     /// Publish attempts that failed.
@@ -173,7 +213,9 @@ pub struct RelaySummary {
     pub refused: BTreeMap<String, u64>,
     /// Errors the loop recovered from.
     pub errors: u64,
-    /// Why the run ended (`deadline`, `deadline_missed`, ...).
+    /// Why the run ended (`deadline`, `deadline_missed`, ...), or why a notified invocation
+    /// did not run: `covered` (live relays take care of every notified bucket) or
+    /// `not_this_outbox` (the notification names another table, prefix or bucket count).
     pub stop_reason: String,
     /// Whether every lease was released at the end.
     pub released: bool,
@@ -185,9 +227,17 @@ pub struct RelaySummary {
 }
 
 impl RelaySummary {
-    fn new(report: &RunReport, source: DeadlineSource, time_left: Duration) -> Self {
+    fn new(
+        report: &RunReport,
+        trigger: Trigger,
+        uncovered: Option<Vec<u32>>,
+        source: DeadlineSource,
+        time_left: Duration,
+    ) -> Self {
         RelaySummary {
             relay_id: report.relay_id.clone(),
+            trigger,
+            uncovered,
             published: report.published,
             publish_failures: report.publish_failures,
             buckets_owned: report.max_owned,
@@ -202,9 +252,39 @@ impl RelaySummary {
             stop_reason: report.stop_reason.as_str().to_owned(),
             released: report.released,
             deadline_source: source,
-            time_left_ms: time_left.as_millis().try_into().unwrap_or(u64::MAX),
+            time_left_ms: millis(time_left),
         }
     }
+
+    /// The summary of a notified invocation that returned without running a relay.
+    fn skipped(
+        relay_id: String,
+        uncovered: Option<Vec<u32>>,
+        stop_reason: &str,
+        source: DeadlineSource,
+        time_left: Duration,
+    ) -> Self {
+        RelaySummary {
+            relay_id,
+            trigger: Trigger::Notification,
+            uncovered,
+            published: 0,
+            publish_failures: 0,
+            buckets_owned: 0,
+            owned_at_end: 0,
+            refused_writes: 0,
+            refused: BTreeMap::new(),
+            errors: 0,
+            stop_reason: stop_reason.to_owned(),
+            released: true,
+            deadline_source: source,
+            time_left_ms: millis(time_left),
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis().try_into().unwrap_or(u64::MAX)
 }
 
 /// A function error: its `errorType` says what the caller can do about it.
@@ -288,8 +368,11 @@ impl RelayFunction {
         Ok(publisher)
     }
 
-    /// Handles one invocation (any payload: a schedule tick or a manual invoke): runs one
-    /// relay until the run deadline, then returns the summary.
+    /// Handles one invocation. A commit notification ([`CommitNotification`]) first reads
+    /// the coordination partition once and returns (`stop_reason` `covered`) when live
+    /// relays take care of every notified bucket; any other payload (a schedule tick, a
+    /// manual invoke), and a notification they do not cover, runs one relay until the run
+    /// deadline, then returns the summary.
     pub async fn handle(
         &self,
         event: LambdaEvent<serde_json::Value>,
@@ -310,6 +393,72 @@ impl RelayFunction {
         };
         let mut options = self.settings.relay.clone();
         options.relay_id = relay_id(&function_name, &context.request_id);
+        let time_left = |source| match source {
+            DeadlineSource::Fallback => deadline.saturating_duration_since(Instant::now()),
+            _ => context
+                .deadline()
+                .duration_since(SystemTime::now())
+                .unwrap_or_default(),
+        };
+        let notification = CommitNotification::from_event(&event.payload)?;
+        let (trigger, uncovered) = match notification {
+            None => (Trigger::Schedule, None),
+            Some(n) => {
+                if let Some(why) = n.mismatch(&self.settings.outbox) {
+                    info!(why, "commit notification for another outbox: ignored");
+                    return Ok(RelaySummary::skipped(
+                        options.relay_id,
+                        None,
+                        "not_this_outbox",
+                        source,
+                        time_left(source),
+                    ));
+                }
+                let read =
+                    tokio::time::timeout_at(deadline, self.store.uncovered(&n.buckets, &options))
+                        .await
+                        .map_err(|_| {
+                            FunctionError::from(dynamo_outbox::Error::DeadlineExceeded(
+                                "reading the coordination partition",
+                            ))
+                        })??;
+                let mut read = read;
+                if !read.is_empty() {
+                    // A burst of notifications to an idle fleet: the invocations spread
+                    // out by a jitter of their own and look again, so that the first to
+                    // join (its heartbeat is its first write) covers the later ones. The
+                    // Kafka connection is made first, to keep the time between the second
+                    // look and the heartbeat short.
+                    self.publisher(deadline).await?;
+                    tokio::time::sleep(notification_jitter(&context.request_id)).await;
+                    read = tokio::time::timeout_at(
+                        deadline,
+                        self.store.uncovered(&n.buckets, &options),
+                    )
+                    .await
+                    .map_err(|_| {
+                        FunctionError::from(dynamo_outbox::Error::DeadlineExceeded(
+                            "reading the coordination partition",
+                        ))
+                    })??;
+                }
+                if read.is_empty() {
+                    info!(
+                        buckets = ?n.buckets,
+                        "commit notification: live relays own the notified buckets, not joining"
+                    );
+                    return Ok(RelaySummary::skipped(
+                        options.relay_id,
+                        Some(read),
+                        "covered",
+                        source,
+                        time_left(source),
+                    ));
+                }
+                info!(uncovered = ?read, "commit notification: buckets without a live relay, joining");
+                (Trigger::Notification, Some(read))
+            }
+        };
         if source == DeadlineSource::Fallback {
             warn!(
                 deadline_ms = context.deadline,
@@ -330,19 +479,13 @@ impl RelayFunction {
             warn!("nothing published and publishing failed: the Kafka client is rebuilt on the next invocation");
             *self.publisher.lock().await = None;
         }
-        let time_left = match source {
-            DeadlineSource::Fallback => deadline.saturating_duration_since(Instant::now()),
-            _ => context
-                .deadline()
-                .duration_since(SystemTime::now())
-                .unwrap_or_default(),
-        };
-        let summary = RelaySummary::new(&report, source, time_left);
+        let summary = RelaySummary::new(&report, trigger, uncovered, source, time_left(source));
         info!(
             relay_id = %summary.relay_id,
             published = summary.published,
             buckets_owned = summary.buckets_owned,
             refused_writes = summary.refused_writes,
+            trigger = ?summary.trigger,
             stop_reason = %summary.stop_reason,
             released = summary.released,
             time_left_ms = summary.time_left_ms,
@@ -386,6 +529,17 @@ mod tests {
                 "{deadline_ms}"
             );
         }
+    }
+
+    #[test]
+    fn notification_jitter_spreads_a_burst_under_the_join_delay() {
+        let jitters: Vec<Duration> = (0..5)
+            .map(|i| notification_jitter(&format!("idle-{i}")))
+            .collect();
+        println!("{jitters:?}");
+        assert!(jitters.iter().all(|j| *j < JOIN_DELAY), "{jitters:?}");
+        let distinct: std::collections::BTreeSet<_> = jitters.iter().collect();
+        assert_eq!(distinct.len(), 5, "{jitters:?}");
     }
 
     #[test]

@@ -6,14 +6,20 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use dynamo_outbox::accounting::RequestCounter;
+use dynamo_outbox::notification::{CommitNotification, DETAIL_TYPE, SOURCE};
 use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions};
 use lambda_runtime::{Config, Context, LambdaEvent};
 use outbox_integration_tests::*;
-use outbox_relay_function::{DeadlineSource, RelayFunction, RelaySettings, RelaySummary};
+use outbox_relay_function::{DeadlineSource, RelayFunction, RelaySettings, RelaySummary, Trigger};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
 fn event(request_id: &str, deadline_ms: u64) -> LambdaEvent<Value> {
+    event_with(request_id, deadline_ms, json!({"source": "aws.scheduler"}))
+}
+
+fn event_with(request_id: &str, deadline_ms: u64, payload: Value) -> LambdaEvent<Value> {
     let mut context = Context::default();
     context.request_id = request_id.into();
     context.deadline = deadline_ms;
@@ -21,7 +27,36 @@ fn event(request_id: &str, deadline_ms: u64) -> LambdaEvent<Value> {
         function_name: "outbox-relay-test".into(),
         ..Config::default()
     });
-    LambdaEvent::new(json!({"source": "aws.scheduler"}), context)
+    LambdaEvent::new(payload, context)
+}
+
+/// A commit notification as EventBridge delivers it to the function.
+fn notification(options: &OutboxOptions, buckets: &[u32]) -> Value {
+    let detail = CommitNotification::new(options, buckets.iter().copied());
+    json!({
+        "version": "0",
+        "id": random_name("event"),
+        "detail-type": DETAIL_TYPE,
+        "source": SOURCE,
+        "account": "123456789012",
+        "time": "2026-11-30T12:00:00Z",
+        "region": "us-east-1",
+        "resources": [],
+        "detail": serde_json::to_value(&detail).unwrap(),
+    })
+}
+
+/// A client whose DynamoDB requests are counted.
+async fn counted_client() -> (aws_sdk_dynamodb::Client, RequestCounter) {
+    stack_var("AWS_ENDPOINT_URL_DYNAMODB");
+    let counter = RequestCounter::default();
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let client = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(counter.clone())
+            .build(),
+    );
+    (client, counter)
 }
 
 fn in_ms(time_left: Duration) -> u64 {
@@ -263,4 +298,140 @@ async fn overlapping_invocations_hand_buckets_over() {
         longest_unowned < Duration::from_millis(2_500),
         "a bucket was unowned for {longest_unowned:?}"
     );
+}
+
+/// Commit notifications never start a stampede: while a scheduled invocation owns every
+/// bucket, notified invocations read the coordination partition once and return; once it
+/// has stopped, a notification starts a relay that publishes what arrived.
+#[tokio::test]
+async fn notified_invocations_return_after_one_read_while_live_relays_own_the_buckets() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let topic = random_name("relay-fn");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    enqueue(&writer, &topic, 0, 8).await;
+
+    // The scheduled invocation: works until 8 - 3 (margin) - 2 (stop reserve) = 3 s.
+    let scheduled = RelayFunction::new(client.clone(), settings(&options, &[])).unwrap();
+    let tick = scheduled.handle(event("tick", in_ms(Duration::from_secs(8))));
+    let notified = async {
+        let all = vec![Some("outbox-relay-test-tick".to_string()); 4];
+        while lease_owners(&client, &options).await != all {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (counted, counter) = counted_client().await;
+        let function = RelayFunction::new(counted, settings(&options, &[])).unwrap();
+        // A burst of notifications: five invocations at once.
+        let burst = futures::future::join_all((0..5).map(|i| {
+            function.handle(event_with(
+                &format!("burst-{i}"),
+                in_ms(Duration::from_secs(8)),
+                notification(&options, &[0, 1, 2, 3]),
+            ))
+        }))
+        .await;
+        (burst, counter.snapshot())
+    };
+    let (tick, (burst, requests)) = tokio::join!(tick, notified);
+    let tick = tick.expect("scheduled invocation");
+    assert_eq!(tick.published, 8, "{tick:?}");
+    assert_eq!(tick.trigger, Trigger::Schedule);
+    for summary in burst {
+        let summary = summary.expect("notified invocation");
+        assert_eq!(summary.stop_reason, "covered", "{summary:?}");
+        assert_eq!(summary.trigger, Trigger::Notification);
+        assert_eq!(summary.uncovered, Some(vec![]));
+        assert_eq!((summary.published, summary.buckets_owned), (0, 0));
+        assert!(summary.time_left_ms > 4_000, "{summary:?}");
+    }
+    // One strongly consistent Query each, and not one write.
+    let queries = requests.get("Query").map_or(0, |a| a.ok);
+    let total: u64 = requests.values().map(|a| a.total()).sum();
+    assert_eq!((queries, total), (5, 5), "{requests:?}");
+
+    // The scheduled relay has stopped and released everything: a notification now starts
+    // a relay, which publishes what arrived meanwhile.
+    assert_eq!(lease_owners(&client, &options).await, vec![None; 4]);
+    let batch: Vec<_> = (8..12)
+        .map(|n| {
+            writer
+                .message(&topic)
+                .with_key(format!("key-{n}"))
+                .with_value(format!("value-{n}"))
+        })
+        .collect();
+    let mut buckets: Vec<u32> = writer
+        .enqueue(&batch)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.bucket)
+        .collect();
+    buckets.sort_unstable();
+    buckets.dedup();
+    assert!(!buckets.is_empty());
+    // A burst of five notifications to the idle fleet: they spread out by their jitter
+    // and look again, so the first to join covers most of the others.
+    let woken = RelayFunction::new(client.clone(), settings(&options, &[])).unwrap();
+    let burst = futures::future::join_all((0..5).map(|i| {
+        woken.handle(event_with(
+            &format!("idle-{i}"),
+            in_ms(Duration::from_secs(7)),
+            notification(&options, &buckets),
+        ))
+    }))
+    .await;
+    let burst: Vec<RelaySummary> = burst
+        .into_iter()
+        .map(|r| r.expect("notified invocation"))
+        .collect();
+    let joined: Vec<&RelaySummary> = burst
+        .iter()
+        .filter(|s| s.stop_reason != "covered")
+        .collect();
+    println!(
+        "idle fleet, 5 notifications: {} joined: {joined:?}",
+        joined.len()
+    );
+    assert!(
+        (1..=2).contains(&joined.len()),
+        "one joins, the jitter keeps most others out: {burst:?}"
+    );
+    for s in &joined {
+        assert_eq!(s.trigger, Trigger::Notification);
+        assert_eq!(s.stop_reason, "deadline", "{s:?}");
+        assert!(s.uncovered.as_ref().is_some_and(|u| !u.is_empty()), "{s:?}");
+    }
+    let published: u64 = burst.iter().map(|s| s.published).sum();
+    let refused: u64 = burst.iter().map(|s| s.refused_writes).sum();
+    assert_eq!((published, refused), (4, 0), "{burst:?}");
+    assert_eq!(distinct_values(&topic).len(), 12);
+}
+
+#[tokio::test]
+async fn notifications_for_another_outbox_or_malformed_ones_start_nothing() {
+    let (client, counter) = counted_client().await;
+    let options = fresh_table(&client, 4).await;
+    counter.reset();
+    let function = RelayFunction::new(client.clone(), settings(&options, &[])).unwrap();
+    let other = OutboxOptions::new("another-table").with_bucket_count(4);
+    let summary = function
+        .handle(event_with(
+            "other",
+            in_ms(Duration::from_secs(8)),
+            notification(&other, &[1]),
+        ))
+        .await
+        .expect("ignored notification");
+    assert_eq!(summary.stop_reason, "not_this_outbox", "{summary:?}");
+    let mut malformed = notification(&options, &[1]);
+    malformed["detail"]["buckets"] = json!([1, 4]);
+    let e = function
+        .handle(event_with("bad", in_ms(Duration::from_secs(8)), malformed))
+        .await
+        .expect_err("a bucket beyond the count");
+    assert_eq!(e.error_type, "ValidationError", "{e}");
+    assert!(e.message.starts_with("detail.buckets:"), "{e}");
+    assert_eq!(counter.total(), 0, "{:?}", counter.snapshot());
 }

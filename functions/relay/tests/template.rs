@@ -249,3 +249,45 @@ fn the_table_is_the_specifications() {
         assert!(t.contains(&format!("\n  {output}")), "no output {output}");
     }
 }
+
+#[test]
+fn commit_notifications_invoke_the_relay_only_when_a_bus_is_configured() {
+    let t = template();
+    let rule = resource(&t, "CommitNotificationRule").join("\n");
+    for needle in [
+        "Condition: HasEventBus",
+        "EventBusName: !Ref EventBusName",
+        // The library's notification::SOURCE and DETAIL_TYPE.
+        "source: [dynamo-outbox]",
+        "detail-type: [OutboxCommitted]",
+        "key_prefix: [!Ref KeyPrefix]",
+        "Arn: !GetAtt RelayFunction.Arn",
+        "MaximumRetryAttempts: 0",
+    ] {
+        assert!(
+            rule.contains(needle),
+            "{needle:?} missing from the rule:\n{rule}"
+        );
+    }
+    assert_eq!(dynamo_outbox::notification::SOURCE, "dynamo-outbox");
+    assert_eq!(dynamo_outbox::notification::DETAIL_TYPE, "OutboxCommitted");
+    let permission = resource(&t, "CommitNotificationPermission").join("\n");
+    for needle in [
+        "Condition: HasEventBus",
+        "Principal: events.amazonaws.com",
+        "SourceArn: !GetAtt CommitNotificationRule.Arn",
+        "FunctionName: !Ref RelayFunction",
+    ] {
+        assert!(
+            permission.contains(needle),
+            "{needle:?} missing from the permission:\n{permission}"
+        );
+    }
+    let enqueue = resource(&t, "EnqueueFunction").join("\n");
+    assert!(
+        enqueue.contains(
+            "OUTBOX_NOTIFY_EVENT_BUS: !If [HasEventBus, !Ref EventBusName, !Ref AWS::NoValue]"
+        ),
+        "{enqueue}"
+    );
+}

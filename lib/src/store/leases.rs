@@ -9,7 +9,9 @@ use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 use tracing::{debug, instrument, warn};
 
 use super::{DynamoDbOutboxStore, WriteKind};
+use crate::clock::duration_to_ticks;
 use crate::error::{from_sdk, Error, Result};
+use crate::options::RelayOptions;
 use crate::plan::LeaseView;
 use crate::schema::{self, attr, get_n, get_s};
 
@@ -211,6 +213,24 @@ impl DynamoDbOutboxStore {
         self.update_outcome(WriteKind::Heartbeat, relay_id, None, result, |old| {
             get_n::<i64>(old, attr::STOPPED_AT) == Some(now)
         })
+    }
+
+    /// Which of `buckets` no live relay takes care of
+    /// ([`crate::notification::uncovered`]), from one strongly consistent read of the
+    /// coordination partition and no write: what a relay started by a commit notification
+    /// checks before it joins the fleet. `options` gives the lease duration (who is
+    /// active) and the poll interval (a relay announcing its stop within it does not
+    /// count).
+    pub async fn uncovered(&self, buckets: &[u32], options: &RelayOptions) -> Result<Vec<u32>> {
+        let coordination = self.read_coordination().await?;
+        Ok(crate::notification::uncovered(
+            &coordination,
+            buckets,
+            self.options().bucket_count,
+            self.clock().now_ticks(),
+            duration_to_ticks(options.lease_duration),
+            duration_to_ticks(options.poll_interval),
+        ))
     }
 
     /// Reads every lease and heartbeat with one strongly consistent query (following pages).

@@ -1,0 +1,76 @@
+//! The commit notification's transport: one Amazon EventBridge event per committed
+//! request ([`dynamo_outbox::notification`] describes the event), sent after the commit.
+//! A failed or late send is logged and otherwise ignored: the messages are committed, and
+//! relays find them on their next poll.
+
+use std::time::Duration;
+
+use aws_sdk_eventbridge::config::timeout::TimeoutConfig;
+use aws_sdk_eventbridge::types::PutEventsRequestEntry;
+use dynamo_outbox::notification::{CommitNotification, DETAIL_TYPE, SOURCE};
+use tokio::time::Instant;
+
+/// Longest time one notification may take, EventBridge's retries included.
+pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Sends commit notifications to one event bus.
+#[derive(Debug, Clone)]
+pub struct EventBridgeNotifier {
+    client: aws_sdk_eventbridge::Client,
+    bus: String,
+}
+
+impl EventBridgeNotifier {
+    /// A notifier for `bus` (its name or ARN), with a client for `config` whose attempts
+    /// and operations are bounded by [`NOTIFY_TIMEOUT`].
+    pub fn new(config: &aws_config::SdkConfig, bus: impl Into<String>) -> Self {
+        let client = aws_sdk_eventbridge::Client::from_conf(
+            aws_sdk_eventbridge::config::Builder::from(config)
+                .timeout_config(
+                    TimeoutConfig::builder()
+                        .connect_timeout(Duration::from_secs(1))
+                        .operation_attempt_timeout(NOTIFY_TIMEOUT / 2)
+                        .operation_timeout(NOTIFY_TIMEOUT)
+                        .build(),
+                )
+                .build(),
+        );
+        EventBridgeNotifier {
+            client,
+            bus: bus.into(),
+        }
+    }
+
+    /// The event bus notifications go to.
+    pub fn bus(&self) -> &str {
+        &self.bus
+    }
+
+    /// Sends `notification` as one event; gives up at `by`. The error names what failed.
+    pub async fn send(&self, notification: &CommitNotification, by: Instant) -> Result<(), String> {
+        let entry = PutEventsRequestEntry::builder()
+            .event_bus_name(&self.bus)
+            .source(SOURCE)
+            .detail_type(DETAIL_TYPE)
+            .detail(notification.detail_json())
+            .build();
+        let sent = tokio::time::timeout_at(by, self.client.put_events().entries(entry).send())
+            .await
+            .map_err(|_| "PutEvents did not finish in time".to_owned())?
+            .map_err(|e| {
+                format!(
+                    "PutEvents failed: {}",
+                    aws_sdk_eventbridge::error::DisplayErrorContext(e)
+                )
+            })?;
+        if sent.failed_entry_count() > 0 {
+            let entry = sent.entries().first();
+            return Err(format!(
+                "EventBridge refused the event: {} {}",
+                entry.and_then(|e| e.error_code()).unwrap_or("?"),
+                entry.and_then(|e| e.error_message()).unwrap_or("")
+            ));
+        }
+        Ok(())
+    }
+}
