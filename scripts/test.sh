@@ -7,6 +7,7 @@
 #        cargo fmt --all --check
 #        cargo clippy --workspace --all-targets -- -D warnings
 #        cfn-lint template.yaml, sam validate --lint
+#        scripts/lambda_e2e.py (both functions under cargo lambda watch/invoke)
 #        cargo test --workspace
 #
 # Build output goes to CARGO_TARGET_DIR (default ~/.cache/dynamo-outbox/target,
@@ -46,11 +47,22 @@ if [[ ${1:-} == --inside-stack ]]; then
     step "sam validate --lint"
     SAM_CLI_TELEMETRY=0 sam validate --lint --template template.yaml
 
+    # Both functions under cargo-lambda's emulator: enqueue, notification, bad request,
+    # relay, read back with confluent-kafka (scripts/lambda_e2e.py says what it checks).
+    # A failure is reported after the tests, which run either way.
+    step "lambda end-to-end: cargo lambda watch + cargo lambda invoke (scripts/lambda_e2e.py)"
+    e2e=0
+    "$CACHE/venv/bin/python" scripts/lambda_e2e.py || e2e=$?
+
     # Last, so that its summary lines ("test result: ...") close the output.
     # --no-fail-fast: every test binary runs and prints its summary even when
     # an earlier one failed (the exit status is still non-zero then).
     step "cargo test --workspace --no-fail-fast"
     cargo test --workspace --no-fail-fast "$@"
+    if ((e2e != 0)); then
+        echo "lambda end-to-end test FAILED (exit $e2e); see its output above" >&2
+        exit "$e2e"
+    fi
     exit 0
 fi
 

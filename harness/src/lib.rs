@@ -806,7 +806,7 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
 }
 
 /// Runs scripts/kafka.py (the independent client) with the stack's python; its stdout.
-pub(crate) fn kafka_py(args: &[&str]) -> Result<String, String> {
+pub fn kafka_py(args: &[&str]) -> Result<String, String> {
     let python = std::env::var("OUTBOX_STACK_PYTHON").unwrap_or_default();
     let scripts = std::env::var("OUTBOX_STACK_SCRIPTS").unwrap_or_default();
     let out = std::process::Command::new(&python)

@@ -213,6 +213,10 @@ pub struct RelaySummary {
     pub refused: BTreeMap<String, u64>,
     /// Errors the loop recovered from.
     pub errors: u64,
+    /// Whether the invocation used the Kafka client of an earlier (warm) invocation;
+    /// `false` when it connected a new one (a cold start, or a rebuild after a warm
+    /// invocation that could not publish).
+    pub kafka_client_reused: bool,
     /// Why the run ended (`deadline`, `deadline_missed`, ...), or why a notified invocation
     /// did not run: `covered` (live relays take care of every notified bucket) or
     /// `not_this_outbox` (the notification names another table, prefix or bucket count).
@@ -229,6 +233,7 @@ pub struct RelaySummary {
 impl RelaySummary {
     fn new(
         report: &RunReport,
+        kafka_client_reused: bool,
         trigger: Trigger,
         uncovered: Option<Vec<u32>>,
         source: DeadlineSource,
@@ -249,6 +254,7 @@ impl RelaySummary {
                 .map(|(k, v)| ((*k).to_owned(), *v))
                 .collect(),
             errors: report.errors,
+            kafka_client_reused,
             stop_reason: report.stop_reason.as_str().to_owned(),
             released: report.released,
             deadline_source: source,
@@ -275,6 +281,7 @@ impl RelaySummary {
             refused_writes: 0,
             refused: BTreeMap::new(),
             errors: 0,
+            kafka_client_reused: false,
             stop_reason: stop_reason.to_owned(),
             released: true,
             deadline_source: source,
@@ -355,17 +362,21 @@ impl RelayFunction {
         &self.settings
     }
 
-    /// The Kafka publisher of this execution environment, connected on first use.
-    async fn publisher(&self, deadline: Instant) -> Result<Arc<KafkaPublisher>, FunctionError> {
+    /// The Kafka publisher of this execution environment, connected on first use, and
+    /// whether it was there already.
+    async fn publisher(
+        &self,
+        deadline: Instant,
+    ) -> Result<(Arc<KafkaPublisher>, bool), FunctionError> {
         let mut slot = self.publisher.lock().await;
         if let Some(p) = slot.as_ref() {
-            return Ok(p.clone());
+            return Ok((p.clone(), true));
         }
         let connect_by = deadline.min(Instant::now() + CONNECT_TIMEOUT);
         let publisher =
             Arc::new(KafkaPublisher::connect(self.settings.kafka.clone(), connect_by).await?);
         *slot = Some(publisher.clone());
-        Ok(publisher)
+        Ok((publisher, false))
     }
 
     /// Handles one invocation. A commit notification ([`CommitNotification`]) first reads
@@ -401,6 +412,7 @@ impl RelayFunction {
                 .unwrap_or_default(),
         };
         let notification = CommitNotification::from_event(&event.payload)?;
+        let mut connected_here = false;
         let (trigger, uncovered) = match notification {
             None => (Trigger::Schedule, None),
             Some(n) => {
@@ -429,7 +441,7 @@ impl RelayFunction {
                     // join (its heartbeat is its first write) covers the later ones. The
                     // Kafka connection is made first, to keep the time between the second
                     // look and the heartbeat short.
-                    self.publisher(deadline).await?;
+                    connected_here = !self.publisher(deadline).await?.1;
                     tokio::time::sleep(notification_jitter(&context.request_id)).await;
                     read = tokio::time::timeout_at(
                         deadline,
@@ -466,7 +478,8 @@ impl RelayFunction {
                 "the invocation has no usable deadline: running for the configured maximum run time"
             );
         }
-        let publisher = self.publisher(deadline).await?;
+        let (publisher, reused) = self.publisher(deadline).await?;
+        let reused = reused && !connected_here;
         let relay =
             Relay::new(self.store.clone(), publisher, options)?.with_metrics(self.metrics.clone());
         let result = relay.run_until(deadline).await;
@@ -479,7 +492,14 @@ impl RelayFunction {
             warn!("nothing published and publishing failed: the Kafka client is rebuilt on the next invocation");
             *self.publisher.lock().await = None;
         }
-        let summary = RelaySummary::new(&report, trigger, uncovered, source, time_left(source));
+        let summary = RelaySummary::new(
+            &report,
+            reused,
+            trigger,
+            uncovered,
+            source,
+            time_left(source),
+        );
         info!(
             relay_id = %summary.relay_id,
             published = summary.published,

@@ -435,3 +435,72 @@ async fn notifications_for_another_outbox_or_malformed_ones_start_nothing() {
     assert!(e.message.starts_with("detail.buckets:"), "{e}");
     assert_eq!(counter.total(), 0, "{:?}", counter.snapshot());
 }
+
+/// A warm execution environment whose Kafka connection breaks: the invocation that cannot
+/// publish still returns its summary (not a function error), the function drops the
+/// client, and the next invocation connects a new one and publishes what was left.
+/// (Multi-threaded: the proxy's task runs while kafka.py blocks a thread.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_kafka_connection_is_rebuilt_by_the_next_invocation() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 2).await;
+    let log = std::env::temp_dir().join(format!("{}.log", random_name("tansu-rebuild")));
+    let broker = outbox_harness::broker::ProxiedBroker::start(&log)
+        .await
+        .expect("private tansu behind the fault proxy");
+    let bootstrap = broker.bootstrap();
+    let topic = random_name("rebuild");
+    outbox_harness::kafka_py(&[
+        "--bootstrap",
+        &bootstrap,
+        "create-topic",
+        &topic,
+        "--partitions",
+        "1",
+    ])
+    .unwrap();
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let function = RelayFunction::new(
+        client.clone(),
+        settings(
+            &options,
+            &[
+                ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
+                ("OUTBOX_ERROR_BACKOFF", "200ms"),
+            ],
+        ),
+    )
+    .unwrap();
+
+    enqueue(&writer, &topic, 0, 3).await;
+    let first = function
+        .handle(event("cold", in_ms(Duration::from_secs(7))))
+        .await
+        .expect("cold invocation");
+    assert_eq!((first.published, first.kafka_client_reused), (3, false));
+
+    // Every connection cut, new ones refused.
+    broker.proxy.refuse();
+    enqueue(&writer, &topic, 3, 3).await;
+    let broken = function
+        .handle(event("broken", in_ms(Duration::from_secs(7))))
+        .await
+        .expect("a broken broker is not a function error");
+    assert_eq!(broken.published, 0, "{broken:?}");
+    assert!(broken.publish_failures > 0, "{broken:?}");
+    assert!(broken.kafka_client_reused, "{broken:?}");
+    assert!(broken.released, "{broken:?}");
+    assert_eq!(pending_messages(&client, &options).await, 3);
+
+    broker.proxy.pass();
+    let rebuilt = function
+        .handle(event("rebuilt", in_ms(Duration::from_secs(7))))
+        .await
+        .expect("invocation after the broker is back");
+    assert!(!rebuilt.kafka_client_reused, "a new client: {rebuilt:?}");
+    assert_eq!(rebuilt.published, 3, "{rebuilt:?}");
+    assert_eq!(pending_messages(&client, &options).await, 0);
+    let records = outbox_harness::kafka_py(&["--bootstrap", &bootstrap, "read", &topic]).unwrap();
+    assert_eq!(records.lines().filter(|l| !l.trim().is_empty()).count(), 6);
+    let _ = std::fs::remove_file(&log);
+}
