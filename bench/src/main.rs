@@ -49,8 +49,8 @@ enum Command {
         /// Relays of the fleet run (0 or 1 skips it).
         #[arg(long, default_value_t = 3)]
         fleet: usize,
-        /// Raw/relay pairs (2: raw, relay, relay, raw).
-        #[arg(long, default_value_t = 1)]
+        /// Raw/relay pairs, alternating (2: raw, relay, relay, raw).
+        #[arg(long, default_value_t = 4)]
         pairs: usize,
     },
     /// Request accounting: steady drain, enqueue, idle relay against the formula.
@@ -138,7 +138,7 @@ async fn main() -> Result<()> {
         partitions: 8,
         concurrency: 8,
         fleet: 3,
-        pairs: if s { 1 } else { 2 },
+        pairs: if s { 1 } else { 4 },
     };
     match cli.command {
         Command::All => {

@@ -426,15 +426,17 @@ impl RelayFunction {
                         time_left(source),
                     ));
                 }
-                let read =
+                let look = || async {
                     tokio::time::timeout_at(deadline, self.store.uncovered(&n.buckets, &options))
                         .await
                         .map_err(|_| {
                             FunctionError::from(dynamo_outbox::Error::DeadlineExceeded(
                                 "reading the coordination partition",
                             ))
-                        })??;
-                let mut read = read;
+                        })?
+                        .map_err(FunctionError::from)
+                };
+                let mut read = look().await?;
                 if !read.is_empty() {
                     // A burst of notifications to an idle fleet: the invocations spread
                     // out by a jitter of their own and look again, so that the first to
@@ -443,16 +445,7 @@ impl RelayFunction {
                     // look and the heartbeat short.
                     connected_here = !self.publisher(deadline).await?.1;
                     tokio::time::sleep(notification_jitter(&context.request_id)).await;
-                    read = tokio::time::timeout_at(
-                        deadline,
-                        self.store.uncovered(&n.buckets, &options),
-                    )
-                    .await
-                    .map_err(|_| {
-                        FunctionError::from(dynamo_outbox::Error::DeadlineExceeded(
-                            "reading the coordination partition",
-                        ))
-                    })??;
+                    read = look().await?;
                 }
                 if read.is_empty() {
                     info!(
