@@ -98,6 +98,8 @@ class Watch:
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def wait_ready(self) -> None:
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -123,13 +125,17 @@ class Watch:
             print("".join(f.readlines()[-40:]), file=sys.stderr)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
+        """Stops the emulator and the function processes it started (one session)."""
+        for sig, wait in ((15, 15), (9, 5)):
             try:
-                self.proc.wait(timeout=15)
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                break
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait()
+                continue
         self.log.close()
 
 
@@ -160,6 +166,7 @@ def main() -> int:
     step("starting cargo lambda watch")
     watch = Watch(env)
     try:
+        watch.wait_ready()
         return scenario(watch, table, topic, prefix, queue)
     finally:
         watch.stop()
@@ -213,6 +220,7 @@ def scenario(watch: Watch, table: str, topic: str, prefix: str, queue: str) -> i
     check("messages[1].topic" in stderr, f"the error names the field: {stderr}")
     check(scan(table) == items_after_enqueue, "the table is unchanged after the bad request")
     out = run([PY, os.path.join(SCRIPTS, "events.py"), "receive", queue, "--wait", "1"])
+    check(out.returncode == 0, f"events.py receive: {out.stderr}")
     check(out.stdout.strip() == "", f"no notification for a rejected request: {out.stdout}")
 
     step("invoke outbox-relay-function with the notification")

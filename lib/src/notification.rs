@@ -18,16 +18,18 @@
 //! Every commit can send a notification, and every notification can start a relay
 //! invocation. A relay started by one first reads the coordination partition once
 //! (one strongly consistent `Query`, no write) and returns at once when [`uncovered`]
-//! finds every notified bucket taken care of by a live relay; only otherwise does it join
-//! the fleet as a relay.
+//! finds every notified bucket held by a live relay; only otherwise does it join the
+//! fleet as a relay.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::options::OutboxOptions;
-use crate::plan::{self, LeaseView};
-use crate::store::leases::Coordination;
+use crate::plan::{self, PlanInput};
+use crate::store::leases::{Coordination, RelayRecord};
 
 /// The `source` of a commit notification event.
 pub const SOURCE: &str = "dynamo-outbox";
@@ -126,15 +128,22 @@ impl CommitNotification {
     }
 }
 
-/// Which of `buckets` no live relay takes care of, by one read of the coordination
-/// partition at `now` (UTC ticks). Pure.
+/// How recent a relay's heartbeat must be for [`uncovered`] to count the claims of the
+/// round that heartbeat started: longer than a round takes from its heartbeat to its
+/// claims (the first round of a relay waits [`crate::relay::JOIN_DELAY`] in between).
+pub const ROUND_WINDOW: Duration = Duration::from_secs(1);
+
+/// Which of `buckets` no live relay publishes or is about to claim, by one read of the
+/// coordination partition at `now` (UTC ticks). Pure.
 ///
 /// A relay counts when it is active (heartbeat younger than `lease_ticks`, not stamped
 /// stopped) and does not announce a stop (`StopsAtUtc`) within `soon_ticks`. A bucket is
-/// taken care of when such a relay holds an unlapsed lease on it, or when the plan those
-/// relays compute from this read gives it to one of them to claim (a free bucket, a
-/// lapsed lease, or a lease of a relay that is gone or about to stop). With no such relay
-/// every bucket is uncovered.
+/// covered when its lease is unlapsed and names such a relay (it probes the bucket every
+/// poll interval), or when such a relay is in the middle of an acquisition round (its
+/// heartbeat is younger than `round_ticks`) whose plan, computed from this read as that
+/// relay computes it, claims the bucket: a relay that has just joined. Every other bucket
+/// is uncovered, also one that a live relay would claim only at its next round (up to a
+/// renew interval away): the notified invocation joins instead.
 pub fn uncovered(
     coordination: &Coordination,
     buckets: &[u32],
@@ -142,42 +151,43 @@ pub fn uncovered(
     now: i64,
     lease_ticks: i64,
     soon_ticks: i64,
+    round_ticks: i64,
 ) -> Vec<u32> {
-    let live: Vec<String> = coordination
+    let counts = |r: &&RelayRecord| {
+        r.is_active(now, lease_ticks)
+            && r.stops_at
+                .is_none_or(|s| s > now.saturating_add(soon_ticks))
+    };
+    let live: Vec<&str> = coordination
         .relays
         .iter()
-        .filter(|r| {
-            r.is_active(now, lease_ticks)
-                && r.stops_at
-                    .is_none_or(|s| s > now.saturating_add(soon_ticks))
-        })
-        .map(|r| r.relay_id.clone())
-        .collect();
-    if live.is_empty() {
-        return buckets.to_vec();
-    }
-    // The leases as the live relays will see them once the others are gone.
-    let leases: Vec<LeaseView> = coordination
-        .leases
-        .iter()
-        .filter(|l| l.bucket < bucket_count)
-        .map(|l| LeaseView {
-            bucket: l.bucket,
-            owner: l
-                .owner
-                .clone()
-                .filter(|o| l.expires_at > now && live.contains(o)),
-            lapsed: false,
-        })
+        .filter(counts)
+        .map(|r| r.relay_id.as_str())
         .collect();
     let mut covered = vec![false; bucket_count as usize];
-    for l in &leases {
-        if l.owner.is_some() {
+    for l in &coordination.leases {
+        if l.bucket < bucket_count
+            && l.expires_at > now
+            && l.owner.as_deref().is_some_and(|o| live.contains(&o))
+        {
             covered[l.bucket as usize] = true;
         }
     }
-    for (_, p) in plan::fleet(bucket_count, &live, &leases) {
-        for b in p.claim {
+    let active = coordination.active_relays(now, lease_ticks);
+    let leases = coordination.lease_views(now);
+    for joining in coordination
+        .relays
+        .iter()
+        .filter(counts)
+        .filter(|r| now.saturating_sub(r.last_seen) <= round_ticks)
+    {
+        let plan = plan::compute(&PlanInput {
+            bucket_count,
+            me: &joining.relay_id,
+            active_relays: &active,
+            leases: &leases,
+        });
+        for b in plan.claim {
             covered[b as usize] = true;
         }
     }
@@ -191,11 +201,12 @@ pub fn uncovered(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::leases::{LeaseRecord, RelayRecord};
+    use crate::store::leases::LeaseRecord;
     use serde_json::json;
 
     const LEASE: i64 = 30;
     const SOON: i64 = 10;
+    const ROUND: i64 = 2;
     const NOW: i64 = 1_000;
 
     fn relay(id: &str, last_seen: i64) -> RelayRecord {
@@ -216,7 +227,7 @@ mod tests {
     }
 
     fn check(c: &Coordination, buckets: &[u32]) -> Vec<u32> {
-        uncovered(c, buckets, 4, NOW, LEASE, SOON)
+        uncovered(c, buckets, 4, NOW, LEASE, SOON, ROUND)
     }
 
     #[test]
@@ -256,12 +267,12 @@ mod tests {
             relays: vec![leaving.clone()],
         };
         assert_eq!(check(&c, &[0]), vec![0]);
-        // ...unless a live successor will take the bucket over.
+        // ...also with a live successor, which takes the bucket over only after the stop.
         let c = Coordination {
             leases: vec![lease(0, "a", NOW + 20)],
             relays: vec![leaving, relay("b", NOW - 1)],
         };
-        assert_eq!(check(&c, &[0]), Vec::<u32>::new());
+        assert_eq!(check(&c, &[0]), vec![0]);
         // A stop announced further out still counts.
         let mut staying = relay("a", NOW - 1);
         staying.stops_at = Some(NOW + SOON + 1);
@@ -273,43 +284,67 @@ mod tests {
     }
 
     #[test]
-    fn free_buckets_are_covered_when_the_live_fleet_claims_them() {
-        // a holds 0 and 1; 2 and 3 are free (3 lapsed): a's share is all four.
+    fn free_lapsed_or_dead_relays_buckets_are_uncovered_with_a_fleet_between_rounds() {
+        // a holds 0 (live) and 1 (lapsed); 2 has no lease item; 3 is held by a relay
+        // without a heartbeat. a is between rounds (heartbeat 5 ticks ago): it would
+        // claim 1 and 2 only at its next round, so the notified invocation joins.
         let c = Coordination {
             leases: vec![
                 lease(0, "a", NOW + 20),
-                lease(1, "a", NOW + 20),
-                lease(3, "gone", NOW),
+                lease(1, "a", NOW),
+                lease(3, "dead", NOW + 20),
             ],
-            relays: vec![relay("a", NOW - 1)],
+            relays: vec![relay("a", NOW - 5)],
         };
-        assert_eq!(check(&c, &[2, 3]), Vec::<u32>::new());
+        assert_eq!(check(&c, &[0, 1, 2, 3]), vec![1, 2, 3]);
+        // A bucket beyond the count is never covered.
+        assert_eq!(check(&c, &[7]), vec![7]);
     }
 
     #[test]
-    fn a_bucket_of_a_dead_relay_is_covered_by_the_live_fleet() {
-        // Four live relays on four buckets, each holding one: nothing is free. A bucket
-        // still held by a dead relay (lease unlapsed) is planned for the one live relay
-        // that holds nothing.
+    fn a_relay_in_its_round_covers_what_its_plan_claims() {
+        // "new" has just written its first heartbeat and holds nothing: its round is
+        // about to claim its share of the free buckets. "a" is between rounds.
+        let c = Coordination {
+            leases: vec![lease(0, "a", NOW + 20), lease(3, "dead", NOW + 20)],
+            relays: vec![relay("a", NOW - 5), relay("new", NOW - 1)],
+        };
+        // Shares of 4 buckets over a and new: 2 each; new's range is 2..4. It claims 2
+        // (3 is held by the dead relay until it lapses); 1 waits for a's next round.
+        assert_eq!(check(&c, &[1, 2, 3]), vec![1, 3]);
+        // Alone on an empty table, a joiner covers everything.
+        let c = Coordination {
+            leases: vec![],
+            relays: vec![relay("new", NOW - 1)],
+        };
+        assert_eq!(check(&c, &[0, 1, 2, 3]), Vec::<u32>::new());
+        // ...unless it is about to stop.
+        let mut leaving = relay("new", NOW - 1);
+        leaving.stops_at = Some(NOW + 1);
+        let c = Coordination {
+            leases: vec![],
+            relays: vec![leaving],
+        };
+        assert_eq!(check(&c, &[0]), vec![0]);
+    }
+
+    #[test]
+    fn a_fleet_holding_every_bucket_covers_them_all_standbys_included() {
         let c = Coordination {
             leases: vec![
                 lease(0, "a", NOW + 20),
                 lease(1, "b", NOW + 20),
                 lease(2, "c", NOW + 20),
-                lease(3, "dead", NOW + 20),
+                lease(3, "c", NOW + 20),
             ],
             relays: vec![
                 relay("a", NOW - 1),
                 relay("b", NOW - 1),
                 relay("c", NOW - 1),
-                relay("d", NOW - 1),
+                relay("standby", NOW - 1),
             ],
         };
         assert_eq!(check(&c, &[0, 1, 2, 3]), Vec::<u32>::new());
-        // Without d, bucket 3 still goes to one of a, b, c (share 2 for one of them).
-        let mut no_d = c.clone();
-        no_d.relays.pop();
-        assert_eq!(check(&no_d, &[3]), Vec::<u32>::new());
     }
 
     #[test]

@@ -122,6 +122,11 @@ impl EnqueueFunction {
         })
     }
 
+    /// The commit notifier, when one is configured.
+    pub fn notifier(&self) -> Option<&EventBridgeNotifier> {
+        self.notifier.as_ref()
+    }
+
     /// Sends a commit notification through `notifier` after every commit.
     pub fn with_notifier(mut self, notifier: EventBridgeNotifier) -> Self {
         self.notifier = Some(notifier);

@@ -3,6 +3,8 @@
 //! A failed or late send is logged and otherwise ignored: the messages are committed, and
 //! relays find them on their next poll.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_eventbridge::config::timeout::TimeoutConfig;
@@ -13,11 +15,13 @@ use tokio::time::Instant;
 /// Longest time one notification may take, EventBridge's retries included.
 pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Sends commit notifications to one event bus.
+/// Sends commit notifications to one event bus. Clones share the counts.
 #[derive(Debug, Clone)]
 pub struct EventBridgeNotifier {
     client: aws_sdk_eventbridge::Client,
     bus: String,
+    sent: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
 }
 
 impl EventBridgeNotifier {
@@ -38,7 +42,19 @@ impl EventBridgeNotifier {
         EventBridgeNotifier {
             client,
             bus: bus.into(),
+            sent: Arc::default(),
+            failed: Arc::default(),
         }
+    }
+
+    /// Notifications EventBridge accepted so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Notifications that failed or timed out so far.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
     }
 
     /// The event bus notifications go to.
@@ -48,6 +64,17 @@ impl EventBridgeNotifier {
 
     /// Sends `notification` as one event; gives up at `by`. The error names what failed.
     pub async fn send(&self, notification: &CommitNotification, by: Instant) -> Result<(), String> {
+        let result = self.put(notification, by).await;
+        let counter = if result.is_ok() {
+            &self.sent
+        } else {
+            &self.failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        result
+    }
+
+    async fn put(&self, notification: &CommitNotification, by: Instant) -> Result<(), String> {
         let entry = PutEventsRequestEntry::builder()
             .event_bus_name(&self.bus)
             .source(SOURCE)

@@ -278,6 +278,10 @@ async fn a_commit_sends_one_notification_naming_the_table_and_buckets() {
     assert_eq!(rejected.error_type, "ValidationError");
     assert_eq!(received_notifications(&queue, 1), Vec::<Value>::new());
     assert_eq!(pending_messages(&client, &options).await, 4);
+    let notifier = function
+        .notifier()
+        .expect("configured from OUTBOX_NOTIFY_EVENT_BUS");
+    assert_eq!((notifier.sent(), notifier.failed()), (1, 0));
 }
 
 #[tokio::test]
@@ -296,6 +300,9 @@ async fn a_failed_notification_never_fails_the_committed_write() {
         .expect("the write succeeds without its notification");
     assert_eq!(response.messages.len(), 1);
     assert_eq!(pending_messages(&client, &options).await, 1);
+    // The notification was attempted and failed.
+    let notifier = function.notifier().expect("configured");
+    assert_eq!((notifier.sent(), notifier.failed()), (0, 1));
     // The notification's own bound (2 s) kept the call short.
     assert!(
         started.elapsed() < Duration::from_secs(5),

@@ -12,14 +12,16 @@
 //! An invocation whose payload is a commit notification
 //! ([`dynamo_outbox::notification`]; the SAM template's rule on the event bus delivers
 //! them) first reads the coordination partition once and returns (`stop_reason`
-//! `covered`, no write) when live relays take care of every notified bucket. When some
+//! `covered`, no write) when live relays hold (or, having just joined, are claiming) every notified bucket. When some
 //! bucket has none, it connects to Kafka, waits a jitter of its own
 //! ([`notification_jitter`], under 300 ms) and reads once more; only when a bucket is
 //! still uncovered does it run as a relay. A notification for another table, key
 //! prefix or bucket count returns at once (`not_this_outbox`). So a burst of commits does
-//! not start a burst of relays: while any relay is live, none joins; on an idle fleet, the
-//! first notified invocation that joins writes its heartbeat before anything else, and
-//! the ones that look after that count it as live.
+//! not start a burst of relays: while live relays hold the buckets, none joins; on an idle
+//! fleet, the first notified invocation that joins writes its heartbeat before anything
+//! else, and the ones that look after that count its first round's claims as covering.
+//! A free bucket that a live relay would claim only at its next round (up to a renew
+//! interval away) counts as uncovered, so a notification gets it published sooner.
 //!
 //! # Environment
 //! Everything [`OutboxOptions::from_env`], [`RelayOptions::from_env`] and
@@ -218,7 +220,7 @@ pub struct RelaySummary {
     /// invocation that could not publish).
     pub kafka_client_reused: bool,
     /// Why the run ended (`deadline`, `deadline_missed`, ...), or why a notified invocation
-    /// did not run: `covered` (live relays take care of every notified bucket) or
+    /// did not run: `covered` (live relays hold (or, having just joined, are claiming) every notified bucket) or
     /// `not_this_outbox` (the notification names another table, prefix or bucket count).
     pub stop_reason: String,
     /// Whether every lease was released at the end.
@@ -381,7 +383,7 @@ impl RelayFunction {
 
     /// Handles one invocation. A commit notification ([`CommitNotification`]) first reads
     /// the coordination partition once and returns (`stop_reason` `covered`) when live
-    /// relays take care of every notified bucket; any other payload (a schedule tick, a
+    /// relays hold (or, having just joined, are claiming) every notified bucket; any other payload (a schedule tick, a
     /// manual invoke), and a notification they do not cover, runs one relay until the run
     /// deadline, then returns the summary.
     pub async fn handle(
@@ -444,7 +446,8 @@ impl RelayFunction {
                     // Kafka connection is made first, to keep the time between the second
                     // look and the heartbeat short.
                     connected_here = !self.publisher(deadline).await?.1;
-                    tokio::time::sleep(notification_jitter(&context.request_id)).await;
+                    let jitter = notification_jitter(&context.request_id);
+                    tokio::time::sleep_until((Instant::now() + jitter).min(deadline)).await;
                     read = look().await?;
                 }
                 if read.is_empty() {

@@ -317,7 +317,16 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
     let tick = scheduled.handle(event("tick", in_ms(Duration::from_secs(8))));
     let notified = async {
         let all = vec![Some("outbox-relay-test-tick".to_string()); 4];
-        while lease_owners(&client, &options).await != all {
+        let owned_by = Instant::now() + Duration::from_secs(3);
+        loop {
+            let owners = lease_owners(&client, &options).await;
+            if owners == all {
+                break;
+            }
+            assert!(
+                Instant::now() < owned_by,
+                "the scheduled relay did not own every bucket within 3 s: {owners:?}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let (counted, counter) = counted_client().await;
@@ -397,8 +406,10 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
         "idle fleet, 5 notifications: {} joined: {joined:?}",
         joined.len()
     );
+    // One joins; the jitter keeps the others out once its heartbeat is visible (within
+    // 55 ms here; up to 3 may join on a machine that takes longer than 110 ms for it).
     assert!(
-        (1..=2).contains(&joined.len()),
+        (1..=3).contains(&joined.len()),
         "one joins, the jitter keeps most others out: {burst:?}"
     );
     for s in &joined {

@@ -211,6 +211,7 @@ fn the_relay_runs_on_a_schedule_that_does_not_pile_up() {
         "VpcConfig:",
         "Timeout: !Ref RelayTimeout",
         "OUTBOX_SHUTDOWN_MARGIN: 3s",
+        "ReservedConcurrentExecutions: !Ref RelayReservedConcurrency",
     ] {
         assert!(relay.contains(expected), "RelayFunction lacks {expected}");
     }

@@ -215,7 +215,7 @@ impl DynamoDbOutboxStore {
         })
     }
 
-    /// Which of `buckets` no live relay takes care of
+    /// Which of `buckets` no live relay holds or is about to claim
     /// ([`crate::notification::uncovered`]), from one strongly consistent read of the
     /// coordination partition and no write: what a relay started by a commit notification
     /// checks before it joins the fleet. `options` gives the lease duration (who is
@@ -230,6 +230,7 @@ impl DynamoDbOutboxStore {
             self.clock().now_ticks(),
             duration_to_ticks(options.lease_duration),
             duration_to_ticks(options.poll_interval),
+            duration_to_ticks(crate::notification::ROUND_WINDOW),
         ))
     }
 
