@@ -4,9 +4,17 @@
 
 use std::collections::BTreeSet;
 
+/// The workspace root, read when the test runs (`cargo test` sets `CARGO_MANIFEST_DIR`):
+/// a path baked in at compile time would name whichever clone last built this binary in
+/// a shared target directory.
+fn root() -> std::path::PathBuf {
+    let manifest = std::env::var("CARGO_MANIFEST_DIR")
+        .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
+    std::path::Path::new(&manifest).join("../..")
+}
+
 fn template() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml");
-    std::fs::read_to_string(path).expect("read template.yaml")
+    std::fs::read_to_string(root().join("template.yaml")).expect("read template.yaml")
 }
 
 fn indent(line: &str) -> usize {
@@ -165,11 +173,7 @@ fn functions_build_with_cargo_lambda_on_provided_al2023() {
             .lines()
             .find_map(|l| l.trim().strip_prefix("CodeUri: "))
             .unwrap_or_else(|| panic!("{name} has no CodeUri"));
-        let manifest = std::fs::read_to_string(format!(
-            "{}/../../{code_uri}/Cargo.toml",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap();
+        let manifest = std::fs::read_to_string(root().join(code_uri).join("Cargo.toml")).unwrap();
         assert!(
             manifest.contains(&format!("name = \"{package}\"")),
             "{code_uri} builds {package}"
