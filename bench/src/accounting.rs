@@ -1,7 +1,7 @@
 //! Request accounting against the specification's cost model: requests per published
 //! message at steady drain, per enqueue, and of an idle relay per poll and renew interval.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Relay, RelayOptions, RunReport};
@@ -322,18 +322,6 @@ pub async fn idle(buckets: u32, duration: Duration, options: RelayOptions) -> Re
         report,
         per_round,
     })
-}
-
-/// Requests of the idle relay's rounds after the first, by purpose, as `class: count per
-/// round` (the steady-state round).
-pub fn steady_round(idle: &Idle) -> BTreeMap<Class, u64> {
-    let mut out = BTreeMap::new();
-    for round in idle.per_round.iter().skip(1) {
-        for (class, o) in &round.0 {
-            *out.entry(*class).or_insert(0) += o.total();
-        }
-    }
-    out
 }
 
 /// The accounting benchmark.

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
-use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
+use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
 use aws_sdk_dynamodb::Client;
 use dynamo_outbox::metrics::RelayMetrics;
 use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
@@ -217,34 +217,6 @@ pub async fn batch_write(
         pause = (pause * 2).min(Duration::from_millis(500));
     }
     Err("BatchWriteItem: items still unprocessed after 20 attempts".into())
-}
-
-/// Message items left in a bucket range (one strongly consistent count per bucket).
-pub async fn pending(client: &Client, options: &OutboxOptions) -> Result<u64> {
-    let keys = Keys::new(options);
-    let mut total = 0;
-    for bucket in 0..options.bucket_count {
-        let mut start = None;
-        loop {
-            let out = client
-                .query()
-                .table_name(&options.table_name)
-                .key_condition_expression("#pk = :pk")
-                .expression_attribute_names("#pk", &keys.pk)
-                .expression_attribute_values(":pk", AttributeValue::S(keys.message_pk(bucket)))
-                .select(aws_sdk_dynamodb::types::Select::Count)
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await?;
-            total += out.count().max(0) as u64;
-            match out.last_evaluated_key {
-                Some(k) if !k.is_empty() => start = Some(k),
-                _ => break,
-            }
-        }
-    }
-    Ok(total)
 }
 
 /// One acquisition round as the metrics hook saw it.
