@@ -18,6 +18,7 @@ use aws_sdk_dynamodb::operation::query::QueryInput;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemInput;
 use aws_sdk_dynamodb::types::{AttributeValue, Select};
 use aws_smithy_types::config_bag::{Storable, StoreReplace};
+use dynamo_outbox::accounting::Attempts;
 
 /// What one request is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -123,15 +124,11 @@ impl fmt::Display for Class {
     }
 }
 
-/// Attempts of one class, by outcome.
+/// Attempts of one class, by outcome, and the items its queries read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Outcomes {
-    /// 2xx answers.
-    pub ok: u64,
-    /// 4xx answers (refused conditions, throttling, validation).
-    pub client_error: u64,
-    /// 5xx answers or no answer.
-    pub server_error: u64,
+    /// Attempts by outcome (the library's request accounting).
+    pub attempts: Attempts,
     /// Items a `Query` read (its `ScannedCount`: a `COUNT` query reads, and DynamoDB bills,
     /// every item it counts), over the operations' final answers.
     pub items_read: u64,
@@ -140,7 +137,7 @@ pub struct Outcomes {
 impl Outcomes {
     /// Every attempt.
     pub fn total(&self) -> u64 {
-        self.ok + self.client_error + self.server_error
+        self.attempts.total()
     }
 }
 
@@ -166,12 +163,12 @@ impl Counts {
 
     /// Attempts answered with a 4xx (a refused conditional write among them).
     pub fn client_errors(&self) -> u64 {
-        self.0.values().map(|o| o.client_error).sum()
+        self.0.values().map(|o| o.attempts.client_error).sum()
     }
 
     /// Attempts answered with a 5xx or not at all.
     pub fn server_errors(&self) -> u64 {
-        self.0.values().map(|o| o.server_error).sum()
+        self.0.values().map(|o| o.attempts.server_error).sum()
     }
 
     /// `self - earlier`, class by class.
@@ -180,9 +177,7 @@ impl Counts {
         for (class, now) in &self.0 {
             let before = earlier.0.get(class).copied().unwrap_or_default();
             let d = Outcomes {
-                ok: now.ok - before.ok,
-                client_error: now.client_error - before.client_error,
-                server_error: now.server_error - before.server_error,
+                attempts: now.attempts.since(&before.attempts),
                 items_read: now.items_read - before.items_read,
             };
             if d.total() > 0 {
@@ -207,12 +202,13 @@ impl Counts {
         self.0
             .iter()
             .map(|(c, o)| {
-                if o.client_error + o.server_error > 0 {
+                let a = &o.attempts;
+                if a.client_error + a.server_error > 0 {
                     format!(
                         "{c}={} ({} 4xx, {} 5xx)",
                         o.total(),
-                        o.client_error,
-                        o.server_error
+                        a.client_error,
+                        a.server_error
                     )
                 } else {
                     format!("{c}={}", o.total())
@@ -261,12 +257,7 @@ impl Classifier {
 
     fn record(&self, class: Class, status: Option<u16>) {
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = counts.0.entry(class).or_default();
-        match status {
-            Some(s) if (200..300).contains(&s) => entry.ok += 1,
-            Some(s) if (400..500).contains(&s) => entry.client_error += 1,
-            _ => entry.server_error += 1,
-        }
+        counts.0.entry(class).or_default().attempts.record(status);
     }
 }
 

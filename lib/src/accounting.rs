@@ -40,6 +40,24 @@ impl Attempts {
     pub fn total(&self) -> u64 {
         self.ok + self.client_error + self.server_error
     }
+
+    /// Counts one attempt by its HTTP status (`None`: no answer).
+    pub fn record(&mut self, status: Option<u16>) {
+        match status {
+            Some(s) if (200..300).contains(&s) => self.ok += 1,
+            Some(s) if (400..500).contains(&s) => self.client_error += 1,
+            _ => self.server_error += 1,
+        }
+    }
+
+    /// `self - earlier`, outcome by outcome.
+    pub fn since(&self, earlier: &Attempts) -> Attempts {
+        Attempts {
+            ok: self.ok - earlier.ok,
+            client_error: self.client_error - earlier.client_error,
+            server_error: self.server_error - earlier.server_error,
+        }
+    }
 }
 
 /// Counts DynamoDB attempts by operation name (`Query`, `UpdateItem`, ...). Clones share
@@ -78,12 +96,10 @@ impl RequestCounter {
 
     fn record(&self, operation: &str, status: Option<u16>) {
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = counts.entry(operation.to_string()).or_default();
-        match status {
-            Some(s) if (200..300).contains(&s) => entry.ok += 1,
-            Some(s) if (400..500).contains(&s) => entry.client_error += 1,
-            _ => entry.server_error += 1,
-        }
+        counts
+            .entry(operation.to_string())
+            .or_default()
+            .record(status);
     }
 }
 
