@@ -56,12 +56,12 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
     let mut function =
         EnqueueFunction::new(dynamodb().await, options)?.with_idempotency_retention(retention);
     // The commit notification, as the function sends it, when the bus is configured.
-    if let Some(bus) = std::env::var(env::NOTIFY_EVENT_BUS)
-        .ok()
-        .filter(|b| !b.trim().is_empty())
-    {
+    if std::env::var_os(env::NOTIFY_EVENT_BUS).is_some() {
         let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-        function = function.with_notifier(EventBridgeNotifier::new(&config, bus));
+        if let Some(notifier) = EventBridgeNotifier::from_lookup(&config, |n| std::env::var(n).ok())
+        {
+            function = function.with_notifier(notifier);
+        }
     }
     // No deadline in the context: the SDK's own timeouts bound the write, as in a local
     // emulator.

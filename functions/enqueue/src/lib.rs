@@ -151,9 +151,7 @@ impl EnqueueFunction {
         let retention = Self::retention_from_lookup(&lookup)?;
         let mut function = Self::new(dynamo_outbox::client::dynamodb_client(config), options)?
             .with_idempotency_retention(retention);
-        if let Some(bus) = lookup(env::NOTIFY_EVENT_BUS).filter(|b| !b.trim().is_empty()) {
-            function = function.with_notifier(EventBridgeNotifier::new(config, bus));
-        }
+        function.notifier = EventBridgeNotifier::from_lookup(config, &lookup);
         Ok(function)
     }
 

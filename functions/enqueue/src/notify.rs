@@ -57,6 +57,17 @@ impl EventBridgeNotifier {
         self.failed.load(Ordering::Relaxed)
     }
 
+    /// The notifier the environment asks for: `OUTBOX_NOTIFY_EVENT_BUS` read through
+    /// `lookup` (the process environment, or a stand-in); `None` when it is unset or empty.
+    pub fn from_lookup(
+        config: &aws_config::SdkConfig,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Option<Self> {
+        lookup(crate::env::NOTIFY_EVENT_BUS)
+            .filter(|b| !b.trim().is_empty())
+            .map(|bus| Self::new(config, bus))
+    }
+
     /// The event bus notifications go to.
     pub fn bus(&self) -> &str {
         &self.bus
