@@ -153,32 +153,30 @@ pub fn uncovered(
     soon_ticks: i64,
     round_ticks: i64,
 ) -> Vec<u32> {
-    let counts = |r: &&RelayRecord| {
-        r.is_active(now, lease_ticks)
-            && r.stops_at
-                .is_none_or(|s| s > now.saturating_add(soon_ticks))
-    };
-    let live: Vec<&str> = coordination
+    let live: Vec<&RelayRecord> = coordination
         .relays
         .iter()
-        .filter(counts)
-        .map(|r| r.relay_id.as_str())
+        .filter(|r| {
+            r.is_active(now, lease_ticks)
+                && r.stops_at
+                    .is_none_or(|s| s > now.saturating_add(soon_ticks))
+        })
         .collect();
     let mut covered = vec![false; bucket_count as usize];
     for l in &coordination.leases {
         if l.bucket < bucket_count
             && l.expires_at > now
-            && l.owner.as_deref().is_some_and(|o| live.contains(&o))
+            && l.owner
+                .as_deref()
+                .is_some_and(|o| live.iter().any(|r| r.relay_id == o))
         {
             covered[l.bucket as usize] = true;
         }
     }
     let active = coordination.active_relays(now, lease_ticks);
     let leases = coordination.lease_views(now);
-    for joining in coordination
-        .relays
+    for joining in live
         .iter()
-        .filter(counts)
         .filter(|r| now.saturating_sub(r.last_seen) <= round_ticks)
     {
         let plan = plan::compute(&PlanInput {
