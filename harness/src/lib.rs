@@ -807,20 +807,7 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
 
 /// Runs scripts/kafka.py (the independent client) with the stack's python; its stdout.
 pub fn kafka_py(args: &[&str]) -> Result<String, String> {
-    let python = std::env::var("OUTBOX_STACK_PYTHON").unwrap_or_default();
-    let scripts = std::env::var("OUTBOX_STACK_SCRIPTS").unwrap_or_default();
-    let out = std::process::Command::new(&python)
-        .arg(format!("{scripts}/kafka.py"))
-        .args(args)
-        .output()
-        .map_err(|e| format!("running kafka.py: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "kafka.py {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    outbox_integration_tests::try_stack_py("kafka.py", args)
 }
 
 fn create_topic(bootstrap: Option<&str>, topic: &str, partitions: u32) -> Result<(), String> {

@@ -97,19 +97,28 @@ fn kafka_py(args: &[&str]) -> String {
 /// Runs one of the stack's Python helpers (`scripts/NAME`) with the stack's venv python;
 /// panics with its stderr when it fails.
 fn stack_py(script: &str, args: &[&str]) -> String {
-    let python = stack_var("OUTBOX_STACK_PYTHON");
-    let scripts = stack_var("OUTBOX_STACK_SCRIPTS");
-    let out = std::process::Command::new(python)
+    stack_var("OUTBOX_STACK_PYTHON");
+    try_stack_py(script, args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs one of the stack's Python helpers (`scripts/NAME`) with the stack's venv python
+/// (`OUTBOX_STACK_PYTHON`, `OUTBOX_STACK_SCRIPTS`); its stdout, or an error naming the
+/// script, its arguments and its stderr.
+pub fn try_stack_py(script: &str, args: &[&str]) -> Result<String, String> {
+    let python = std::env::var("OUTBOX_STACK_PYTHON").unwrap_or_default();
+    let scripts = std::env::var("OUTBOX_STACK_SCRIPTS").unwrap_or_default();
+    let out = std::process::Command::new(&python)
         .arg(format!("{scripts}/{script}"))
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("run {script}: {e}"));
-    assert!(
-        out.status.success(),
-        "{script} {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 output")
+        .map_err(|e| format!("running {script} with {python:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{script} {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Creates the event bus `bus` on the stack's EventBridge stand-in (moto) with a rule
