@@ -942,6 +942,26 @@ impl dynamo_outbox::metrics::RelayMetrics for PoisonCounter {
     }
 }
 
+/// Runs relay "r" over the 2 buckets of `options` for `run`; its report, and how often it
+/// reported a poison item.
+async fn run_counting_poison(
+    client: &aws_sdk_dynamodb::Client,
+    options: &OutboxOptions,
+    run: Duration,
+) -> (RunReport, usize) {
+    let metrics = Arc::new(PoisonCounter::default());
+    let relay = relay_with(
+        client,
+        options,
+        kafka_publisher().await,
+        fast_relay_options("r", 2),
+    )
+    .await
+    .with_metrics(metrics.clone());
+    let report = relay.run_until(Instant::now() + run).await.unwrap();
+    (report, metrics.0.load(Ordering::SeqCst))
+}
+
 #[tokio::test]
 async fn a_poison_item_stops_only_its_bucket_until_it_is_quarantined() {
     let client = dynamodb().await;
@@ -1001,25 +1021,11 @@ async fn a_poison_item_stops_only_its_bucket_until_it_is_quarantined() {
         .await
         .unwrap();
 
-    let metrics = Arc::new(PoisonCounter::default());
-    let relay = relay_with(
-        &client,
-        &options,
-        kafka_publisher().await,
-        fast_relay_options("r", 2),
-    )
-    .await
-    .with_metrics(metrics.clone());
-    let report = relay
-        .run_until(Instant::now() + Duration::from_secs(4))
-        .await
-        .unwrap();
+    let (report, poison_reports) =
+        run_counting_poison(&client, &options, Duration::from_secs(4)).await;
     assert_eq!(report.published, 1, "the other bucket went on");
     assert_eq!(report.stop_reason, StopReason::Deadline, "no crash loop");
-    assert!(
-        metrics.0.load(Ordering::SeqCst) >= 1,
-        "the poison item is reported"
-    );
+    assert!(poison_reports >= 1, "the poison item is reported");
     let ids: Vec<String> = read_topic(&topic)
         .iter()
         .filter_map(ReadRecord::message_id)
@@ -1137,24 +1143,10 @@ async fn a_record_the_broker_rejects_for_good_stops_only_its_bucket() {
         .enqueue(&[rejected.clone(), behind.clone(), fine.clone()])
         .await
         .unwrap();
-    let metrics = Arc::new(PoisonCounter::default());
-    let relay = relay_with(
-        &client,
-        &options,
-        kafka_publisher().await,
-        fast_relay_options("r", 2),
-    )
-    .await
-    .with_metrics(metrics.clone());
-    let report = relay
-        .run_until(Instant::now() + Duration::from_secs(5))
-        .await
-        .unwrap();
+    let (report, poison_reports) =
+        run_counting_poison(&client, &options, Duration::from_secs(5)).await;
     assert_eq!(report.published, 1, "{report:?}");
-    assert!(
-        metrics.0.load(Ordering::SeqCst) >= 1,
-        "the rejected record is reported"
-    );
+    assert!(poison_reports >= 1, "the rejected record is reported");
     let ids: Vec<String> = read_topic(&topic)
         .iter()
         .filter_map(ReadRecord::message_id)
