@@ -61,6 +61,64 @@ fn actions(lines: &[&str]) -> BTreeSet<String> {
     found
 }
 
+/// The lines of the top-level section `name` (`Parameters`, `Rules`, `Conditions`, ...).
+fn section<'a>(template: &'a str, name: &str) -> Vec<&'a str> {
+    let header = format!("{name}:");
+    let mut lines = template.lines().skip_while(|l| l.trim_end() != header);
+    assert!(lines.next().is_some(), "no section {name} in template.yaml");
+    lines
+        .take_while(|l| l.trim().is_empty() || indent(l) > 0)
+        .collect()
+}
+
+/// The entry `name` of a section (a key indented by two spaces): the rest of its first
+/// line and its indented lines, joined by newlines and trimmed.
+fn entry(lines: &[&str], name: &str) -> String {
+    let key = format!("  {name}:");
+    let at = lines
+        .iter()
+        .position(|l| {
+            l.strip_prefix(key.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(' '))
+        })
+        .unwrap_or_else(|| panic!("no entry {name}"));
+    let mut text = vec![lines[at][key.len()..].trim()];
+    text.extend(
+        lines[at + 1..]
+            .iter()
+            .take_while(|l| l.trim().is_empty() || indent(l) > 2)
+            .map(|l| l.trim()),
+    );
+    text.join("\n").trim().to_owned()
+}
+
+/// The IAM statement `- Sid: {sid}` in `lines`: that line and the lines indented deeper.
+fn statement(lines: &[&str], sid: &str) -> String {
+    let at = lines
+        .iter()
+        .position(|l| l.trim() == format!("- Sid: {sid}"))
+        .unwrap_or_else(|| panic!("no statement {sid}"));
+    let own = indent(lines[at]);
+    std::iter::once(lines[at])
+        .chain(
+            lines[at + 1..]
+                .iter()
+                .copied()
+                .take_while(|l| indent(l) > own),
+        )
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The value of `key: value` on one of `lines` (the first such line), trimmed.
+fn value<'a>(lines: &'a str, key: &str) -> &'a str {
+    lines
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key} in\n{lines}"))
+        .trim()
+}
+
 fn unquote(s: &str) -> String {
     s.trim().trim_matches('"').trim_matches('\'').to_owned()
 }
@@ -109,6 +167,11 @@ fn the_relay_gets_exactly_its_actions() {
             "kafka-cluster:DescribeCluster",
             "kafka-cluster:DescribeTopic",
             "kafka-cluster:WriteData",
+            // Only with the stream doorbell, on its stream only (see below).
+            "dynamodb:DescribeStream",
+            "dynamodb:GetRecords",
+            "dynamodb:GetShardIterator",
+            "dynamodb:ListStreams",
         ])
     );
 }
@@ -155,7 +218,23 @@ fn no_wildcard_actions_or_tables() {
             assert_ne!(unquote(r), "*", "wildcard resource: {l}");
         }
     }
-    // Topic patterns are the only wildcard resource, and only inside the cluster's topics.
+    // The only wildcards in an ARN: the topic pattern inside the cluster's topics and
+    // ListStreams on the outbox table's own streams.
+    for line in section(&t, "Resources") {
+        let l = line.trim();
+        if l.starts_with('#') {
+            continue;
+        }
+        if l.contains("arn:") || l.contains(".Arn}") || l.contains("\"stream\"") {
+            assert!(
+                !l.contains('*')
+                    || l.contains(":topic/${ClusterName}/${ClusterUuid}/${KafkaTopics}")
+                    || l == "- !Sub \"${OutboxTable.Arn}/stream/*\""
+                    || l == "- !Join [\"/\", [!Select [0, !Split [\"/stream/\", !Ref TableStreamArn]], \"stream\", \"*\"]]",
+                "wildcard in an ARN: {l}"
+            );
+        }
+    }
     assert!(t.contains(":topic/${ClusterName}/${ClusterUuid}/${KafkaTopics}"));
 }
 
@@ -208,7 +287,6 @@ fn the_relay_runs_on_a_schedule_that_does_not_pile_up() {
     let relay = resource(&t, "RelayFunction").join("\n");
     for expected in [
         "Type: ScheduleV2",
-        "ScheduleExpression: !Ref ScheduleRate",
         "OmitName: true",
         "EventInvokeConfig:",
         "MaximumRetryAttempts: 0",
@@ -219,7 +297,267 @@ fn the_relay_runs_on_a_schedule_that_does_not_pile_up() {
     ] {
         assert!(relay.contains(expected), "RelayFunction lacks {expected}");
     }
-    assert!(t.contains("Default: rate(1 minute)"));
+}
+
+#[test]
+fn the_schedule_is_every_minute_with_wake_on_schedule_and_every_5_minutes_with_the_stream() {
+    let t = template();
+    let parameters = section(&t, "Parameters");
+    let wake_on = entry(&parameters, "WakeOn");
+    assert!(wake_on.contains("Default: stream"), "{wake_on}");
+    assert!(
+        wake_on.contains("AllowedValues: [stream, schedule]"),
+        "{wake_on}"
+    );
+    let rate = entry(&parameters, "ScheduleRate");
+    assert_eq!(value(&rate, "Default"), "\"\"", "{rate}");
+    let conditions = section(&t, "Conditions");
+    assert_eq!(
+        entry(&conditions, "WakeOnStream"),
+        "!Equals [!Ref WakeOn, stream]"
+    );
+    assert_eq!(
+        entry(&conditions, "HasScheduleRate"),
+        "!Not [!Equals [!Ref ScheduleRate, \"\"]]"
+    );
+    // A given rate as given; else by mode: [WakeOnStream, stream's, schedule's].
+    let relay = resource(&t, "RelayFunction")
+        .iter()
+        .map(|l| l.trim())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let expression = relay
+        .split_once("ScheduleExpression: ")
+        .map(|(_, rest)| rest.lines().take(4).collect::<Vec<_>>())
+        .expect("no ScheduleExpression");
+    assert_eq!(
+        expression,
+        [
+            "!If",
+            "- HasScheduleRate",
+            "- !Ref ScheduleRate",
+            "- !If [WakeOnStream, rate(5 minutes), rate(1 minute)]"
+        ]
+    );
+}
+
+#[test]
+fn the_relay_gets_its_idle_stop_from_relay_idle_stop_and_none_when_empty() {
+    let t = template();
+    let relay = resource(&t, "RelayFunction").join("\n");
+    assert_eq!(
+        value(&relay, "OUTBOX_IDLE_STOP"),
+        "!If [HasIdleStop, !Ref RelayIdleStop, !Ref AWS::NoValue]"
+    );
+    assert_eq!(
+        entry(&section(&t, "Conditions"), "HasIdleStop"),
+        "!Not [!Equals [!Ref RelayIdleStop, \"\"]]"
+    );
+    let parameter = entry(&section(&t, "Parameters"), "RelayIdleStop");
+    let default = value(&parameter, "Default");
+    assert_eq!(default, "5s");
+    // The default is a duration the relay reads.
+    assert_eq!(
+        dynamo_outbox::options::parse_duration("OUTBOX_IDLE_STOP", default).unwrap(),
+        std::time::Duration::from_secs(5)
+    );
+    assert!(parameter.contains("releases its leases"), "{parameter}");
+}
+
+#[test]
+fn the_created_table_has_a_keys_only_stream_with_wake_on_stream_only() {
+    let t = template();
+    let table = resource(&t, "OutboxTable").join("\n");
+    assert!(
+        table.contains(
+            "      StreamSpecification: !If\n        - WakeOnStream\n        - StreamViewType: KEYS_ONLY\n        - !Ref AWS::NoValue"
+        ),
+        "{table}"
+    );
+    assert_eq!(table.matches("StreamSpecification").count(), 1);
+    assert_eq!(t.matches("StreamViewType:").count(), 1);
+}
+
+#[test]
+fn an_existing_table_in_stream_mode_needs_its_stream_arn() {
+    let t = template();
+    let rules = section(&t, "Rules");
+    let needs = entry(&rules, "ExistingTableStreamNeedsArn");
+    for expected in [
+        "RuleCondition: !And",
+        "- !Equals [!Ref WakeOn, stream]",
+        "- !Equals [!Ref UseExistingTable, \"true\"]",
+        "- Assert: !Not [!Equals [!Ref TableStreamArn, \"\"]]",
+        "AssertDescription: >-\nWakeOn=stream with UseExistingTable=true needs",
+    ] {
+        assert!(
+            needs.contains(expected),
+            "{expected:?} missing from\n{needs}"
+        );
+    }
+    let own = entry(&rules, "CreatedTableUsesItsOwnStream");
+    for expected in [
+        "RuleCondition: !Equals [!Ref UseExistingTable, \"false\"]",
+        "- Assert: !Equals [!Ref TableStreamArn, \"\"]",
+    ] {
+        assert!(own.contains(expected), "{expected:?} missing from\n{own}");
+    }
+    let parameter = entry(&section(&t, "Parameters"), "TableStreamArn");
+    assert_eq!(value(&parameter, "Default"), "\"\"");
+    assert!(
+        value(&parameter, "AllowedPattern").contains(":table/[a-zA-Z0-9_.-]{3,255}/stream/"),
+        "{parameter}"
+    );
+    // With the rules, the doorbell exists exactly in stream mode.
+    assert_eq!(
+        entry(&section(&t, "Conditions"), "Doorbell"),
+        "!And\n- !Condition WakeOnStream\n- !Or [!Condition CreateTable, !Condition HasTableStreamArn]"
+    );
+}
+
+#[test]
+fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
+    let t = template();
+    let mapping = resource(&t, "RelayDoorbell").join("\n");
+    for expected in [
+        "Type: AWS::Lambda::EventSourceMapping",
+        "Condition: Doorbell",
+        "FunctionName: !Ref RelayFunction",
+        "EventSourceArn: !If\n        - HasTableStreamArn\n        - !Ref TableStreamArn\n        - !GetAtt OutboxTable.StreamArn",
+        "StartingPosition: LATEST",
+        // A doorbell is a hint: never retried, dropped when stale.
+        "MaximumRetryAttempts: 0",
+        "MaximumRecordAgeInSeconds: 60",
+    ] {
+        assert!(
+            mapping.contains(expected),
+            "{expected:?} missing from the mapping:\n{mapping}"
+        );
+    }
+    let number = |key: &str| -> u32 { value(&mapping, key).parse().unwrap() };
+    let batch = number("BatchSize");
+    assert!((1..=10).contains(&batch), "BatchSize {batch}");
+    let window = number("MaximumBatchingWindowInSeconds");
+    assert!(window <= 1, "MaximumBatchingWindowInSeconds {window}");
+
+    // One filter: inserts whose partition key is a message partition of this outbox.
+    assert_eq!(mapping.matches("- Pattern:").count(), 1, "{mapping}");
+    let pattern = value(&mapping, "- Pattern");
+    let pattern = pattern
+        .strip_prefix("!Sub '")
+        .and_then(|p| p.strip_suffix('\''))
+        .unwrap_or_else(|| panic!("pattern is not a single-quoted !Sub: {pattern}"));
+    let options = dynamo_outbox::OutboxOptions::new("t");
+    let keys = dynamo_outbox::schema::Keys::new(&options);
+    let pattern: serde_json::Value =
+        serde_json::from_str(&pattern.replace("${KeyPrefix}", &keys.prefix)).unwrap();
+    let prefix = format!("{}#MESSAGES#", keys.prefix);
+    assert_eq!(
+        pattern,
+        serde_json::json!({
+            "eventName": ["INSERT"],
+            "dynamodb": {"Keys": {keys.pk.as_str(): {"S": [{"prefix": prefix}]}}}
+        })
+    );
+    // The prefix is the library's message partition key, and only that.
+    assert!(keys.message_pk(3).starts_with(&prefix));
+    for other in [
+        keys.sequence_pk(3),
+        format!("{}#COORDINATION", keys.prefix),
+        format!("{}#IDEMPOTENCY#k", keys.prefix),
+        format!("{}#DEADLETTER", keys.prefix),
+    ] {
+        assert!(!other.starts_with(&prefix), "{other}");
+    }
+    // The template's table key is the attribute the pattern names.
+    assert!(resource(&t, "OutboxTable").join("\n").contains(&format!(
+        "- AttributeName: {}\n          KeyType: HASH",
+        keys.pk
+    )));
+}
+
+#[test]
+fn the_relay_reads_the_doorbell_stream_only() {
+    let t = template();
+    let lines = resource(&t, "RelayFunction");
+    let text = lines.join("\n");
+    // Both statements only with the doorbell.
+    let at = text.find("- Sid: OutboxTableStream\n").unwrap();
+    let policy = &text[text[..at].rfind("- !If\n").unwrap()..];
+    let mut policy_lines = policy.lines().map(str::trim);
+    assert_eq!(policy_lines.nth(1), Some("- Doorbell"));
+    assert!(
+        policy.contains("          - !Ref AWS::NoValue"),
+        "the stream policy is conditional"
+    );
+
+    let read = statement(&lines, "OutboxTableStream");
+    assert_eq!(
+        actions(&read.lines().collect::<Vec<_>>()),
+        set(&[
+            "dynamodb:DescribeStream",
+            "dynamodb:GetRecords",
+            "dynamodb:GetShardIterator"
+        ])
+    );
+    let stream = "!If - HasTableStreamArn - !Ref TableStreamArn - !GetAtt OutboxTable.StreamArn";
+    let flat = |text: &str, key: &str| -> String {
+        let (_, rest) = text.split_once(&format!("{key}:")).unwrap();
+        rest.lines()
+            .take(4)
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(flat(&read, "Resource"), stream);
+    // The mapping reads the same stream.
+    let mapping = resource(&t, "RelayDoorbell").join("\n");
+    assert_eq!(flat(&mapping, "EventSourceArn"), stream);
+
+    let list = statement(&lines, "OutboxTableStreams");
+    assert_eq!(
+        actions(&list.lines().collect::<Vec<_>>()),
+        set(&["dynamodb:ListStreams"])
+    );
+    let list_resource = list.split_once("Resource:").unwrap().1;
+    for expected in [
+        "- HasTableStreamArn",
+        "!Split [\"/stream/\", !Ref TableStreamArn]",
+        "- !Sub \"${OutboxTable.Arn}/stream/*\"",
+    ] {
+        assert!(list_resource.contains(expected), "{list_resource}");
+    }
+    // The stream actions appear nowhere else, and no managed policy or SAM event grants
+    // stream reads on every stream.
+    for action in [
+        "DescribeStream",
+        "GetRecords",
+        "GetShardIterator",
+        "ListStreams",
+    ] {
+        assert_eq!(
+            t.matches(&format!("dynamodb:{action}")).count(),
+            1,
+            "{action}"
+        );
+    }
+    let code: String = t
+        .lines()
+        .filter(|l| !l.trim().starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for absent in [
+        "AWSLambdaDynamoDBExecutionRole",
+        "DynamoDBStreamReadPolicy",
+        "Type: DynamoDB",
+        "Type: Stream",
+    ] {
+        assert!(!code.contains(absent), "template has {absent}");
+    }
+    assert_eq!(
+        t.matches("Type: AWS::Lambda::EventSourceMapping").count(),
+        1
+    );
 }
 
 #[test]
@@ -237,11 +575,11 @@ fn the_table_is_the_specifications() {
     ] {
         assert!(table.contains(expected), "OutboxTable lacks {expected}");
     }
+    // The stream (WakeOn=stream only) is checked below.
     for absent in [
         "TimeToLiveSpecification",
         "GlobalSecondaryIndexes",
         "LocalSecondaryIndexes",
-        "StreamSpecification",
         "ProvisionedThroughput",
     ] {
         assert!(!table.contains(absent), "OutboxTable has {absent}");
