@@ -7,8 +7,8 @@ use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 
 use dynamo_outbox::enqueue_api::parse_request_str;
+use dynamo_outbox::notification::EventBridgeNotifier;
 use lambda_runtime::{Context, LambdaEvent};
-use outbox_enqueue_function::notify::EventBridgeNotifier;
 use outbox_enqueue_function::{env, EnqueueFunction, FunctionError};
 
 use crate::{dynamodb, failure, outbox_options, usage, Cli, Failure};

@@ -12,12 +12,15 @@
 //!   the one place they are read from the environment.
 //! - [`message`]: [`OutboxMessage`], its bucket, and Kafka's murmur2.
 //! - [`headers`]: the header blob, format version 1.
-//! - [`schema`]: key formats, attribute names, message items both ways, item sizes.
+//! - [`attr`]: attribute names of the items.
+//! - [`schema`]: key formats, message items both ways, item sizes.
 //! - [`clock`]: UTC ticks and the clock that leases are compared with.
 //! - [`table`]: the table definition and `create_if_not_exists`.
 //! - [`writer`]: sequence reservations, transaction items, `enqueue`, commit notification.
 //! - [`enqueue_api`]: the enqueue request and response as JSON, shared by the enqueue
 //!   function and `outboxctl enqueue`, and the `errorType` of each error.
+//! - [`coordination`]: the snapshot of the coordination partition (leases, heartbeats),
+//!   who is active, coverage of notified buckets, handovers, stale records; pure.
 //! - [`plan`]: the lease plan, a pure function of one read of the coordination partition.
 //! - [`publish`]: the [`publish::Publisher`] seam and the Kafka publisher (rskafka,
 //!   Java-compatible partitioner, Amazon MSK IAM tokens).
@@ -38,8 +41,10 @@
 pub struct ReadmeDoctests;
 
 pub mod accounting;
+pub mod attr;
 pub mod client;
 pub mod clock;
+pub mod coordination;
 pub mod enqueue_api;
 pub mod error;
 pub mod headers;
@@ -59,7 +64,8 @@ pub mod writer;
 pub use error::{Error, Result};
 pub use headers::Header;
 pub use message::OutboxMessage;
+pub use notification::LocalNotifier;
 pub use options::{OutboxOptions, RelayOptions};
-pub use relay::{LocalNotifier, Relay, RunReport, StopReason};
+pub use relay::{Relay, RunReport, StopReason};
 pub use store::DynamoDbOutboxStore;
 pub use writer::DynamoDbOutboxWriter;

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use crate::attr;
 use crate::error::{Error, Result};
-use crate::schema::attr;
 
 /// Environment variable names shared by every binary of the project.
 pub mod env {

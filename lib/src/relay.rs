@@ -10,23 +10,22 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, error, info, instrument, warn};
 
 use crate::clock::{duration_to_ticks, ticks_to_duration};
+use crate::coordination::Coordination;
 use crate::error::{Error, Result};
 use crate::metrics::{NoMetrics, RelayMetrics};
+use crate::notification::LocalNotifier;
 use crate::options::RelayOptions;
 use crate::plan::{self, PlanInput};
 use crate::publish::{PublishOutcome, Publisher};
-use crate::store::leases::Coordination;
 use crate::store::{DynamoDbOutboxStore, WriteKind};
-use crate::writer::CommitNotifier;
 
 /// Default time kept free before the deadline for the graceful stop.
 pub const DEFAULT_STOP_RESERVE: Duration = Duration::from_secs(2);
@@ -39,35 +38,6 @@ pub const JOIN_DELAY: Duration = Duration::from_millis(300);
 pub const BACKLOG_SAMPLE_INTERVAL: Duration = Duration::from_secs(60);
 /// How long past a peer's announced stop the relay keeps looking for its released buckets.
 pub const HANDOVER_WATCH: Duration = Duration::from_secs(5);
-
-/// An in-process commit notifier: the writer marks buckets, the relay in the same process
-/// wakes at once instead of waiting for its next poll.
-#[derive(Debug, Default)]
-pub struct LocalNotifier {
-    dirty: Mutex<BTreeSet<u32>>,
-    notify: Notify,
-}
-
-impl LocalNotifier {
-    /// A notifier with nothing marked.
-    pub fn new() -> Arc<Self> {
-        Arc::new(LocalNotifier::default())
-    }
-
-    fn take(&self) -> BTreeSet<u32> {
-        std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-}
-
-impl CommitNotifier for LocalNotifier {
-    fn notify(&self, buckets: &[u32]) {
-        self.dirty
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(buckets.iter().copied());
-        self.notify.notify_one();
-    }
-}
 
 /// Why a run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -423,7 +393,7 @@ impl<P: Publisher> Relay<P> {
     ) {
         let notified = async {
             match &self.notifier {
-                Some(n) => n.notify.notified().await,
+                Some(n) => n.notified().await,
                 None => std::future::pending().await,
             }
         };
@@ -744,7 +714,7 @@ impl<P: Publisher> Relay<P> {
             }
         }
         state.early_acquire = self.handover_time(&coordination, now);
-        self.cleanup(&coordination, &active, now, d_ticks).await;
+        self.cleanup(&coordination, now, d_ticks).await;
         let sample_due = state
             .last_backlog_sample
             .map_or(state.rounds > 0, |t| t.elapsed() >= BACKLOG_SAMPLE_INTERVAL);
@@ -779,58 +749,30 @@ impl<P: Publisher> Relay<P> {
     /// announced time, and again every few hundred milliseconds while it has not stamped
     /// its stop yet (at most [`HANDOVER_WATCH`] past the announced time).
     fn handover_time(&self, coordination: &Coordination, now: i64) -> Option<Instant> {
-        let me = self.options.relay_id.as_str();
-        let step = duration_to_ticks(HANDOVER_STEP);
-        let watch = duration_to_ticks(HANDOVER_WATCH);
         coordination
-            .relays
-            .iter()
-            .filter(|r| r.relay_id != me && r.stopped_at.is_none())
-            .filter(|r| {
-                coordination.leases.iter().any(|l| {
-                    l.bucket < self.options.bucket_count
-                        && l.owner.as_deref() == Some(r.relay_id.as_str())
-                })
-            })
-            .filter_map(|r| r.stops_at)
-            .filter(|&at| now < at.saturating_add(watch))
-            .map(|at| at.saturating_add(step).max(now + step))
-            .min()
+            .handover_at(
+                &self.options.relay_id,
+                self.options.bucket_count,
+                now,
+                duration_to_ticks(HANDOVER_STEP),
+                duration_to_ticks(HANDOVER_WATCH),
+            )
             .map(|at| Instant::now() + ticks_to_duration(at.saturating_sub(now)))
     }
 
     /// The first active relay in id order deletes heartbeat records of relays that stopped
     /// one lease duration ago or went silent ten lease durations ago.
-    async fn cleanup(
-        &self,
-        coordination: &Coordination,
-        active: &[String],
-        now: i64,
-        d_ticks: i64,
-    ) {
+    async fn cleanup(&self, coordination: &Coordination, now: i64, d_ticks: i64) {
         let me = self.options.relay_id.as_str();
-        let first = active.iter().map(String::as_str).chain([me]).min();
-        if first != Some(me) {
-            return;
-        }
-        for r in &coordination.relays {
-            if r.relay_id == me {
-                continue;
-            }
-            let stale = match r.stopped_at {
-                Some(stopped) => now.saturating_sub(stopped) >= d_ticks,
-                None => now.saturating_sub(r.last_seen) >= d_ticks.saturating_mul(10),
-            };
-            if stale {
-                match self
-                    .store
-                    .delete_relay_record(me, &r.relay_id, r.last_seen)
-                    .await
-                {
-                    Ok(true) => debug!(relay = %r.relay_id, "deleted a stale heartbeat record"),
-                    Ok(false) => {}
-                    Err(e) => debug!(error = %e, "heartbeat cleanup failed; next round retries"),
-                }
+        for r in coordination.stale_records(me, now, d_ticks) {
+            match self
+                .store
+                .delete_relay_record(me, &r.relay_id, r.last_seen)
+                .await
+            {
+                Ok(true) => debug!(relay = %r.relay_id, "deleted a stale heartbeat record"),
+                Ok(false) => {}
+                Err(e) => debug!(error = %e, "heartbeat cleanup failed; next round retries"),
             }
         }
     }
@@ -1116,14 +1058,7 @@ impl<P: Publisher> Relay<P> {
                 .await;
                 releases.into_iter().collect::<Result<Vec<_>>>()?;
                 let coordination = self.store.read_coordination().await?;
-                held = coordination
-                    .leases
-                    .iter()
-                    .filter(|l| {
-                        l.bucket < self.options.bucket_count && l.owner.as_deref() == Some(me)
-                    })
-                    .map(|l| l.bucket)
-                    .collect();
+                held = coordination.held_by(me, self.options.bucket_count);
                 if held.is_empty() {
                     return Ok(true);
                 }

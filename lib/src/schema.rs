@@ -26,63 +26,7 @@ use crate::options::OutboxOptions;
 /// A DynamoDB item.
 pub type Item = HashMap<String, AttributeValue>;
 
-/// Attribute names of the outbox items.
-pub mod attr {
-    /// Message id (S), a lowercase hyphenated UUID.
-    pub const MESSAGE_ID: &str = "MessageId";
-    /// Topic (S).
-    pub const TOPIC: &str = "Topic";
-    /// Serialized key (B); absent for a keyless record.
-    pub const KEY: &str = "Key";
-    /// Serialized value (B); absent for a tombstone.
-    pub const VALUE: &str = "Value";
-    /// Header blob (B), format version 1; absent when there are no headers.
-    pub const HEADERS: &str = "Headers";
-    /// Explicit partition (N).
-    pub const PARTITION: &str = "Partition";
-    /// Enqueue time in UTC ticks (N).
-    pub const CREATED_AT: &str = "CreatedAtUtc";
-    /// The writer's bucket count (N).
-    pub const BUCKET_COUNT: &str = "BucketCount";
-    /// Last sequence number handed out (N), on the counter item.
-    pub const SEQUENCE: &str = "Sequence";
-    /// Relay id holding a lease (S); absent for a free bucket.
-    pub const OWNER: &str = "Owner";
-    /// Lease expiry in UTC ticks (N), also the lease's version.
-    pub const EXPIRES_AT: &str = "ExpiresAtUtc";
-    /// A relay's last round in UTC ticks (N).
-    pub const LAST_SEEN: &str = "LastSeenUtc";
-    /// When a relay stopped, in UTC ticks (N).
-    pub const STOPPED_AT: &str = "StoppedAtUtc";
-    /// When a relay with a deadline plans to stop, in UTC ticks (N) (this project): peers
-    /// run their next acquisition right after it, so its buckets change hands within a
-    /// poll interval instead of a renew interval. Relays that do not know it ignore it.
-    pub const STOPS_AT: &str = "StopsAtUtc";
-    /// When an idempotency marker stops counting, in UTC ticks (N) (this project).
-    pub const IDEMPOTENCY_EXPIRES_AT: &str = "IdempotencyExpiresAtUtc";
-    /// The enqueue result an idempotency marker returns again (S, JSON) (this project).
-    pub const RESULT: &str = "Result";
-
-    /// Every attribute name above; key attributes may not take one of these names.
-    pub const ALL: &[&str] = &[
-        MESSAGE_ID,
-        TOPIC,
-        KEY,
-        VALUE,
-        HEADERS,
-        PARTITION,
-        CREATED_AT,
-        BUCKET_COUNT,
-        SEQUENCE,
-        OWNER,
-        EXPIRES_AT,
-        LAST_SEEN,
-        STOPPED_AT,
-        STOPS_AT,
-        IDEMPOTENCY_EXPIRES_AT,
-        RESULT,
-    ];
-}
+pub use crate::attr;
 
 /// Sort key of a sequence counter.
 pub const SEQUENCE_SK: &str = "SEQUENCE";

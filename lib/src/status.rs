@@ -17,9 +17,9 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::Serialize;
 
 use crate::clock::{duration_to_ticks, TICKS_PER_SECOND};
+use crate::coordination::Coordination;
 use crate::error::{from_sdk, Result};
 use crate::schema::{self, attr, Item};
-use crate::store::leases::Coordination;
 use crate::store::DynamoDbOutboxStore;
 
 /// A heartbeat this far ahead of the reader's clock is reported as being in the future.

@@ -19,22 +19,9 @@ use uuid::Uuid;
 
 use crate::error::{from_sdk, Error, Result};
 use crate::message::OutboxMessage;
+use crate::notification::{CommitNotifier, NoopNotifier};
 use crate::options::OutboxOptions;
 use crate::schema::{self, attr, Item, Keys};
-
-/// Wakes relays after a commit. Called only after the transaction committed.
-pub trait CommitNotifier: Debug + Send + Sync {
-    /// The buckets that received messages.
-    fn notify(&self, buckets: &[u32]);
-}
-
-/// A notifier that does nothing: relays find the messages on their next poll.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoopNotifier;
-
-impl CommitNotifier for NoopNotifier {
-    fn notify(&self, _buckets: &[u32]) {}
-}
 
 /// A message with its reserved place, ready to join a transaction.
 #[derive(Debug, Clone)]

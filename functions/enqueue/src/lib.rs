@@ -20,8 +20,8 @@
 //! # Commit notification
 //! With [`env::NOTIFY_EVENT_BUS`] set, every request that wrote messages sends one
 //! EventBridge event after its commit (see [`dynamo_outbox::notification`] and
-//! [`notify`]); an EventBridge rule on that bus invokes the relay function. The response
-//! never waits for more than [`notify::NOTIFY_TIMEOUT`] on it and never depends on it: a
+//! [`dynamo_outbox::notification::EventBridgeNotifier`]); an EventBridge rule on that bus invokes the relay function. The response
+//! never waits for more than [`NOTIFY_TIMEOUT`] on it and never depends on it: a
 //! failed send is logged (`commit notification failed`) and the call still succeeds. A
 //! replayed idempotent request wrote nothing and sends nothing.
 //!
@@ -50,12 +50,10 @@ pub mod env {
     /// How long an idempotency key answers with the first call's response (24h).
     pub const IDEMPOTENCY_RETENTION: &str = "OUTBOX_IDEMPOTENCY_RETENTION";
     /// Event bus (name or ARN) for commit notifications; unset or empty for none.
-    pub const NOTIFY_EVENT_BUS: &str = "OUTBOX_NOTIFY_EVENT_BUS";
+    pub const NOTIFY_EVENT_BUS: &str = dynamo_outbox::notification::NOTIFY_EVENT_BUS;
 }
 
-pub mod notify;
-
-use notify::{EventBridgeNotifier, NOTIFY_TIMEOUT};
+use dynamo_outbox::notification::{EventBridgeNotifier, NOTIFY_TIMEOUT};
 
 /// Default retention window of an idempotency key.
 pub const DEFAULT_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 3600);

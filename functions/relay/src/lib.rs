@@ -38,7 +38,7 @@ use std::time::{Duration, SystemTime};
 
 use dynamo_outbox::enqueue_api::error_type;
 use dynamo_outbox::metrics::emf::EmfMetrics;
-use dynamo_outbox::notification::CommitNotification;
+use dynamo_outbox::notification::event::Wake;
 use dynamo_outbox::options::{parse_duration, MAX_RELAY_ID_LEN};
 use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
 use dynamo_outbox::relay::JOIN_DELAY;
@@ -186,7 +186,7 @@ pub fn relay_id(function_name: &str, request_id: &str) -> String {
 pub enum Trigger {
     /// The schedule, a manual invoke, or any payload that is not a commit notification.
     Schedule,
-    /// A commit notification ([`CommitNotification`]) from the event bus.
+    /// A commit notification ([`dynamo_outbox::notification::CommitNotification`]) from the event bus.
     Notification,
 }
 
@@ -381,7 +381,7 @@ impl RelayFunction {
         Ok((publisher, false))
     }
 
-    /// Handles one invocation. A commit notification ([`CommitNotification`]) first reads
+    /// Handles one invocation. A commit notification ([`dynamo_outbox::notification::CommitNotification`]) first reads
     /// the coordination partition once and returns (`stop_reason` `covered`) when live
     /// relays hold (or, having just joined, are claiming) every notified bucket; any other payload (a schedule tick, a
     /// manual invoke), and a notification they do not cover, runs one relay until the run
@@ -413,11 +413,11 @@ impl RelayFunction {
                 .duration_since(SystemTime::now())
                 .unwrap_or_default(),
         };
-        let notification = CommitNotification::from_event(&event.payload)?;
+        let wake = Wake::from_payload(&event.payload)?;
         let mut connected_here = false;
-        let (trigger, uncovered) = match notification {
-            None => (Trigger::Schedule, None),
-            Some(n) => {
+        let (trigger, uncovered) = match wake {
+            Wake::Tick => (Trigger::Schedule, None),
+            Wake::Notification(n) => {
                 if let Some(why) = n.mismatch(&self.settings.outbox) {
                     info!(why, "commit notification for another outbox: ignored");
                     return Ok(RelaySummary::skipped(

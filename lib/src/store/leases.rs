@@ -1,4 +1,5 @@
-//! Heartbeats, the coordination read, and the three lease writes (renew, release, claim).
+//! Heartbeats, the coordination read (into a [`Coordination`] snapshot), and the three
+//! lease writes (renew, release, claim).
 //!
 //! Every write here is one conditional `UpdateItem` (or `DeleteItem`); a refusal is not an
 //! error of the call: it returns `Ok(false)`, is counted by [`WriteKind`] and logged with
@@ -10,81 +11,10 @@ use tracing::{debug, instrument, warn};
 
 use super::{DynamoDbOutboxStore, WriteKind};
 use crate::clock::duration_to_ticks;
+use crate::coordination::{self, Coordination, LeaseRecord, RelayRecord};
 use crate::error::{from_sdk, Error, Result};
 use crate::options::RelayOptions;
-use crate::plan::LeaseView;
 use crate::schema::{self, attr, get_n, get_s};
-
-/// One lease item as read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseRecord {
-    /// The bucket (from the sort key).
-    pub bucket: u32,
-    /// The relay holding it; `None` for a free bucket.
-    pub owner: Option<String>,
-    /// Expiry in UTC ticks, also the lease's version (0 when the item has none).
-    pub expires_at: i64,
-}
-
-/// One heartbeat item as read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RelayRecord {
-    /// The relay's id (from the sort key).
-    pub relay_id: String,
-    /// Its last round in UTC ticks.
-    pub last_seen: i64,
-    /// When it stopped, if it did.
-    pub stopped_at: Option<i64>,
-    /// When it plans to stop (this project's `StopsAtUtc`), if it runs inside a deadline.
-    pub stops_at: Option<i64>,
-}
-
-impl RelayRecord {
-    /// Whether the relay counts toward fair share at `now`: heartbeat younger than the
-    /// lease duration and not stamped stopped.
-    pub fn is_active(&self, now: i64, lease_duration_ticks: i64) -> bool {
-        self.stopped_at.is_none()
-            && self.last_seen <= now.saturating_add(lease_duration_ticks)
-            && now.saturating_sub(self.last_seen) < lease_duration_ticks
-    }
-}
-
-/// The coordination partition, read in one strongly consistent query.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Coordination {
-    /// Every lease item, ascending by bucket (including buckets beyond the count).
-    pub leases: Vec<LeaseRecord>,
-    /// Every heartbeat item.
-    pub relays: Vec<RelayRecord>,
-}
-
-impl Coordination {
-    /// The lease of `bucket`, if its item exists.
-    pub fn lease(&self, bucket: u32) -> Option<&LeaseRecord> {
-        self.leases.iter().find(|l| l.bucket == bucket)
-    }
-
-    /// Ids of the relays active at `now`.
-    pub fn active_relays(&self, now: i64, lease_duration_ticks: i64) -> Vec<String> {
-        self.relays
-            .iter()
-            .filter(|r| r.is_active(now, lease_duration_ticks))
-            .map(|r| r.relay_id.clone())
-            .collect()
-    }
-
-    /// The leases as the plan sees them at `now` (lapsed = expiry at or before now).
-    pub fn lease_views(&self, now: i64) -> Vec<LeaseView> {
-        self.leases
-            .iter()
-            .map(|l| LeaseView {
-                bucket: l.bucket,
-                owner: l.owner.clone(),
-                lapsed: l.expires_at <= now,
-            })
-            .collect()
-    }
-}
 
 impl DynamoDbOutboxStore {
     fn refused(&self, kind: WriteKind, relay_id: &str, bucket: Option<u32>) {
@@ -216,21 +146,20 @@ impl DynamoDbOutboxStore {
     }
 
     /// Which of `buckets` no live relay holds or is about to claim
-    /// ([`crate::notification::uncovered`]), from one strongly consistent read of the
+    /// ([`Coordination::uncovered`]), from one strongly consistent read of the
     /// coordination partition and no write: what a relay started by a commit notification
     /// checks before it joins the fleet. `options` gives the lease duration (who is
     /// active) and the poll interval (a relay announcing its stop within it does not
     /// count).
     pub async fn uncovered(&self, buckets: &[u32], options: &RelayOptions) -> Result<Vec<u32>> {
         let coordination = self.read_coordination().await?;
-        Ok(crate::notification::uncovered(
-            &coordination,
+        Ok(coordination.uncovered(
             buckets,
             self.options().bucket_count,
             self.clock().now_ticks(),
             duration_to_ticks(options.lease_duration),
             duration_to_ticks(options.poll_interval),
-            duration_to_ticks(crate::notification::ROUND_WINDOW),
+            duration_to_ticks(coordination::ROUND_WINDOW),
         ))
     }
 

@@ -1,5 +1,6 @@
 //! The commit notification's transport: one Amazon EventBridge event per committed
-//! request ([`dynamo_outbox::notification`] describes the event), sent after the commit.
+//! request ([`super`] describes the event), sent after the commit. Behind the cargo
+//! feature `eventbridge`.
 //! A failed or late send is logged and otherwise ignored: the messages are committed, and
 //! relays find them on their next poll.
 
@@ -7,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::{CommitNotification, DETAIL_TYPE, NOTIFY_EVENT_BUS, SOURCE};
 use aws_sdk_eventbridge::config::timeout::TimeoutConfig;
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
-use dynamo_outbox::notification::{CommitNotification, DETAIL_TYPE, SOURCE};
 use tokio::time::Instant;
 
 /// Longest time one notification may take, EventBridge's retries included.
@@ -63,7 +64,7 @@ impl EventBridgeNotifier {
         config: &aws_config::SdkConfig,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Option<Self> {
-        lookup(crate::env::NOTIFY_EVENT_BUS)
+        lookup(NOTIFY_EVENT_BUS)
             .filter(|b| !b.trim().is_empty())
             .map(|bus| Self::new(config, bus))
     }

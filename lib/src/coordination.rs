@@ -1,0 +1,447 @@
+//! The coordination partition as one read sees it: lease and heartbeat records, who is
+//! active, the leases as the plan sees them, which notified buckets no live relay covers,
+//! when a peer's announced stop hands buckets over, and which heartbeat records are stale.
+//!
+//! Pure: every function takes the read and the reader's clock (`now`, UTC ticks) and does
+//! no I/O. [`crate::store`] performs the read ([`crate::DynamoDbOutboxStore::read_coordination`])
+//! and the writes; [`crate::plan`] turns a snapshot into a lease plan; the relay and a
+//! notified invocation decide with the functions here.
+
+use std::time::Duration;
+
+use crate::plan::{self, LeaseView, PlanInput};
+
+/// How recent a relay's heartbeat must be for [`Coordination::uncovered`] to count the
+/// claims of the round that heartbeat started: longer than a round takes from its
+/// heartbeat to its claims (the first round of a relay waits [`crate::relay::JOIN_DELAY`]
+/// in between).
+pub const ROUND_WINDOW: Duration = Duration::from_secs(1);
+
+/// One lease item as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The bucket (from the sort key).
+    pub bucket: u32,
+    /// The relay holding it; `None` for a free bucket.
+    pub owner: Option<String>,
+    /// Expiry in UTC ticks, also the lease's version (0 when the item has none).
+    pub expires_at: i64,
+}
+
+/// One heartbeat item as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayRecord {
+    /// The relay's id (from the sort key).
+    pub relay_id: String,
+    /// Its last round in UTC ticks.
+    pub last_seen: i64,
+    /// When it stopped, if it did.
+    pub stopped_at: Option<i64>,
+    /// When it plans to stop (this project's `StopsAtUtc`), if it runs inside a deadline.
+    pub stops_at: Option<i64>,
+}
+
+impl RelayRecord {
+    /// Whether the relay counts toward fair share at `now`: heartbeat younger than the
+    /// lease duration and not stamped stopped.
+    pub fn is_active(&self, now: i64, lease_duration_ticks: i64) -> bool {
+        self.stopped_at.is_none()
+            && self.last_seen <= now.saturating_add(lease_duration_ticks)
+            && now.saturating_sub(self.last_seen) < lease_duration_ticks
+    }
+
+    /// Whether its record may be deleted at `now`: stopped one lease duration ago, or
+    /// silent for ten lease durations.
+    pub fn is_stale(&self, now: i64, lease_duration_ticks: i64) -> bool {
+        match self.stopped_at {
+            Some(stopped) => now.saturating_sub(stopped) >= lease_duration_ticks,
+            None => now.saturating_sub(self.last_seen) >= lease_duration_ticks.saturating_mul(10),
+        }
+    }
+}
+
+/// The coordination partition, read in one strongly consistent query.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Coordination {
+    /// Every lease item, ascending by bucket (including buckets beyond the count).
+    pub leases: Vec<LeaseRecord>,
+    /// Every heartbeat item.
+    pub relays: Vec<RelayRecord>,
+}
+
+impl Coordination {
+    /// The lease of `bucket`, if its item exists.
+    pub fn lease(&self, bucket: u32) -> Option<&LeaseRecord> {
+        self.leases.iter().find(|l| l.bucket == bucket)
+    }
+
+    /// Ids of the relays active at `now`.
+    pub fn active_relays(&self, now: i64, lease_duration_ticks: i64) -> Vec<String> {
+        self.relays
+            .iter()
+            .filter(|r| r.is_active(now, lease_duration_ticks))
+            .map(|r| r.relay_id.clone())
+            .collect()
+    }
+
+    /// The leases as the plan sees them at `now` (lapsed = expiry at or before now).
+    pub fn lease_views(&self, now: i64) -> Vec<LeaseView> {
+        self.leases
+            .iter()
+            .map(|l| LeaseView {
+                bucket: l.bucket,
+                owner: l.owner.clone(),
+                lapsed: l.expires_at <= now,
+            })
+            .collect()
+    }
+
+    /// The buckets below `bucket_count` whose lease item names `relay_id`, whatever their
+    /// expiry, ascending.
+    pub fn held_by(&self, relay_id: &str, bucket_count: u32) -> Vec<u32> {
+        self.leases
+            .iter()
+            .filter(|l| l.bucket < bucket_count && l.owner.as_deref() == Some(relay_id))
+            .map(|l| l.bucket)
+            .collect()
+    }
+
+    /// When `me` should run an extra acquisition for a peer that announced its stop
+    /// (`StopsAtUtc`) and still holds buckets: `step` past the announced time, and again
+    /// every `step` while the peer has not stamped its stop, at most `watch` past the
+    /// announced time. UTC ticks; `None` when no such peer.
+    pub fn handover_at(
+        &self,
+        me: &str,
+        bucket_count: u32,
+        now: i64,
+        step: i64,
+        watch: i64,
+    ) -> Option<i64> {
+        self.relays
+            .iter()
+            .filter(|r| r.relay_id != me && r.stopped_at.is_none())
+            .filter(|r| !self.held_by(&r.relay_id, bucket_count).is_empty())
+            .filter_map(|r| r.stops_at)
+            .filter(|&at| now < at.saturating_add(watch))
+            .map(|at| at.saturating_add(step).max(now.saturating_add(step)))
+            .min()
+    }
+
+    /// The heartbeat records that `me` deletes at `now`: only the first active relay in id
+    /// order cleans up, and only records of other relays that are stale
+    /// ([`RelayRecord::is_stale`]).
+    pub fn stale_records(
+        &self,
+        me: &str,
+        now: i64,
+        lease_duration_ticks: i64,
+    ) -> Vec<&RelayRecord> {
+        let active = self.active_relays(now, lease_duration_ticks);
+        let first = active.iter().map(String::as_str).chain([me]).min();
+        if first != Some(me) {
+            return Vec::new();
+        }
+        self.relays
+            .iter()
+            .filter(|r| r.relay_id != me && r.is_stale(now, lease_duration_ticks))
+            .collect()
+    }
+
+    /// Which of `buckets` no live relay publishes or is about to claim, at `now`.
+    ///
+    /// A relay counts when it is active (heartbeat younger than `lease_ticks`, not stamped
+    /// stopped) and does not announce a stop (`StopsAtUtc`) within `soon_ticks`. A bucket
+    /// is covered when its lease is unlapsed and names such a relay (it probes the bucket
+    /// every poll interval), or when such a relay is in the middle of an acquisition round
+    /// (its heartbeat is younger than `round_ticks`) whose plan, computed from this read as
+    /// that relay computes it, claims the bucket: a relay that has just joined. Every other
+    /// bucket is uncovered, also one that a live relay would claim only at its next round
+    /// (up to a renew interval away): the notified invocation joins instead.
+    pub fn uncovered(
+        &self,
+        buckets: &[u32],
+        bucket_count: u32,
+        now: i64,
+        lease_ticks: i64,
+        soon_ticks: i64,
+        round_ticks: i64,
+    ) -> Vec<u32> {
+        let live: Vec<&RelayRecord> = self
+            .relays
+            .iter()
+            .filter(|r| {
+                r.is_active(now, lease_ticks)
+                    && r.stops_at
+                        .is_none_or(|s| s > now.saturating_add(soon_ticks))
+            })
+            .collect();
+        let mut covered = vec![false; bucket_count as usize];
+        for l in &self.leases {
+            if l.bucket < bucket_count
+                && l.expires_at > now
+                && l.owner
+                    .as_deref()
+                    .is_some_and(|o| live.iter().any(|r| r.relay_id == o))
+            {
+                covered[l.bucket as usize] = true;
+            }
+        }
+        let active = self.active_relays(now, lease_ticks);
+        let leases = self.lease_views(now);
+        for joining in live
+            .iter()
+            .filter(|r| now.saturating_sub(r.last_seen) <= round_ticks)
+        {
+            let plan = plan::compute(&PlanInput {
+                bucket_count,
+                me: &joining.relay_id,
+                active_relays: &active,
+                leases: &leases,
+            });
+            for b in plan.claim {
+                covered[b as usize] = true;
+            }
+        }
+        buckets
+            .iter()
+            .copied()
+            .filter(|b| !covered.get(*b as usize).copied().unwrap_or(false))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: i64 = 30;
+    const SOON: i64 = 10;
+    const ROUND: i64 = 2;
+    const NOW: i64 = 1_000;
+
+    fn relay(id: &str, last_seen: i64) -> RelayRecord {
+        RelayRecord {
+            relay_id: id.into(),
+            last_seen,
+            stopped_at: None,
+            stops_at: None,
+        }
+    }
+
+    fn lease(bucket: u32, owner: &str, expires_at: i64) -> LeaseRecord {
+        LeaseRecord {
+            bucket,
+            owner: Some(owner.into()),
+            expires_at,
+        }
+    }
+
+    fn check(c: &Coordination, buckets: &[u32]) -> Vec<u32> {
+        c.uncovered(buckets, 4, NOW, LEASE, SOON, ROUND)
+    }
+
+    #[test]
+    fn live_owners_cover_their_buckets() {
+        let c = Coordination {
+            leases: (0..4).map(|b| lease(b, "a", NOW + 20)).collect(),
+            relays: vec![relay("a", NOW - 5)],
+        };
+        assert_eq!(check(&c, &[0, 1, 2, 3]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn nobody_alive_covers_nothing() {
+        // a's heartbeat is older than the lease duration; its leases have not lapsed yet.
+        let c = Coordination {
+            leases: (0..4).map(|b| lease(b, "a", NOW + 1)).collect(),
+            relays: vec![relay("a", NOW - LEASE)],
+        };
+        assert_eq!(check(&c, &[1, 3]), vec![1, 3]);
+        assert_eq!(check(&Coordination::default(), &[0]), vec![0]);
+    }
+
+    #[test]
+    fn stopped_or_soon_stopping_relays_do_not_count() {
+        let mut stopped = relay("a", NOW - 1);
+        stopped.stopped_at = Some(NOW - 1);
+        let c = Coordination {
+            leases: vec![lease(0, "a", NOW + 20)],
+            relays: vec![stopped],
+        };
+        assert_eq!(check(&c, &[0]), vec![0]);
+
+        let mut leaving = relay("a", NOW - 1);
+        leaving.stops_at = Some(NOW + SOON);
+        let c = Coordination {
+            leases: vec![lease(0, "a", NOW + 20)],
+            relays: vec![leaving.clone()],
+        };
+        assert_eq!(check(&c, &[0]), vec![0]);
+        // ...also with a live successor, which takes the bucket over only after the stop.
+        let c = Coordination {
+            leases: vec![lease(0, "a", NOW + 20)],
+            relays: vec![leaving, relay("b", NOW - 1)],
+        };
+        assert_eq!(check(&c, &[0]), vec![0]);
+        // A stop announced further out still counts.
+        let mut staying = relay("a", NOW - 1);
+        staying.stops_at = Some(NOW + SOON + 1);
+        let c = Coordination {
+            leases: vec![lease(0, "a", NOW + 20)],
+            relays: vec![staying],
+        };
+        assert_eq!(check(&c, &[0]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn free_lapsed_or_dead_relays_buckets_are_uncovered_with_a_fleet_between_rounds() {
+        // a holds 0 (live) and 1 (lapsed); 2 has no lease item; 3 is held by a relay
+        // without a heartbeat. a is between rounds (heartbeat 5 ticks ago): it would
+        // claim 1 and 2 only at its next round, so the notified invocation joins.
+        let c = Coordination {
+            leases: vec![
+                lease(0, "a", NOW + 20),
+                lease(1, "a", NOW),
+                lease(3, "dead", NOW + 20),
+            ],
+            relays: vec![relay("a", NOW - 5)],
+        };
+        assert_eq!(check(&c, &[0, 1, 2, 3]), vec![1, 2, 3]);
+        // A bucket beyond the count is never covered.
+        assert_eq!(check(&c, &[7]), vec![7]);
+    }
+
+    #[test]
+    fn a_relay_in_its_round_covers_what_its_plan_claims() {
+        // "new" has just written its first heartbeat and holds nothing: its round is
+        // about to claim its share of the free buckets. "a" is between rounds.
+        let c = Coordination {
+            leases: vec![lease(0, "a", NOW + 20), lease(3, "dead", NOW + 20)],
+            relays: vec![relay("a", NOW - 5), relay("new", NOW - 1)],
+        };
+        // Shares of 4 buckets over a and new: 2 each; new's range is 2..4. It claims 2
+        // (3 is held by the dead relay until it lapses); 1 waits for a's next round.
+        assert_eq!(check(&c, &[1, 2, 3]), vec![1, 3]);
+        // Alone on an empty table, a joiner covers everything.
+        let c = Coordination {
+            leases: vec![],
+            relays: vec![relay("new", NOW - 1)],
+        };
+        assert_eq!(check(&c, &[0, 1, 2, 3]), Vec::<u32>::new());
+        // ...unless it is about to stop.
+        let mut leaving = relay("new", NOW - 1);
+        leaving.stops_at = Some(NOW + 1);
+        let c = Coordination {
+            leases: vec![],
+            relays: vec![leaving],
+        };
+        assert_eq!(check(&c, &[0]), vec![0]);
+    }
+
+    #[test]
+    fn a_fleet_holding_every_bucket_covers_them_all_standbys_included() {
+        let c = Coordination {
+            leases: vec![
+                lease(0, "a", NOW + 20),
+                lease(1, "b", NOW + 20),
+                lease(2, "c", NOW + 20),
+                lease(3, "c", NOW + 20),
+            ],
+            relays: vec![
+                relay("a", NOW - 1),
+                relay("b", NOW - 1),
+                relay("c", NOW - 1),
+                relay("standby", NOW - 1),
+            ],
+        };
+        assert_eq!(check(&c, &[0, 1, 2, 3]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn stale_records_are_cleaned_by_the_first_active_relay_only() {
+        let mut stopped = relay("gone", NOW - 1);
+        stopped.stopped_at = Some(NOW - LEASE);
+        let silent = relay("silent", NOW - 10 * LEASE);
+        let recent_stop = RelayRecord {
+            stopped_at: Some(NOW - 1),
+            ..relay("recent", NOW - 1)
+        };
+        let c = Coordination {
+            leases: vec![],
+            relays: vec![
+                relay("b", NOW - 1),
+                relay("c", NOW - 1),
+                stopped,
+                silent,
+                recent_stop,
+                relay("quiet", NOW - 10 * LEASE + 1),
+            ],
+        };
+        let ids = |me: &str| -> Vec<String> {
+            c.stale_records(me, NOW, LEASE)
+                .into_iter()
+                .map(|r| r.relay_id.clone())
+                .collect()
+        };
+        assert_eq!(ids("b"), ["gone", "silent"]);
+        // "c" is not first in id order among the active ("b", "c").
+        assert!(ids("c").is_empty());
+        // A relay not yet in the read ("a") sorts first.
+        assert_eq!(ids("a"), ["gone", "silent"]);
+    }
+
+    #[test]
+    fn handover_follows_an_announced_stop_of_a_holder() {
+        const STEP: i64 = 3;
+        const WATCH: i64 = 50;
+        let leaving = RelayRecord {
+            stops_at: Some(NOW + 10),
+            ..relay("leaving", NOW - 1)
+        };
+        let c = Coordination {
+            leases: vec![lease(0, "leaving", NOW + 20)],
+            relays: vec![leaving.clone(), relay("me", NOW - 1)],
+        };
+        assert_eq!(
+            c.handover_at("me", 4, NOW, STEP, WATCH),
+            Some(NOW + 10 + STEP)
+        );
+        // Past the announced time: every step while it has not stamped its stop...
+        assert_eq!(
+            c.handover_at("me", 4, NOW + 20, STEP, WATCH),
+            Some(NOW + 20 + STEP)
+        );
+        // ...up to the watch.
+        assert_eq!(c.handover_at("me", 4, NOW + 10 + WATCH, STEP, WATCH), None);
+        // Not for a peer that holds nothing, has stamped its stop, or for itself.
+        let idle = Coordination {
+            leases: vec![lease(7, "leaving", NOW + 20)],
+            relays: vec![leaving.clone()],
+        };
+        assert_eq!(idle.handover_at("me", 4, NOW, STEP, WATCH), None);
+        let stamped = Coordination {
+            leases: vec![lease(0, "leaving", NOW + 20)],
+            relays: vec![RelayRecord {
+                stopped_at: Some(NOW),
+                ..leaving
+            }],
+        };
+        assert_eq!(stamped.handover_at("me", 4, NOW, STEP, WATCH), None);
+        assert_eq!(c.handover_at("leaving", 4, NOW, STEP, WATCH), None);
+    }
+
+    #[test]
+    fn held_by_lists_the_buckets_naming_a_relay() {
+        let c = Coordination {
+            leases: vec![
+                lease(0, "a", NOW - 5),
+                lease(2, "a", NOW + 5),
+                lease(9, "a", NOW),
+            ],
+            relays: vec![],
+        };
+        assert_eq!(c.held_by("a", 4), vec![0, 2]);
+        assert!(c.held_by("b", 4).is_empty());
+    }
+}
