@@ -63,7 +63,8 @@ the first line, and written to --port-file):
         --async-max-age seconds, function errors --async-retries times, as
         Lambda's async queue does with the template's EventInvokeConfig) or
         DryRun (204); X-Amz-Log-Type: Tail returns the invocation's last 4 KB of
-        log in X-Amz-Log-Result.  Callable with `aws lambda invoke
+        log in X-Amz-Log-Result; X-Amz-Client-Context (base64 JSON) reaches the
+        function as Lambda-Runtime-Client-Context.  Callable with `aws lambda invoke
         --endpoint-url http://127.0.0.1:PORT` or boto3's lambda client.
   GET  /stats[?since=N][&invocations=0]   JSON: the totals, the environments and
         the per-invocation list (from index N; none with invocations=0)
@@ -172,9 +173,11 @@ class QuietServer(ThreadingHTTPServer):
 
 
 class Invocation:
-    def __init__(self, payload: bytes, source: str, tail: bool = False):
+    def __init__(self, payload: bytes, source: str, tail: bool = False,
+                 client_context: str | None = None):
         self.request_id = str(uuid.uuid4())
         self.payload = payload
+        self.client_context = client_context
         self.source = source
         self.tail = tail
         self.trace_id = trace_id()
@@ -742,6 +745,8 @@ class RuntimeApiHandler(BaseHTTPRequestHandler):
                 "Lambda-Runtime-Invoked-Function-Arn": service.arn,
                 "Lambda-Runtime-Trace-Id": inv.trace_id,
             }
+            if inv.client_context:
+                headers["Lambda-Runtime-Client-Context"] = inv.client_context
         self.reply(200, inv.payload, headers)
 
     def do_POST(self):
@@ -878,7 +883,14 @@ class ClientApiHandler(BaseHTTPRequestHandler):
             return self.error(413, "RequestTooLargeException",
                               "Request must be smaller than 6291456 bytes for the Invoke "
                               "operation")
-        inv = Invocation(body, "invoke", tail)
+        context = self.headers.get("X-Amz-Client-Context")
+        if context:
+            try:
+                context = base64.b64decode(context).decode()
+            except ValueError:
+                return self.error(400, "InvalidRequestContentException",
+                                  "X-Amz-Client-Context is not base64")
+        inv = Invocation(body, "invoke", tail, context)
         service.dispatch(inv)
         if inv.status == "throttled":
             return self.error(429, "TooManyRequestsException", "Rate Exceeded.",

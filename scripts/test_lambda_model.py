@@ -19,9 +19,11 @@ check failed.
 
 from __future__ import annotations
 
+import base64
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -269,6 +271,18 @@ def test_emulator(tmp: str, fake: str) -> None:
         check(rec["billed_ms"] >= rec["duration_ms"] and rec["billed_ms"] - rec["duration_ms"] < 1,
               "a warm invocation bills its duration rounded up to the ms", json.dumps(rec)[:300])
 
+        # Log tail and client context, as `aws lambda invoke --log-type Tail` asks.
+        ctx = base64.b64encode(json.dumps({"custom": {"who": "test"}}).encode()).decode()
+        out = emu.client.invoke(FunctionName="fake", Payload=b'{"n": "tail"}', LogType="Tail",
+                                ClientContext=ctx)
+        body = json.loads(out["Payload"].read())
+        tail = base64.b64decode(out.get("LogResult", "")).decode()
+        check(f"START RequestId: {body['request_id']}" in tail
+              and f"REPORT RequestId: {body['request_id']}" in tail,
+              "--log-type Tail returns the invocation's log lines", tail)
+        check(json.loads(body["headers"].get("lambda-runtime-client-context", "{}")).get(
+            "custom") == {"who": "test"}, "the client context reaches the function")
+
         # Throttle: three at once with a concurrency of two.
         codes: list[str] = []
 
@@ -336,7 +350,7 @@ def test_emulator(tmp: str, fake: str) -> None:
         s = emu.stats()
         t, inv = s["totals"], s["invocations"]
         ran = [r for r in inv if r["status"] != "throttled"]
-        check(t["invocations"] == len(ran) == 10, "10 invocations ran",
+        check(t["invocations"] == len(ran) == 11, "11 invocations ran",
               f"totals {t['invocations']}, records {len(ran)}")
         check(t["cold_starts"] + t["warm_starts"] == t["invocations"]
               and t["cold_starts"] == sum(r["cold"] for r in ran)
@@ -360,11 +374,12 @@ def test_emulator(tmp: str, fake: str) -> None:
                  if process_state(e["pid"]) not in (None, "Z")]
     check(not pids_left, "no environment process outlives the emulator", str(pids_left))
     check(os.path.exists(emu.stats_file) and json.load(open(emu.stats_file))["totals"][
-        "invocations"] == 10, "--stats-file has the final stats")
+        "invocations"] == 11, "--stats-file has the final stats")
 
 
 def test_schedule(tmp: str, fake: str) -> None:
-    emu = Emulator(tmp, fake, "--timeout", "3", "--schedule", "1", "--schedule-offset", "0.2")
+    emu = Emulator(tmp, fake, "--timeout", "3", "--schedule", "1", "--schedule-offset", "0.2",
+                   "--prefix", "env FAKE_PREFIXED=yes")
     try:
         def ticks():
             done = [r for r in emu.stats()["invocations"] if r["source"] == "schedule"]
@@ -377,6 +392,8 @@ def test_schedule(tmp: str, fake: str) -> None:
             check(ev.get("source") == "aws.events" and ev.get("detail-type") == "Scheduled Event"
                   and ev.get("detail") == {} and ev["resources"][0].startswith("arn:aws:events:"),
                   "a tick's payload is an EventBridge scheduled event", json.dumps(ev))
+            check(json.loads(recs[0]["response"])["env"].get("FAKE_PREFIXED") == "yes",
+                  "--prefix runs the binary through a command")
             gap = recs[1]["received"] - recs[0]["received"]
             check(0.8 < gap < 1.3, "ticks are a period apart", f"{gap:.2f}s")
     finally:
@@ -568,6 +585,10 @@ def main() -> int:
     finally:
         if ddb_local is not None:
             ddb_local.stop()
+    if RESULTS["failed"]:
+        print(f"# logs kept in {tmp}", flush=True)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed", flush=True)
     return 1 if RESULTS["failed"] else 0
 
