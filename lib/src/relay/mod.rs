@@ -1,0 +1,276 @@
+//! The relay loop: rounds of acquire / probe / fetch / publish / delete inside a deadline
+//! or until a shutdown signal, then the graceful stop.
+//!
+//! One room per phase: this file owns [`Relay`] and the run loop (race a step against the
+//! shutdown, apply its outcome, sleep until the state says, then stop); `shutdown` the
+//! signal, the grace and the hard deadline; `state` the pure state of a run (what is
+//! due, the next wake, applying a batch's result, the tally); `round` the lease round;
+//! `batch` one bucket's batch and a wave of them; `stop` the graceful stop; `report` what
+//! a run returns.
+//!
+//! [`Relay::run_until`] and [`Relay::run_until_shutdown`] share one code path. The loop
+//! never starts a batch that cannot finish before the deadline minus the stop reserve; the
+//! stop then stamps the heartbeat as stopped and releases every lease. A stop that misses
+//! its deadline (a batch still in flight) releases nothing: it may still be publishing,
+//! so its leases lapse as after a crash.
+
+mod batch;
+mod report;
+mod round;
+mod shutdown;
+mod state;
+mod stop;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{error, info, instrument, warn};
+
+use crate::error::{Error, Result};
+use crate::metrics::{NoMetrics, RelayMetrics};
+use crate::notification::LocalNotifier;
+use crate::options::RelayOptions;
+use crate::publish::Publisher;
+use crate::store::{DynamoDbOutboxStore, WriteKind};
+
+pub use report::{RunReport, StopReason};
+use shutdown::Shutdown;
+use state::RunState;
+
+/// Default time kept free before the deadline for the graceful stop.
+pub const DEFAULT_STOP_RESERVE: Duration = Duration::from_secs(2);
+/// Delay after a peer's announced stop before the extra acquisition, and between retries.
+pub const HANDOVER_STEP: Duration = Duration::from_millis(300);
+/// Pause between a relay's first heartbeat and its first read of the coordination partition.
+pub const JOIN_DELAY: Duration = Duration::from_millis(300);
+/// How often the owner of bucket zero samples the backlog (counts are billed per item
+/// counted, so not every round; never in the first round, before anything is published).
+pub const BACKLOG_SAMPLE_INTERVAL: Duration = Duration::from_secs(60);
+/// How long past a peer's announced stop the relay keeps looking for its released buckets.
+pub const HANDOVER_WATCH: Duration = Duration::from_secs(5);
+
+/// The relay: owns a share of the buckets and moves their messages to Kafka.
+pub struct Relay<P: Publisher> {
+    store: DynamoDbOutboxStore,
+    publisher: Arc<P>,
+    options: RelayOptions,
+    metrics: Arc<dyn RelayMetrics>,
+    notifier: Option<Arc<LocalNotifier>>,
+    stop_reserve: Duration,
+}
+
+impl<P: Publisher> std::fmt::Debug for Relay<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("relay_id", &self.options.relay_id)
+            .field("table", &self.store.options().table_name)
+            .field("bucket_count", &self.options.bucket_count)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Publisher> Relay<P> {
+    /// A relay over `store` publishing with `publisher`. Faults with
+    /// [`Error::Misconfiguration`] when the relay's bucket count differs from the store's.
+    pub fn new(
+        store: DynamoDbOutboxStore,
+        publisher: Arc<P>,
+        options: RelayOptions,
+    ) -> Result<Self> {
+        options.validate()?;
+        if options.bucket_count != store.options().bucket_count {
+            return Err(Error::Misconfiguration(format!(
+                "the relay's bucket count is {}, the store's is {}: they must be equal",
+                options.bucket_count,
+                store.options().bucket_count
+            )));
+        }
+        Ok(Relay {
+            store,
+            publisher,
+            options,
+            metrics: Arc::new(NoMetrics),
+            notifier: None,
+            stop_reserve: DEFAULT_STOP_RESERVE,
+        })
+    }
+
+    /// Sets the metrics sink.
+    pub fn with_metrics(mut self, metrics: Arc<dyn RelayMetrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Wakes the relay on commits notified through `notifier` (give the same notifier to
+    /// the writer with [`crate::DynamoDbOutboxWriter::with_notifier`]).
+    pub fn with_notifier(mut self, notifier: Arc<LocalNotifier>) -> Self {
+        self.notifier = Some(notifier);
+        self
+    }
+
+    /// Sets the time kept free before the deadline for the graceful stop.
+    pub fn with_stop_reserve(mut self, reserve: Duration) -> Self {
+        self.stop_reserve = reserve;
+        self
+    }
+
+    /// The relay's options.
+    pub fn options(&self) -> &RelayOptions {
+        &self.options
+    }
+
+    /// The relay's store.
+    pub fn store(&self) -> &DynamoDbOutboxStore {
+        &self.store
+    }
+
+    /// Runs until `deadline` (everything, the graceful stop included, ends by then).
+    pub async fn run_until(&self, deadline: Instant) -> Result<RunReport> {
+        self.run(Some(deadline), None, Duration::ZERO).await
+    }
+
+    /// Runs until `signal` completes, then stops gracefully within `grace`.
+    pub async fn run_until_shutdown<F>(&self, signal: F, grace: Duration) -> Result<RunReport>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.run(None, Some(Box::pin(signal)), grace).await
+    }
+
+    /// Runs until `deadline` or `signal`, whichever comes first.
+    #[instrument(skip_all, fields(relay_id = %self.options.relay_id))]
+    pub async fn run(
+        &self,
+        deadline: Option<Instant>,
+        signal: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+        grace: Duration,
+    ) -> Result<RunReport> {
+        let refused_before = self.refused_snapshot();
+        let mut state = RunState {
+            stops_at: deadline.map(|d| {
+                d.checked_sub(self.stop_reserve)
+                    .unwrap_or_else(Instant::now)
+            }),
+            ..RunState::default()
+        };
+        let mut shutdown = Shutdown::new(deadline, signal, grace);
+        info!(bucket_count = self.options.bucket_count, "relay starting");
+        let reason = loop {
+            if shutdown.requested() {
+                break StopReason::Shutdown;
+            }
+            let now = Instant::now();
+            let work_until = self.work_until(&shutdown, now);
+            if work_until.is_some_and(|w| now >= w) {
+                break StopReason::Deadline;
+            }
+            // Boxed: the step's future (round, wave, batch) nested in the race is deep
+            // enough to hit the compiler's layout recursion limit in callers' crates.
+            let step = Box::pin(self.step(&mut state, work_until));
+            match shutdown.race(step).await {
+                None => {
+                    // In flight at the hard deadline: release nothing.
+                    warn!("work still in flight at the deadline: leases are left to lapse");
+                    let refused = self.refused_since(&refused_before);
+                    let report = state.report(
+                        &self.options.relay_id,
+                        refused,
+                        StopReason::DeadlineMissed,
+                        false,
+                    );
+                    return Ok(report);
+                }
+                Some(Ok(())) => {}
+                Some(Err(e @ Error::Misconfiguration(_))) => {
+                    error!(error = %e, "relay faulted");
+                    self.stop(&mut state, shutdown.hard_deadline()).await;
+                    return Err(e);
+                }
+                Some(Err(e)) => {
+                    state.errors += 1;
+                    warn!(error = %e, "round failed; backing off");
+                    let until = Instant::now() + self.options.error_backoff;
+                    let until = work_until.map_or(until, |w| until.min(w));
+                    shutdown.sleep_until(until, self.notified()).await;
+                }
+            }
+            if !shutdown.requested() {
+                let now = Instant::now();
+                let wake = state.next_wake(
+                    &self.options,
+                    now,
+                    self.store.clock().now_ticks(),
+                    self.work_until(&shutdown, now),
+                );
+                if wake > now {
+                    shutdown.sleep_until(wake, self.notified()).await;
+                }
+            }
+        };
+        let owned_at_end = state.owned.len();
+        let released = self.stop(&mut state, shutdown.hard_deadline()).await;
+        let mut report = state.report(
+            &self.options.relay_id,
+            self.refused_since(&refused_before),
+            reason,
+            released,
+        );
+        report.owned_at_end = owned_at_end;
+        info!(
+            published = report.published,
+            refused = report.refused_total(),
+            released,
+            stop_reason = report.stop_reason.as_str(),
+            "relay stopped"
+        );
+        Ok(report)
+    }
+
+    /// When work ends: the hard deadline minus the stop reserve.
+    fn work_until(&self, shutdown: &Shutdown, now: Instant) -> Option<Instant> {
+        shutdown
+            .hard_deadline()
+            .map(|d| d.checked_sub(self.stop_reserve).unwrap_or(now))
+    }
+
+    /// Completes at the next commit notification (never without a notifier).
+    async fn notified(&self) {
+        match &self.notifier {
+            Some(n) => n.notified().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// One pass: an acquisition when due, then one batch per publishable bucket.
+    async fn step(&self, state: &mut RunState, work_until: Option<Instant>) -> Result<()> {
+        if let Some(n) = &self.notifier {
+            for bucket in n.take() {
+                if let Some(o) = state.owned.get_mut(&bucket) {
+                    o.dirty = true;
+                }
+            }
+        }
+        self.round_if_due(state).await?;
+        self.work(state, work_until).await
+    }
+
+    fn refused_snapshot(&self) -> BTreeMap<&'static str, u64> {
+        let refused = self.store.refused_writes();
+        WriteKind::ALL
+            .iter()
+            .map(|k| (k.as_str(), refused.get(*k)))
+            .collect()
+    }
+
+    /// Refused conditional writes since `before`, by kind.
+    fn refused_since(&self, before: &BTreeMap<&'static str, u64>) -> BTreeMap<&'static str, u64> {
+        self.refused_snapshot()
+            .into_iter()
+            .map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0)))
+            .collect()
+    }
+}

@@ -1,0 +1,449 @@
+//! The state of one run, pure: the buckets the relay holds and what it knows of each,
+//! what is due, when the loop wakes next, the batch estimate, the one place that applies
+//! a batch's result, and the tally that becomes the [`RunReport`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{error, warn};
+
+use super::batch::BatchResult;
+use super::report::{RunReport, StopReason};
+use crate::clock::duration_to_ticks;
+use crate::error::{Error, Result};
+use crate::metrics::RelayMetrics;
+use crate::options::RelayOptions;
+
+/// A bucket this relay holds, and what it knows of it.
+#[derive(Debug, Clone)]
+pub(super) struct Owned {
+    /// The lease's expiry as last written or read (UTC ticks).
+    pub(super) expires_at: i64,
+    /// The same expiry on the monotonic clock (the write's send time plus the lease
+    /// duration), so a wall clock that jumps cannot stretch the time the relay publishes.
+    pub(super) valid_until: Instant,
+    /// Last sequence number this relay removed since it took the bucket.
+    pub(super) last_removed: Option<u64>,
+    /// The clock is behind the stored expiry: publish nothing until it passes this.
+    pub(super) blocked_until: Option<i64>,
+    /// Fetch without probing first (more is known to be waiting).
+    pub(super) dirty: bool,
+    /// Next idle probe.
+    pub(super) next_probe: Instant,
+    /// After a failure, no batch before this.
+    pub(super) retry_at: Option<Instant>,
+}
+
+impl Owned {
+    pub(super) fn new(expires_at: i64, valid_until: Instant, now: Instant) -> Self {
+        Owned {
+            expires_at,
+            valid_until,
+            last_removed: None,
+            blocked_until: None,
+            dirty: true,
+            next_probe: now,
+            retry_at: None,
+        }
+    }
+
+    /// Whether the relay may publish the bucket now: its lease is valid for more than a
+    /// renew interval by both the wall clock and the monotonic clock, and the clock is not
+    /// behind the stored expiry.
+    pub(super) fn publishable(&self, options: &RelayOptions, now: Instant, now_ticks: i64) -> bool {
+        let margin = duration_to_ticks(options.lease_renew_interval);
+        let lease_ok = self.expires_at.saturating_sub(now_ticks) > margin
+            && self.valid_until > now + options.lease_renew_interval;
+        let unblocked = self.blocked_until.is_none_or(|t| now_ticks > t);
+        lease_ok && unblocked
+    }
+
+    /// Whether a batch of the bucket is due now (publishable, past its retry time, and
+    /// dirty or due for a probe).
+    pub(super) fn due(&self, options: &RelayOptions, now: Instant, now_ticks: i64) -> bool {
+        let retry_ok = self.retry_at.is_none_or(|t| now >= t);
+        let wanted = self.dirty || now >= self.next_probe;
+        self.publishable(options, now, now_ticks) && retry_ok && wanted
+    }
+
+    /// When the bucket wants its next batch (ignoring whether it is publishable).
+    fn wants_batch_at(&self, now: Instant) -> Instant {
+        match (self.dirty, self.retry_at) {
+            (_, Some(r)) => r,
+            (true, None) => now,
+            (false, None) => self.next_probe,
+        }
+    }
+}
+
+/// Mutable state of one run.
+#[derive(Debug, Default)]
+pub(super) struct RunState {
+    pub(super) owned: BTreeMap<u32, Owned>,
+    pub(super) last_acquire: Option<Instant>,
+    /// An extra acquisition: right after a peer's announced stop (its `StopsAtUtc`), or
+    /// after the error backoff when a round failed.
+    pub(super) early_acquire: Option<Instant>,
+    /// When this run stops working (deadline minus the stop reserve), announced to peers.
+    pub(super) stops_at: Option<Instant>,
+    pub(super) last_heartbeat: Option<Instant>,
+    /// When the owner of bucket zero last sampled the backlog.
+    pub(super) last_backlog_sample: Option<Instant>,
+    pub(super) far_standby: bool,
+    pub(super) published: u64,
+    pub(super) publish_failures: u64,
+    pub(super) rounds: u64,
+    pub(super) max_owned: usize,
+    pub(super) leases_acquired: u64,
+    pub(super) leases_lost: u64,
+    pub(super) errors: u64,
+    pub(super) batch_estimate: Option<Duration>,
+}
+
+impl RunState {
+    /// The expected length of one batch: the running estimate (200 ms before the first),
+    /// capped at a quarter of the renew interval, so that a stall or one slow batch cannot
+    /// make every later batch look too long to start (a skipped batch never updates it).
+    pub(super) fn estimate(&self, options: &RelayOptions) -> Duration {
+        self.batch_estimate
+            .unwrap_or(Duration::from_millis(200))
+            .min(options.lease_renew_interval / 4)
+    }
+
+    /// Whether an acquisition round is due at `now`: `(regular, early)`.
+    pub(super) fn round_due(&self, options: &RelayOptions, now: Instant) -> (bool, bool) {
+        let regular = self
+            .last_acquire
+            .is_none_or(|t| now >= t + options.lease_renew_interval);
+        let early = self.early_acquire.is_some_and(|h| now >= h);
+        (regular, early)
+    }
+
+    /// A standby far back in line writes nothing every other round, while keeping its
+    /// heartbeat younger than three quarters of the lease duration.
+    pub(super) fn skip_round(&self, options: &RelayOptions, now: Instant) -> bool {
+        if !self.far_standby {
+            return false;
+        }
+        let Some(last) = self.last_heartbeat else {
+            return false;
+        };
+        let next_round_age = now.saturating_duration_since(last) + options.lease_renew_interval;
+        next_round_age <= options.lease_duration * 3 / 4
+    }
+
+    /// When the loop has something to do next: the next round, the earliest batch a
+    /// publishable bucket wants, or the end of work, whichever comes first.
+    pub(super) fn next_wake(
+        &self,
+        options: &RelayOptions,
+        now: Instant,
+        now_ticks: i64,
+        work_until: Option<Instant>,
+    ) -> Instant {
+        let mut wake = self
+            .last_acquire
+            .map_or(now, |t| t + options.lease_renew_interval);
+        if let Some(h) = self.early_acquire {
+            wake = wake.min(h);
+        }
+        for owned in self
+            .owned
+            .values()
+            .filter(|o| o.publishable(options, now, now_ticks))
+        {
+            wake = wake.min(owned.wants_batch_at(now));
+        }
+        if let Some(w) = work_until {
+            wake = wake.min(w);
+        }
+        wake
+    }
+
+    /// Applies one bucket's batch result (`took` long) at `now`; a misconfiguration is
+    /// handed back for the loop to fault with.
+    pub(super) fn apply(
+        &mut self,
+        options: &RelayOptions,
+        metrics: &dyn RelayMetrics,
+        bucket: u32,
+        result: Result<BatchResult>,
+        took: Duration,
+        now: Instant,
+    ) -> Option<Error> {
+        let o = self.owned.get_mut(&bucket)?;
+        match result {
+            Ok(BatchResult::Idle) => {
+                o.dirty = false;
+                o.retry_at = None;
+                o.next_probe = now + options.poll_interval;
+            }
+            Ok(BatchResult::Done {
+                fetched,
+                deleted,
+                last,
+                full,
+            }) => {
+                self.published += deleted as u64;
+                metrics.published(bucket, deleted as u64);
+                metrics.batch_duration(bucket, took);
+                let took = took.min(options.lease_renew_interval / 4);
+                self.batch_estimate = Some(match self.batch_estimate {
+                    Some(e) => (e * 3 + took) / 4,
+                    None => took,
+                });
+                if last.is_some() {
+                    o.last_removed = last;
+                }
+                o.retry_at = None;
+                o.dirty = full || deleted < fetched;
+                o.next_probe = now + options.poll_interval;
+            }
+            Ok(BatchResult::Failed { deleted, last }) => {
+                self.published += deleted as u64;
+                self.publish_failures += 1;
+                metrics.published(bucket, deleted as u64);
+                metrics.publish_failed(bucket, false);
+                if last.is_some() {
+                    o.last_removed = last;
+                }
+                o.dirty = true;
+                o.retry_at = Some(now + options.error_backoff);
+            }
+            Ok(BatchResult::Skipped) => {}
+            Ok(BatchResult::Poison {
+                reason,
+                deleted,
+                last,
+            }) => {
+                self.published += deleted as u64;
+                metrics.published(bucket, deleted as u64);
+                if last.is_some() {
+                    o.last_removed = last;
+                }
+                error!(bucket, reason = %reason, "bucket stuck on an item it cannot publish; quarantine it with `outboxctl quarantine`");
+                metrics.poison_item(bucket);
+                self.publish_failures += 1;
+                o.dirty = true;
+                o.retry_at = Some(now + options.lease_renew_interval);
+            }
+            Err(e @ Error::Misconfiguration(_)) => return Some(e),
+            Err(e) => {
+                warn!(bucket, error = %e, "batch failed");
+                self.errors += 1;
+                o.dirty = true;
+                o.retry_at = Some(now + options.error_backoff);
+            }
+        }
+        None
+    }
+
+    /// The report of the run, from the tally.
+    pub(super) fn report(
+        &self,
+        relay_id: &str,
+        refused: BTreeMap<&'static str, u64>,
+        stop_reason: StopReason,
+        released: bool,
+    ) -> RunReport {
+        RunReport {
+            relay_id: relay_id.to_owned(),
+            published: self.published,
+            publish_failures: self.publish_failures,
+            rounds: self.rounds,
+            max_owned: self.max_owned,
+            owned_at_end: self.owned.len(),
+            leases_acquired: self.leases_acquired,
+            leases_lost: self.leases_lost,
+            refused,
+            errors: self.errors,
+            stop_reason,
+            released,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::NoMetrics;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn options() -> RelayOptions {
+        RelayOptions {
+            poll_interval: 100 * MS,
+            error_backoff: 200 * MS,
+            lease_duration: 3000 * MS,
+            lease_renew_interval: 1000 * MS,
+            ..RelayOptions::default()
+        }
+    }
+
+    /// A state holding `bucket` with a lease valid for the whole lease duration from `now`.
+    fn holding(bucket: u32, now: Instant, now_ticks: i64) -> RunState {
+        let o = options();
+        let mut s = RunState {
+            last_acquire: Some(now),
+            ..RunState::default()
+        };
+        s.owned.insert(
+            bucket,
+            Owned::new(
+                now_ticks + duration_to_ticks(o.lease_duration),
+                now + o.lease_duration,
+                now,
+            ),
+        );
+        s
+    }
+
+    #[test]
+    fn a_bucket_is_publishable_while_its_lease_has_more_than_a_renew_interval() {
+        let o = options();
+        let now = Instant::now();
+        let s = holding(0, now, 1_000_000_000);
+        let b = &s.owned[&0];
+        assert!(b.publishable(&o, now, 1_000_000_000));
+        // By the monotonic clock: 2 s in, one renew interval is left.
+        assert!(!b.publishable(&o, now + 2000 * MS, 1_000_000_000));
+        // By the wall clock, even when the monotonic clock says otherwise.
+        let late = 1_000_000_000 + duration_to_ticks(2000 * MS);
+        assert!(!b.publishable(&o, now, late));
+        // Blocked until the clock passes the stored expiry.
+        let mut blocked = b.clone();
+        blocked.blocked_until = Some(1_000_000_000 + 5);
+        assert!(!blocked.publishable(&o, now, 1_000_000_000));
+        assert!(blocked.publishable(&o, now, 1_000_000_006));
+    }
+
+    #[test]
+    fn the_loop_wakes_for_the_earliest_of_round_batch_and_end_of_work() {
+        let o = options();
+        let now = Instant::now();
+        let ticks = 1_000_000_000;
+        let mut s = holding(0, now, ticks);
+        // Dirty: now.
+        assert_eq!(s.next_wake(&o, now, ticks, None), now);
+        // Idle: its next probe.
+        s.owned.get_mut(&0).unwrap().dirty = false;
+        s.owned.get_mut(&0).unwrap().next_probe = now + 100 * MS;
+        assert_eq!(s.next_wake(&o, now, ticks, None), now + 100 * MS);
+        // Retrying: its retry time, even when dirty.
+        let b = s.owned.get_mut(&0).unwrap();
+        b.dirty = true;
+        b.retry_at = Some(now + 300 * MS);
+        assert_eq!(s.next_wake(&o, now, ticks, None), now + 300 * MS);
+        // The end of work comes first.
+        assert_eq!(
+            s.next_wake(&o, now, ticks, Some(now + 50 * MS)),
+            now + 50 * MS
+        );
+        // A bucket that is not publishable wants nothing: the next round.
+        s.owned.get_mut(&0).unwrap().blocked_until = Some(i64::MAX);
+        assert_eq!(
+            s.next_wake(&o, now, ticks, None),
+            now + o.lease_renew_interval
+        );
+        // An early acquisition before it.
+        s.early_acquire = Some(now + 400 * MS);
+        assert_eq!(s.next_wake(&o, now, ticks, None), now + 400 * MS);
+    }
+
+    #[test]
+    fn batch_results_update_the_bucket_and_the_tally() {
+        let o = options();
+        let now = Instant::now();
+        let mut s = holding(3, now, 1_000_000_000);
+        let m = NoMetrics;
+        let done = BatchResult::Done {
+            fetched: 10,
+            deleted: 10,
+            last: Some(41),
+            full: false,
+        };
+        assert!(s.apply(&o, &m, 3, Ok(done), 40 * MS, now).is_none());
+        let b = &s.owned[&3];
+        assert_eq!(
+            (b.dirty, b.last_removed, b.retry_at),
+            (false, Some(41), None)
+        );
+        assert_eq!(b.next_probe, now + o.poll_interval);
+        assert_eq!((s.published, s.batch_estimate), (10, Some(40 * MS)));
+
+        // A partial delete leaves it dirty; a full batch too.
+        let partial = BatchResult::Done {
+            fetched: 10,
+            deleted: 4,
+            last: Some(45),
+            full: false,
+        };
+        s.apply(&o, &m, 3, Ok(partial), 40 * MS, now);
+        assert!(s.owned[&3].dirty);
+
+        let failed = BatchResult::Failed {
+            deleted: 2,
+            last: Some(47),
+        };
+        s.apply(&o, &m, 3, Ok(failed), 40 * MS, now);
+        let b = &s.owned[&3];
+        assert_eq!(
+            (b.last_removed, b.retry_at),
+            (Some(47), Some(now + o.error_backoff))
+        );
+        assert_eq!((s.published, s.publish_failures), (16, 1));
+
+        let poison = BatchResult::Poison {
+            reason: "bad".into(),
+            deleted: 0,
+            last: None,
+        };
+        s.apply(&o, &m, 3, Ok(poison), 40 * MS, now);
+        let b = &s.owned[&3];
+        assert_eq!(
+            (b.last_removed, b.retry_at),
+            (Some(47), Some(now + o.lease_renew_interval))
+        );
+
+        s.apply(&o, &m, 3, Err(Error::DeadlineExceeded("x")), 40 * MS, now);
+        assert_eq!(s.errors, 1);
+        let fault = s.apply(
+            &o,
+            &m,
+            3,
+            Err(Error::Misconfiguration("m".into())),
+            40 * MS,
+            now,
+        );
+        assert!(matches!(fault, Some(Error::Misconfiguration(_))));
+        // A bucket lost meanwhile: nothing applies.
+        assert!(s.apply(&o, &m, 9, Ok(BatchResult::Idle), MS, now).is_none());
+    }
+
+    #[test]
+    fn the_estimate_is_capped_and_smoothed() {
+        let o = options();
+        let mut s = RunState::default();
+        assert_eq!(s.estimate(&o), 200 * MS);
+        s.batch_estimate = Some(5000 * MS);
+        assert_eq!(s.estimate(&o), o.lease_renew_interval / 4);
+    }
+
+    #[test]
+    fn a_far_standby_skips_every_other_round_while_its_heartbeat_stays_young() {
+        let o = options();
+        let now = Instant::now();
+        let mut s = RunState {
+            far_standby: true,
+            last_heartbeat: Some(now),
+            ..RunState::default()
+        };
+        // Heartbeat 1 s old at the next round (of a 3 s lease): skip.
+        assert!(s.skip_round(&o, now));
+        // 1.5 s old now: at the next round 2.5 s > 2.25 s: do not skip.
+        assert!(!s.skip_round(&o, now + 1500 * MS));
+        s.far_standby = false;
+        assert!(!s.skip_round(&o, now));
+    }
+}
