@@ -148,6 +148,31 @@ impl Coordination {
             .collect()
     }
 
+    /// Whether relays other than `me` that are live at `now` (active, no stop announced
+    /// within `soon_ticks`) hold unlapsed leases of every one of `buckets`.
+    pub fn peers_hold(
+        &self,
+        me: &str,
+        buckets: impl IntoIterator<Item = u32>,
+        now: i64,
+        lease_ticks: i64,
+        soon_ticks: i64,
+    ) -> bool {
+        let live_peer = |owner: &str| {
+            owner != me
+                && self.relays.iter().any(|r| {
+                    r.relay_id == owner
+                        && r.is_active(now, lease_ticks)
+                        && r.stops_at
+                            .is_none_or(|s| s > now.saturating_add(soon_ticks))
+                })
+        };
+        buckets.into_iter().all(|b| {
+            self.lease(b)
+                .is_some_and(|l| l.expires_at > now && l.owner.as_deref().is_some_and(live_peer))
+        })
+    }
+
     /// Which of `buckets` no live relay publishes or is about to claim, at `now`.
     ///
     /// A relay counts when it is active (heartbeat younger than `lease_ticks`, not stamped
@@ -429,6 +454,30 @@ mod tests {
         };
         assert_eq!(stamped.handover_at("me", 4, NOW, STEP, WATCH), None);
         assert_eq!(c.handover_at("leaving", 4, NOW, STEP, WATCH), None);
+    }
+
+    #[test]
+    fn peers_hold_only_with_live_unlapsed_leases_of_others() {
+        let leaving = RelayRecord {
+            stops_at: Some(NOW + SOON),
+            ..relay("leaving", NOW - 1)
+        };
+        let c = Coordination {
+            leases: vec![
+                lease(0, "me", NOW + 20),
+                lease(1, "b", NOW + 20),
+                lease(2, "b", NOW),
+                lease(3, "leaving", NOW + 20),
+            ],
+            relays: vec![relay("me", NOW - 1), relay("b", NOW - 1), leaving],
+        };
+        let holds = |buckets: &[u32]| c.peers_hold("me", buckets.iter().copied(), NOW, LEASE, SOON);
+        assert!(holds(&[1]));
+        assert!(holds(&[]));
+        assert!(!holds(&[0]), "its own lease is not a peer's");
+        assert!(!holds(&[2]), "lapsed");
+        assert!(!holds(&[3]), "its holder announced a stop");
+        assert!(!holds(&[1, 5]), "no lease item");
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub mod env {
     pub const MESSAGE_ID_HEADER: &str = "OUTBOX_MESSAGE_ID_HEADER";
     /// [`RelayOptions::metrics_name`](super::RelayOptions::metrics_name).
     pub const METRICS_NAME: &str = "OUTBOX_METRICS_NAME";
+    /// [`RelayOptions::idle_stop`](super::RelayOptions::idle_stop): a duration, or `never`
+    /// (also: empty) for never.
+    pub const IDLE_STOP: &str = "OUTBOX_IDLE_STOP";
 }
 
 /// Options of the table layout, shared by every writer and relay of one outbox.
@@ -211,6 +214,11 @@ pub struct RelayOptions {
     pub message_id_header: String,
     /// Name under which the relay reports metrics (`outbox`), to tell outboxes apart.
     pub metrics_name: String,
+    /// Stop a run early once every bucket it owns has been empty for this long (no
+    /// message fetched, nothing notified) and live peers hold every other bucket; `None`
+    /// (the default) never stops early. The stop is graceful; the run reports
+    /// [`StopReason::Idle`](crate::StopReason::Idle).
+    pub idle_stop: Option<Duration>,
 }
 
 impl Default for RelayOptions {
@@ -225,8 +233,25 @@ impl Default for RelayOptions {
             relay_id: default_relay_id(),
             message_id_header: "x-outbox-message-id".into(),
             metrics_name: "outbox".into(),
+            idle_stop: None,
         }
     }
+}
+
+/// Reads [`env::IDLE_STOP`]: a duration, or `never` (or empty) for none.
+pub fn parse_idle_stop(value: &str) -> Result<Option<Duration>> {
+    let v = value.trim();
+    if v.is_empty() || v.eq_ignore_ascii_case("never") {
+        return Ok(None);
+    }
+    let d = parse_duration(env::IDLE_STOP, v)?;
+    if d.is_zero() {
+        return Err(Error::option(
+            env::IDLE_STOP,
+            "must be greater than zero (or `never`)",
+        ));
+    }
+    Ok(Some(d))
 }
 
 /// Longest relay id: it is part of a sort key and of every lease item.
@@ -283,6 +308,9 @@ impl RelayOptions {
         if let Some(v) = lookup(env::METRICS_NAME) {
             o.metrics_name = v;
         }
+        if let Some(v) = lookup(env::IDLE_STOP) {
+            o.idle_stop = parse_idle_stop(&v)?;
+        }
         o.validate()?;
         Ok(o)
     }
@@ -324,6 +352,12 @@ impl RelayOptions {
         }
         if self.message_id_header.is_empty() {
             return Err(Error::option("message_id_header", "must not be empty"));
+        }
+        if self.idle_stop.is_some_and(|d| d.is_zero()) {
+            return Err(Error::option(
+                "idle_stop",
+                "must be greater than zero (leave it unset to never stop early)",
+            ));
         }
         Ok(())
     }

@@ -98,6 +98,18 @@ impl Keys {
         ])
     }
 
+    /// The bucket of a message partition key of this outbox (`{prefix}#MESSAGES#{bucket}`),
+    /// if it is one.
+    pub fn message_bucket(&self, pk: &str) -> Option<u32> {
+        let digits = pk
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix("#MESSAGES#")?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
+    }
+
     /// Reads the string key attributes of an item (empty strings when missing).
     pub fn key_of<'a>(&self, item: &'a Item) -> (&'a str, &'a str) {
         let get = |name: &str| {
@@ -328,6 +340,16 @@ mod tests {
     fn key_formats_match_the_spec() {
         let k = keys();
         assert_eq!(k.message_pk(3), "OUTBOX#MESSAGES#3");
+        assert_eq!(k.message_bucket("OUTBOX#MESSAGES#3"), Some(3));
+        for other in [
+            "OUTBOX#MESSAGES#",
+            "OUTBOX#MESSAGES#3x",
+            "OTHER#MESSAGES#3",
+            "OUTBOX#SEQUENCE#3",
+            "OUTBOX#MESSAGES#-1",
+        ] {
+            assert_eq!(k.message_bucket(other), None, "{other}");
+        }
         assert_eq!(k.sequence_pk(12), "OUTBOX#SEQUENCE#12");
         assert_eq!(k.coordination_pk(), "OUTBOX#COORDINATION");
         assert_eq!(message_sk(42), "0000000000000000042");

@@ -60,6 +60,9 @@ pub mod env {
 pub const DEFAULT_MAX_RUN_TIME: Duration = Duration::from_secs(50);
 /// Default of [`RelaySettings::shutdown_margin`].
 pub const DEFAULT_SHUTDOWN_MARGIN: Duration = Duration::from_secs(3);
+/// The function's idle stop when `OUTBOX_IDLE_STOP` is unset (the library's default is
+/// never): an invocation whose buckets have all been empty this long stops early.
+pub const DEFAULT_IDLE_STOP: Duration = Duration::from_secs(5);
 /// Longest time the first invocation waits for the Kafka connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -88,7 +91,10 @@ impl RelaySettings {
     /// Reads the settings through `lookup` (an environment stand-in) and validates them.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> dynamo_outbox::Result<Self> {
         let outbox = OutboxOptions::from_lookup(&lookup)?;
-        let relay = RelayOptions::from_lookup(&lookup)?;
+        let mut relay = RelayOptions::from_lookup(&lookup)?;
+        if lookup(dynamo_outbox::options::env::IDLE_STOP).is_none() {
+            relay.idle_stop = Some(DEFAULT_IDLE_STOP);
+        }
         let kafka = KafkaConfig::from_lookup(&lookup)?;
         let max_run_time = match lookup(env::MAX_RUN_TIME) {
             Some(v) => parse_duration(env::MAX_RUN_TIME, &v)?,
@@ -188,6 +194,9 @@ pub enum Trigger {
     Schedule,
     /// A commit notification ([`dynamo_outbox::notification::CommitNotification`]) from the event bus.
     Notification,
+    /// A doorbell: a batch of the table's DynamoDB stream records (message inserts by any
+    /// writer), from the event source mapping.
+    Doorbell,
 }
 
 /// What one invocation returns (and logs).
@@ -267,6 +276,7 @@ impl RelaySummary {
     /// The summary of a notified invocation that returned without running a relay.
     fn skipped(
         relay_id: String,
+        trigger: Trigger,
         uncovered: Option<Vec<u32>>,
         stop_reason: &str,
         source: DeadlineSource,
@@ -274,7 +284,7 @@ impl RelaySummary {
     ) -> Self {
         RelaySummary {
             relay_id,
-            trigger: Trigger::Notification,
+            trigger,
             uncovered,
             published: 0,
             publish_failures: 0,
@@ -413,15 +423,28 @@ impl RelayFunction {
                 .duration_since(SystemTime::now())
                 .unwrap_or_default(),
         };
-        let wake = Wake::from_payload(&event.payload)?;
+        let wake = Wake::from_payload(&event.payload, &self.settings.outbox)?;
         let mut connected_here = false;
-        let (trigger, uncovered) = match wake {
+        let (wake_trigger, notified) = match wake {
             Wake::Tick => (Trigger::Schedule, None),
-            Wake::Notification(n) => {
-                if let Some(why) = n.mismatch(&self.settings.outbox) {
+            Wake::Notification(n) => (Trigger::Notification, Some(n)),
+            Wake::Doorbell(n) => (Trigger::Doorbell, Some(n)),
+        };
+        let (trigger, uncovered) = match notified {
+            None => (wake_trigger, None),
+            Some(n) => {
+                let mismatch = match n.mismatch(&self.settings.outbox) {
+                    Some(why) => Some(why),
+                    None if n.buckets.is_empty() => {
+                        Some("no message of this outbox in the doorbell".to_owned())
+                    }
+                    None => None,
+                };
+                if let Some(why) = mismatch {
                     info!(why, "commit notification for another outbox: ignored");
                     return Ok(RelaySummary::skipped(
                         options.relay_id,
+                        wake_trigger,
                         None,
                         "not_this_outbox",
                         source,
@@ -457,6 +480,7 @@ impl RelayFunction {
                     );
                     return Ok(RelaySummary::skipped(
                         options.relay_id,
+                        wake_trigger,
                         Some(read),
                         "covered",
                         source,
@@ -464,7 +488,7 @@ impl RelayFunction {
                     ));
                 }
                 info!(uncovered = ?read, "commit notification: buckets without a live relay, joining");
-                (Trigger::Notification, Some(read))
+                (wake_trigger, Some(read))
             }
         };
         if source == DeadlineSource::Fallback {

@@ -342,12 +342,18 @@ fn the_schedule_is_every_minute_with_wake_on_schedule_and_every_5_minutes_with_t
 }
 
 #[test]
-fn the_relay_gets_its_idle_stop_from_relay_idle_stop_and_none_when_empty() {
+fn the_relay_gets_its_idle_stop_from_relay_idle_stop_and_never_when_empty() {
     let t = template();
     let relay = resource(&t, "RelayFunction").join("\n");
+    // Empty means never: the function's own default (5s) applies only when the variable
+    // is unset, so the template sets "never" explicitly.
     assert_eq!(
         value(&relay, "OUTBOX_IDLE_STOP"),
-        "!If [HasIdleStop, !Ref RelayIdleStop, !Ref AWS::NoValue]"
+        "!If [HasIdleStop, !Ref RelayIdleStop, never]"
+    );
+    assert_eq!(
+        dynamo_outbox::options::parse_idle_stop("never").unwrap(),
+        None
     );
     assert_eq!(
         entry(&section(&t, "Conditions"), "HasIdleStop"),
@@ -358,8 +364,8 @@ fn the_relay_gets_its_idle_stop_from_relay_idle_stop_and_none_when_empty() {
     assert_eq!(default, "5s");
     // The default is a duration the relay reads.
     assert_eq!(
-        dynamo_outbox::options::parse_duration("OUTBOX_IDLE_STOP", default).unwrap(),
-        std::time::Duration::from_secs(5)
+        dynamo_outbox::options::parse_idle_stop(default).unwrap(),
+        Some(std::time::Duration::from_secs(5))
     );
     assert!(parameter.contains("releases its leases"), "{parameter}");
 }

@@ -1,12 +1,17 @@
 //! What a Lambda invocation's payload says, read with the `aws_lambda_events` types:
-//! a commit notification delivered by an EventBridge rule, or anything else (a schedule
-//! tick, a manual invoke). Behind the cargo feature `lambda`.
+//! a commit notification delivered by an EventBridge rule, a doorbell (a batch of the
+//! table's DynamoDB stream records, delivered by an event source mapping), or anything
+//! else (a schedule tick, a manual invoke). Behind the cargo feature `lambda`.
 
+use aws_lambda_events::event::dynamodb::Event as StreamEvent;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use serde_json::Value;
+use tracing::warn;
 
 use super::{CommitNotification, DETAIL_TYPE, SOURCE};
 use crate::error::{Error, Result};
+use crate::options::OutboxOptions;
+use crate::schema::Keys;
 
 /// Why a relay invocation was started, as its payload says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,17 +20,73 @@ pub enum Wake {
     Tick,
     /// A commit notification from the event bus.
     Notification(CommitNotification),
+    /// A doorbell: the table's stream saw messages inserted into these buckets of the
+    /// outbox `options` describes (by any writer). Records of other outboxes or of
+    /// other items are left out; a doorbell with no bucket left rang for another outbox.
+    Doorbell(CommitNotification),
 }
 
 impl Wake {
-    /// Reads an invocation's payload. An [`Error::InvalidMessage`] naming the field when
-    /// the payload says it is a commit notification but breaks a rule.
-    pub fn from_payload(payload: &Value) -> Result<Wake> {
+    /// Reads an invocation's payload for the outbox `options` describes. An
+    /// [`Error::InvalidMessage`] naming the field when the payload says it is a commit
+    /// notification but breaks a rule. A doorbell is never an error (an error would make
+    /// Lambda retry the batch and hold up the stream's shard): one whose records cannot be
+    /// read rings every bucket.
+    pub fn from_payload(payload: &Value, options: &OutboxOptions) -> Result<Wake> {
+        if is_stream_event(payload) {
+            return Ok(Wake::Doorbell(doorbell(payload, options)));
+        }
         Ok(match CommitNotification::from_event(payload)? {
             Some(n) => Wake::Notification(n),
             None => Wake::Tick,
         })
     }
+}
+
+/// Whether the payload is a batch of DynamoDB stream records (`Records` whose first
+/// record's `eventSource` is `aws:dynamodb`).
+fn is_stream_event(payload: &Value) -> bool {
+    payload
+        .get("Records")
+        .and_then(Value::as_array)
+        .and_then(|r| r.first())
+        .and_then(|r| r.get("eventSource"))
+        .and_then(Value::as_str)
+        == Some("aws:dynamodb")
+}
+
+/// The buckets of the outbox's message items that a stream event reports inserted.
+fn doorbell(payload: &Value, options: &OutboxOptions) -> CommitNotification {
+    let event = match serde_json::from_value::<StreamEvent>(payload.clone()) {
+        Ok(e) => e,
+        Err(e) => {
+            warn!(error = %e, "a doorbell whose stream records cannot be read: checking every bucket");
+            return CommitNotification::new(options, 0..options.bucket_count);
+        }
+    };
+    let keys = Keys::new(options);
+    let buckets = event.records.iter().filter_map(|r| {
+        if r.event_name != "INSERT" {
+            return None;
+        }
+        if let Some(table) = r.event_source_arn.as_deref().and_then(table_of_stream_arn) {
+            if table != options.table_name {
+                return None;
+            }
+        }
+        let keys_json = serde_json::to_value(&r.change.keys).ok()?;
+        let pk = keys_json.get(&keys.pk)?.get("S")?.as_str()?;
+        keys.message_bucket(pk)
+            .filter(|b| *b < options.bucket_count)
+    });
+    CommitNotification::new(options, buckets)
+}
+
+/// The table name of a stream ARN (`arn:aws:dynamodb:REGION:ACCOUNT:table/NAME/stream/TIME`).
+fn table_of_stream_arn(arn: &str) -> Option<&str> {
+    let resource = arn.splitn(6, ':').nth(5)?;
+    let rest = resource.strip_prefix("table/")?;
+    rest.split('/').next()
 }
 
 impl CommitNotification {
@@ -87,13 +148,13 @@ mod tests {
         assert!(n.mismatch(&other).unwrap().contains("other"));
 
         assert_eq!(
-            Wake::from_payload(&event).unwrap(),
+            Wake::from_payload(&event, &options).unwrap(),
             Wake::Notification(n.clone())
         );
         // A schedule tick or a manual invoke is no notification.
         let tick = json!({"version": "0", "id": "2", "source": "aws.events",
             "detail-type": "Scheduled Event", "detail": {}});
-        assert_eq!(Wake::from_payload(&tick).unwrap(), Wake::Tick);
+        assert_eq!(Wake::from_payload(&tick, &options).unwrap(), Wake::Tick);
         for e in [
             json!({}),
             json!({"source": "dynamo-outbox.schedule"}),
@@ -112,5 +173,57 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("detail:"), "{e}");
+    }
+
+    fn stream_record(arn: &str, name: &str, pk: &str) -> Value {
+        json!({
+            "eventID": "1", "eventName": name, "eventVersion": "1.1",
+            "eventSource": "aws:dynamodb", "awsRegion": "eu-west-1",
+            "dynamodb": {
+                "ApproximateCreationDateTime": 1_764_547_200.0,
+                "Keys": {"PK": {"S": pk}, "SK": {"S": "0000000000000000001"}},
+                "SequenceNumber": "100", "SizeBytes": 40, "StreamViewType": "KEYS_ONLY"
+            },
+            "eventSourceARN": arn
+        })
+    }
+
+    #[test]
+    fn a_doorbell_rings_the_buckets_of_inserted_messages_of_this_outbox_only() {
+        let options = OutboxOptions::new("orders-outbox").with_bucket_count(8);
+        let arn = "arn:aws:dynamodb:eu-west-1:123456789012:table/orders-outbox/stream/2026-12-01T00:00:00.000";
+        let other =
+            "arn:aws:dynamodb:eu-west-1:123456789012:table/other/stream/2026-12-01T00:00:00.000";
+        let event = json!({"Records": [
+            stream_record(arn, "INSERT", "OUTBOX#MESSAGES#5"),
+            stream_record(arn, "INSERT", "OUTBOX#MESSAGES#2"),
+            stream_record(arn, "INSERT", "OUTBOX#MESSAGES#5"),
+            stream_record(arn, "REMOVE", "OUTBOX#MESSAGES#3"),
+            stream_record(arn, "INSERT", "OUTBOX#SEQUENCE#4"),
+            stream_record(arn, "INSERT", "OTHER#MESSAGES#6"),
+            stream_record(arn, "INSERT", "OUTBOX#MESSAGES#9"),
+            stream_record(other, "INSERT", "OUTBOX#MESSAGES#7"),
+        ]});
+        let Wake::Doorbell(n) = Wake::from_payload(&event, &options).unwrap() else {
+            panic!("not a doorbell");
+        };
+        assert_eq!(n.buckets, vec![2, 5]);
+        assert_eq!(n.mismatch(&options), None);
+
+        // Another outbox's doorbell rings nothing.
+        let event = json!({"Records": [stream_record(other, "INSERT", "OUTBOX#MESSAGES#1")]});
+        let Wake::Doorbell(n) = Wake::from_payload(&event, &options).unwrap() else {
+            panic!("not a doorbell");
+        };
+        assert!(n.buckets.is_empty());
+
+        // Records that cannot be read ring every bucket, never an error.
+        let event = json!({"Records": [{"eventSource": "aws:dynamodb", "dynamodb": 7}]});
+        let Wake::Doorbell(n) = Wake::from_payload(&event, &options).unwrap() else {
+            panic!("not a doorbell");
+        };
+        assert_eq!(n.buckets, (0..8).collect::<Vec<_>>());
+        assert_eq!(table_of_stream_arn(arn), Some("orders-outbox"));
+        assert_eq!(table_of_stream_arn("nonsense"), None);
     }
 }

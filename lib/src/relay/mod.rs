@@ -15,6 +15,7 @@
 //! so its leases lapse as after a crash.
 
 mod batch;
+mod idle;
 mod report;
 mod round;
 mod shutdown;
@@ -155,6 +156,7 @@ impl<P: Publisher> Relay<P> {
                 d.checked_sub(self.stop_reserve)
                     .unwrap_or_else(Instant::now)
             }),
+            last_activity: Some(Instant::now()),
             ..RunState::default()
         };
         let mut shutdown = Shutdown::new(deadline, signal, grace);
@@ -196,6 +198,18 @@ impl<P: Publisher> Relay<P> {
                     let until = Instant::now() + self.options.error_backoff;
                     let until = work_until.map_or(until, |w| until.min(w));
                     shutdown.sleep_until(until, self.notified()).await;
+                }
+            }
+            if state.idle(&self.options, Instant::now()) && !shutdown.requested() {
+                let confirmed = shutdown.race(self.confirm_idle(&mut state)).await;
+                match confirmed {
+                    Some(Ok(true)) => break StopReason::Idle,
+                    Some(Ok(false)) => {}
+                    Some(Err(e)) => {
+                        warn!(error = %e, "idle: checking before the stop failed; running on");
+                        state.last_activity = Some(Instant::now());
+                    }
+                    None => {}
                 }
             }
             if !shutdown.requested() {
@@ -248,7 +262,11 @@ impl<P: Publisher> Relay<P> {
     /// One pass: an acquisition when due, then one batch per publishable bucket.
     async fn step(&self, state: &mut RunState, work_until: Option<Instant>) -> Result<()> {
         if let Some(n) = &self.notifier {
-            for bucket in n.take() {
+            let notified = n.take();
+            if !notified.is_empty() {
+                state.last_activity = Some(Instant::now());
+            }
+            for bucket in notified {
                 if let Some(o) = state.owned.get_mut(&bucket) {
                     o.dirty = true;
                 }

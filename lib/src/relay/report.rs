@@ -11,6 +11,11 @@ pub enum StopReason {
     Shutdown,
     /// Work was still in flight at the hard deadline: nothing was released.
     DeadlineMissed,
+    /// Every bucket it owned stayed empty for [`RelayOptions::idle_stop`] while live
+    /// peers held the rest; the relay stopped gracefully.
+    ///
+    /// [`RelayOptions::idle_stop`]: crate::RelayOptions::idle_stop
+    Idle,
 }
 
 impl StopReason {
@@ -20,6 +25,7 @@ impl StopReason {
             StopReason::Deadline => "deadline",
             StopReason::Shutdown => "shutdown",
             StopReason::DeadlineMissed => "deadline_missed",
+            StopReason::Idle => "idle",
         }
     }
 }

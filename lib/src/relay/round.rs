@@ -140,6 +140,13 @@ impl<P: Publisher> Relay<P> {
                 self.metrics.refused_write(kind);
             }
         }
+        state.peers_hold_the_rest = coordination.peers_hold(
+            me,
+            (0..self.options.bucket_count).filter(|b| !state.owned.contains_key(b)),
+            now,
+            d_ticks,
+            duration_to_ticks(self.options.poll_interval),
+        );
         state.early_acquire = self.handover_time(&coordination, now);
         self.cleanup(&coordination, now, d_ticks).await;
         self.sample_backlog_if_due(state, now).await;

@@ -99,6 +99,11 @@ pub(super) struct RunState {
     pub(super) leases_lost: u64,
     pub(super) errors: u64,
     pub(super) batch_estimate: Option<Duration>,
+    /// The last sign of work: the run's start, a batch that fetched messages (or failed),
+    /// a commit notification.
+    pub(super) last_activity: Option<Instant>,
+    /// Whether the last round found live peers holding every bucket this relay does not.
+    pub(super) peers_hold_the_rest: bool,
 }
 
 impl RunState {
@@ -155,6 +160,13 @@ impl RunState {
         {
             wake = wake.min(owned.wants_batch_at(now));
         }
+        if let (Some(after), Some(last), true) = (
+            options.idle_stop,
+            self.last_activity,
+            self.peers_hold_the_rest,
+        ) {
+            wake = wake.min(last + after);
+        }
         if let Some(w) = work_until {
             wake = wake.min(w);
         }
@@ -173,6 +185,9 @@ impl RunState {
         now: Instant,
     ) -> Option<Error> {
         let o = self.owned.get_mut(&bucket)?;
+        if !matches!(result, Ok(BatchResult::Idle | BatchResult::Skipped)) {
+            self.last_activity = Some(now);
+        }
         match result {
             Ok(BatchResult::Idle) => {
                 o.dirty = false;
@@ -237,6 +252,22 @@ impl RunState {
             }
         }
         None
+    }
+
+    /// Whether the run may stop for idleness at `now`: an idle stop is set, the relay has
+    /// run a round, nothing happened for that long, every bucket it owns has been checked
+    /// and found empty (none dirty, none waiting for a retry), and live peers hold the rest.
+    pub(super) fn idle(&self, options: &RelayOptions, now: Instant) -> bool {
+        let Some(after) = options.idle_stop else {
+            return false;
+        };
+        self.rounds > 0
+            && self.peers_hold_the_rest
+            && self.last_activity.is_none_or(|t| now >= t + after)
+            && self
+                .owned
+                .values()
+                .all(|o| !o.dirty && o.retry_at.is_none())
     }
 
     /// The report of the run, from the tally.
@@ -419,6 +450,44 @@ mod tests {
         assert!(matches!(fault, Some(Error::Misconfiguration(_))));
         // A bucket lost meanwhile: nothing applies.
         assert!(s.apply(&o, &m, 9, Ok(BatchResult::Idle), MS, now).is_none());
+    }
+
+    #[test]
+    fn idle_only_after_the_idle_time_with_everything_checked_and_the_rest_held() {
+        let mut o = options();
+        let now = Instant::now();
+        let mut s = holding(0, now, 1_000_000_000);
+        s.rounds = 1;
+        s.peers_hold_the_rest = true;
+        s.last_activity = Some(now);
+        assert!(!s.idle(&o, now + 60_000 * MS), "no idle stop configured");
+        o.idle_stop = Some(2000 * MS);
+        // Dirty (claimed, not checked yet).
+        assert!(!s.idle(&o, now + 3000 * MS));
+        s.apply(&o, &NoMetrics, 0, Ok(BatchResult::Idle), MS, now);
+        assert!(!s.idle(&o, now + 1999 * MS));
+        assert!(s.idle(&o, now + 2000 * MS));
+        // A batch with messages is activity.
+        let done = BatchResult::Done {
+            fetched: 1,
+            deleted: 1,
+            last: Some(1),
+            full: false,
+        };
+        s.apply(&o, &NoMetrics, 0, Ok(done), MS, now + 1000 * MS);
+        assert!(!s.idle(&o, now + 2500 * MS));
+        assert!(s.idle(&o, now + 3000 * MS));
+        // A retry pending is work.
+        s.owned.get_mut(&0).unwrap().retry_at = Some(now);
+        assert!(!s.idle(&o, now + 9000 * MS));
+        s.owned.get_mut(&0).unwrap().retry_at = None;
+        // Buckets nobody live holds: the relay will claim them.
+        s.peers_hold_the_rest = false;
+        assert!(!s.idle(&o, now + 9000 * MS));
+        // Owning nothing while live peers hold everything is idle too.
+        s.owned.clear();
+        s.peers_hold_the_rest = true;
+        assert!(s.idle(&o, now + 9000 * MS));
     }
 
     #[test]

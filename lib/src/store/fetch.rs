@@ -69,6 +69,22 @@ impl DynamoDbOutboxStore {
         Ok(out.count() > 0)
     }
 
+    /// Whether the bucket has a message, by one strongly consistent one-item query: what a
+    /// relay checks before it stops for idleness, so that a commit acknowledged before the
+    /// check is seen.
+    #[instrument(skip(self), level = "debug")]
+    pub async fn probe_consistent(&self, bucket: u32) -> Result<bool> {
+        let out = self
+            .query_partition(self.keys.message_pk(bucket))
+            .projection_expression("#pk")
+            .consistent_read(true)
+            .limit(1)
+            .send()
+            .await
+            .map_err(|e| from_sdk("Query", e))?;
+        Ok(out.count() > 0)
+    }
+
     /// Up to `limit` message items of a bucket, ascending, strongly consistent, following
     /// pages past DynamoDB's 1 MB.
     pub async fn fetch_items(&self, bucket: u32, limit: u32) -> Result<Vec<Item>> {
