@@ -36,6 +36,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use dynamo_outbox::accounting::RequestCounter;
 use dynamo_outbox::enqueue_api::error_type;
 use dynamo_outbox::metrics::emf::EmfMetrics;
 use dynamo_outbox::notification::event::Wake;
@@ -239,6 +240,10 @@ pub struct RelaySummary {
     /// Milliseconds left when the handler returned: before the invocation's deadline, or
     /// before the fallback deadline when the invocation had none.
     pub time_left_ms: u64,
+    /// DynamoDB attempts this invocation made, by operation (`Query`, `UpdateItem`, ...),
+    /// when the function counts them (the deployed binary does; DynamoDB bills attempts).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub dynamodb_requests: BTreeMap<String, u64>,
 }
 
 impl RelaySummary {
@@ -270,6 +275,7 @@ impl RelaySummary {
             released: report.released,
             deadline_source: source,
             time_left_ms: millis(time_left),
+            dynamodb_requests: BTreeMap::new(),
         }
     }
 
@@ -298,6 +304,7 @@ impl RelaySummary {
             released: true,
             deadline_source: source,
             time_left_ms: millis(time_left),
+            dynamodb_requests: BTreeMap::new(),
         }
     }
 }
@@ -349,6 +356,8 @@ pub struct RelayFunction {
     publisher: tokio::sync::Mutex<Option<Arc<KafkaPublisher>>>,
     /// CloudWatch metrics (Embedded Metric Format), flushed to stdout after each invocation.
     metrics: Arc<EmfMetrics>,
+    /// Counts the DynamoDB client's attempts, when it has the counter attached.
+    requests: Option<RequestCounter>,
 }
 
 impl RelayFunction {
@@ -366,7 +375,16 @@ impl RelayFunction {
             store,
             publisher: tokio::sync::Mutex::new(None),
             metrics,
+            requests: None,
         })
+    }
+
+    /// Reports each invocation's DynamoDB attempts from `counter`, which must be attached
+    /// to the client the function was built with
+    /// ([`dynamo_outbox::client::counted_dynamodb_client`]).
+    pub fn with_request_counter(mut self, counter: RequestCounter) -> Self {
+        self.requests = Some(counter);
+        self
     }
 
     /// The settings the function runs with.
@@ -397,6 +415,28 @@ impl RelayFunction {
     /// manual invoke), and a notification they do not cover, runs one relay until the run
     /// deadline, then returns the summary.
     pub async fn handle(
+        &self,
+        event: LambdaEvent<serde_json::Value>,
+    ) -> Result<RelaySummary, FunctionError> {
+        let before = self.requests.as_ref().map(RequestCounter::snapshot);
+        let mut summary = self.invoke(event).await?;
+        if let (Some(counter), Some(before)) = (&self.requests, before) {
+            // Lambda runs one invocation at a time per execution environment, so the
+            // difference is this invocation's.
+            summary.dynamodb_requests = counter
+                .snapshot()
+                .into_iter()
+                .map(|(op, now)| {
+                    let was = before.get(&op).copied().unwrap_or_default();
+                    (op, now.since(&was).total())
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect();
+        }
+        Ok(summary)
+    }
+
+    async fn invoke(
         &self,
         event: LambdaEvent<serde_json::Value>,
     ) -> Result<RelaySummary, FunctionError> {

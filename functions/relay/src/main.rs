@@ -12,10 +12,10 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     lambda_runtime::tracing::init_default_subscriber();
     let settings = RelaySettings::from_env()?;
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let function = Arc::new(RelayFunction::new(
-        dynamo_outbox::client::dynamodb_client(&config),
-        settings,
-    )?);
+    // Every DynamoDB attempt is counted by operation; each summary says its own.
+    let requests = dynamo_outbox::accounting::RequestCounter::default();
+    let client = dynamo_outbox::client::counted_dynamodb_client(&config, requests.clone());
+    let function = Arc::new(RelayFunction::new(client, settings)?.with_request_counter(requests));
     lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
         let function = function.clone();
         // Boxed: the relay's future is deep, and the runtime's future nests it.
