@@ -1,7 +1,7 @@
 //! The Kafka publisher against the local broker (tansu), read back with an independent
 //! client (`scripts/kafka.py`, librdkafka through confluent-kafka).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -166,7 +166,15 @@ async fn records_land_where_the_java_client_puts_them_with_headers_and_order() {
             (id, r)
         })
         .collect();
-    assert_eq!(by_id.len(), batch.len(), "every message exactly once");
+    // Every message exactly once: the ids read are the ids published, and as many records
+    // as ids (so none was read twice).
+    let written: BTreeSet<String> = batch
+        .iter()
+        .map(|s| s.message.message_id.hyphenated().to_string())
+        .collect();
+    let read: BTreeSet<String> = by_id.keys().cloned().collect();
+    assert_eq!(read, written, "the ids read are the ids published");
+    assert_eq!(records.len(), written.len(), "no message read twice");
 
     let mut keyless_partitions = Vec::new();
     for s in &batch {
@@ -260,13 +268,13 @@ async fn a_rejected_record_ends_the_acknowledged_prefix() {
     let missing = random_name("no-such-topic");
 
     // unknown topic in the middle: the messages before it are acknowledged
-    let batch = stored(vec![
+    let first = stored(vec![
         OutboxMessage::new(&topic, 8).with_key("a").with_value("1"),
         OutboxMessage::new(&topic, 8).with_key("b").with_value("2"),
         OutboxMessage::new(&missing, 8).with_value("lost"),
         OutboxMessage::new(&topic, 8).with_key("a").with_value("3"),
     ]);
-    let outcome = publisher.publish(&batch).await;
+    let outcome = publisher.publish(&first).await;
     assert_eq!(outcome.acknowledged, 2);
     match outcome.error {
         Some(Error::KafkaRejected {
@@ -280,13 +288,13 @@ async fn a_rejected_record_ends_the_acknowledged_prefix() {
     }
 
     // an explicit partition the topic lacks
-    let batch = stored(vec![
+    let second = stored(vec![
         OutboxMessage::new(&topic, 8).with_value("4"),
         OutboxMessage::new(&topic, 8)
             .with_partition(7)
             .with_value("nowhere"),
     ]);
-    let outcome = publisher.publish(&batch).await;
+    let outcome = publisher.publish(&second).await;
     assert_eq!(outcome.acknowledged, 1);
     assert!(
         matches!(
@@ -301,13 +309,25 @@ async fn a_rejected_record_ends_the_acknowledged_prefix() {
     );
     assert!(!outcome.error.unwrap().is_retryable());
 
-    // what was acknowledged is in the topic (the message after the rejection was not sent)
-    let values: Vec<Vec<u8>> = read_topic(&topic, 3)
+    // what was acknowledged is in the topic, once (the message after the rejection was
+    // not sent): the ids read are the acknowledged ones
+    let records = read_topic(&topic, 3);
+    let read: BTreeSet<String> = records
+        .iter()
+        .filter_map(|r| {
+            let (_, id) = r.headers.iter().find(|(k, _)| k == HEADER)?;
+            String::from_utf8(id.clone()?).ok()
+        })
+        .collect();
+    let acknowledged: BTreeSet<String> = [&first[0], &first[1], &second[0]]
+        .iter()
+        .map(|s| s.message.message_id.hyphenated().to_string())
+        .collect();
+    assert_eq!(read, acknowledged);
+    assert_eq!(records.len(), acknowledged.len(), "none read twice");
+    let mut values: Vec<String> = records
         .into_iter()
         .filter_map(|r| r.value)
-        .collect();
-    let mut values: Vec<String> = values
-        .into_iter()
         .map(|v| String::from_utf8(v).unwrap())
         .collect();
     values.sort();

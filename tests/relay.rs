@@ -122,8 +122,9 @@ async fn delivers_in_order_with_headers_and_empties_the_table() {
         writer.enqueue(&batch).await.unwrap();
         sent.extend(batch);
     }
+    let (counted, wire) = counted_client().await;
     let relay = relay_with(
-        &client,
+        &counted,
         &options,
         kafka_publisher().await,
         fast_relay_options("solo", 4),
@@ -137,11 +138,9 @@ async fn delivers_in_order_with_headers_and_empties_the_table() {
     let report = running.stop().await;
 
     let records = read_topic(&topic);
-    assert_eq!(
-        records.len(),
-        sent.len(),
-        "each message exactly once on a healthy run"
-    );
+    // Each message exactly once on a healthy run: the ids read are the ids written.
+    Deliveries::of(&records).assert_exactly_once(&id_set(&sent));
+    assert_eq!(records.len(), sent.len());
     assert_per_key_order(&records);
     let by_id: HashMap<String, &OutboxMessage> =
         sent.iter().map(|m| (m.message_id.to_string(), m)).collect();
@@ -171,6 +170,7 @@ async fn delivers_in_order_with_headers_and_empties_the_table() {
     }
     assert_eq!(report.published, sent.len() as u64);
     assert_eq!(report.refused_total(), 0, "{report:?}");
+    assert_no_refusal_on_the_wire(&wire, "the solo relay");
     assert!(report.released);
     assert_eq!(report.stop_reason, StopReason::Shutdown);
     assert!(
@@ -187,13 +187,15 @@ async fn three_relays_split_eight_buckets_without_refused_writes_and_hand_over_o
     let client = dynamodb().await;
     let options = fresh_table(&client, 8).await;
     let publisher = kafka_publisher().await;
+    // The relays' client: DynamoDB's refusals counted at the wire.
+    let (counted, wire) = counted_client().await;
     let mut relays = Vec::new();
     for (i, id) in ["relay-c", "relay-a", "relay-b"].into_iter().enumerate() {
         let mut o = fast_relay_options(id, 8);
         o.lease_duration = Duration::from_secs(6);
         relays.push((
             id,
-            spawn(relay_with(&client, &options, publisher.clone(), o).await),
+            spawn(relay_with(&counted, &options, publisher.clone(), o).await),
         ));
         // Scale out: each newcomer joins a fleet that holds every bucket.
         wait_until(
@@ -249,6 +251,12 @@ async fn three_relays_split_eight_buckets_without_refused_writes_and_hand_over_o
         refused, 0,
         "a healthy fleet makes no refused conditional write"
     );
+    assert_no_refusal_on_the_wire(&wire, "three relays scaling out and in");
+    assert!(
+        wire.get("UpdateItem").ok > 0,
+        "the counter saw the lease writes: {:?}",
+        wire.snapshot()
+    );
 }
 
 #[tokio::test]
@@ -256,9 +264,10 @@ async fn a_crashed_relays_buckets_are_taken_over_after_its_leases_lapse() {
     let client = dynamodb().await;
     let options = fresh_table(&client, 4).await;
     let publisher = kafka_publisher().await;
+    let (counted, wire) = counted_client().await;
     let a = spawn(
         relay_with(
-            &client,
+            &counted,
             &options,
             publisher.clone(),
             fast_relay_options("a", 4),
@@ -274,7 +283,7 @@ async fn a_crashed_relays_buckets_are_taken_over_after_its_leases_lapse() {
     .await;
     let b = spawn(
         relay_with(
-            &client,
+            &counted,
             &options,
             publisher.clone(),
             fast_relay_options("b", 4),
@@ -308,6 +317,8 @@ async fn a_crashed_relays_buckets_are_taken_over_after_its_leases_lapse() {
     );
     let report = a.stop().await;
     assert_eq!(report.refused_total(), 0, "{report:?}");
+    // The takeover claims lapsed leases: DynamoDB refused none of either relay's writes.
+    assert_no_refusal_on_the_wire(&wire, "a crash and a takeover");
 }
 
 #[tokio::test]
@@ -315,12 +326,13 @@ async fn more_relays_than_buckets_leaves_standbys_that_write_no_lease() {
     let client = dynamodb().await;
     let options = fresh_table(&client, 2).await;
     let publisher = kafka_publisher().await;
+    let (counted, wire) = counted_client().await;
     let mut running = Vec::new();
     let m_only = vec![Some("pod-m".to_string()); 2];
     let expected = vec![Some("pod-m".to_string()), Some("pod-n".to_string())];
     running.push(spawn(
         relay_with(
-            &client,
+            &counted,
             &options,
             publisher.clone(),
             fast_relay_options("pod-m", 2),
@@ -333,7 +345,7 @@ async fn more_relays_than_buckets_leaves_standbys_that_write_no_lease() {
     .await;
     running.push(spawn(
         relay_with(
-            &client,
+            &counted,
             &options,
             publisher.clone(),
             fast_relay_options("pod-n", 2),
@@ -350,7 +362,7 @@ async fn more_relays_than_buckets_leaves_standbys_that_write_no_lease() {
     for id in ["pod-a", "pod-q"] {
         running.push(spawn(
             relay_with(
-                &client,
+                &counted,
                 &options,
                 publisher.clone(),
                 fast_relay_options(id, 2),
@@ -379,6 +391,7 @@ async fn more_relays_than_buckets_leaves_standbys_that_write_no_lease() {
         acquired.insert(id, report.leases_acquired);
     }
     assert_eq!(refused, 0);
+    assert_no_refusal_on_the_wire(&wire, "two incumbents and two standbys");
     assert_eq!(
         acquired["pod-a"] + acquired["pod-q"],
         0,
@@ -393,7 +406,8 @@ async fn a_clock_set_back_neither_renews_backwards_nor_publishes() {
     let topic = random_name("clock");
     create_topic(&topic, 1);
     let clock = OffsetClock::new(0);
-    let store = DynamoDbOutboxStore::new(client.clone(), options.clone())
+    let (counted, wire) = counted_client().await;
+    let store = DynamoDbOutboxStore::new(counted, options.clone())
         .unwrap()
         .with_clock(Arc::new(clock.clone()));
     let relay = Relay::new(
@@ -421,9 +435,16 @@ async fn a_clock_set_back_neither_renews_backwards_nor_publishes() {
         || async { refused.get(dynamo_outbox::store::WriteKind::Heartbeat) >= 1 },
     )
     .await;
+    // The wire counted it before the relay did (the interceptor runs inside the request).
+    assert!(
+        wire.refused("UpdateItem").total() >= 1,
+        "DynamoDB's refusal of the heartbeat, at the wire: {:?}",
+        wire.refusals()
+    );
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let waiting = keyed(&writer, &topic, "k", 1);
     writer
-        .enqueue(&[keyed(&writer, &topic, "k", 1)])
+        .enqueue(std::slice::from_ref(&waiting))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -446,13 +467,18 @@ async fn a_clock_set_back_neither_renews_backwards_nor_publishes() {
     );
     // Clock fixed: it resumes once its clock passes the stored expiry.
     clock.set_offset_ticks(0);
-    wait_until(
-        "the message is published",
-        Duration::from_secs(15),
-        || async { read_topic(&topic).len() == 1 },
-    )
-    .await;
-    running.stop().await;
+    wait_for_ids(&topic, &id_set([&waiting]), Duration::from_secs(15)).await;
+    let report = running.stop().await;
+    // The refusals DynamoDB answered are the ones the relay counted: none it failed to
+    // count, none counted twice.
+    let relay_refused = refused.total();
+    assert_eq!(report.refused_total(), relay_refused, "{report:?}");
+    assert_eq!(
+        wire.refused_total(),
+        relay_refused,
+        "wire {:?}, relay {report:?}",
+        wire.refusals()
+    );
 }
 
 async fn max_expiry(store: &DynamoDbOutboxStore) -> i64 {
@@ -695,16 +721,8 @@ async fn a_publish_failure_in_mid_batch_loses_nothing_and_keeps_order() {
     let report = running.stop().await;
     assert_eq!(report.publish_failures, 1);
     let records = read_topic(&topic);
-    let ids: Vec<String> = records.iter().filter_map(ReadRecord::message_id).collect();
-    for m in &sent {
-        assert_eq!(
-            ids.iter()
-                .filter(|i| **i == m.message_id.to_string())
-                .count(),
-            1,
-            "each exactly once"
-        );
-    }
+    // Each exactly once: the ids read are the ids written, none twice.
+    Deliveries::of(&records).assert_exactly_once(&id_set(&sent));
     assert_per_key_order(&records);
     // Message n + 1 never went out ahead of n: within each partition, offsets follow enqueue order.
     let position: HashMap<String, usize> = sent
@@ -733,9 +751,10 @@ async fn far_back_standbys_skip_every_other_round_but_stay_counted() {
     let client = dynamodb().await;
     let options = fresh_table(&client, 1).await;
     let publisher = kafka_publisher().await;
+    let (counted, wire) = counted_client().await;
     let owner = spawn(
         relay_with(
-            &client,
+            &counted,
             &options,
             publisher.clone(),
             fast_relay_options("a", 1),
@@ -746,7 +765,7 @@ async fn far_back_standbys_skip_every_other_round_but_stay_counted() {
     // b is the first standby (rank 0 < 1 bucket): every round; c is further back: every other.
     let b = spawn(
         relay_with(
-            &client,
+            &counted,
             &options,
             publisher.clone(),
             fast_relay_options("b", 1),
@@ -755,7 +774,7 @@ async fn far_back_standbys_skip_every_other_round_but_stay_counted() {
     );
     let c = spawn(
         relay_with(
-            &client,
+            &counted,
             &options,
             publisher.clone(),
             fast_relay_options("c", 1),
@@ -788,6 +807,7 @@ async fn far_back_standbys_skip_every_other_round_but_stay_counted() {
         b.refused_total() + c.refused_total() + owner.refused_total(),
         0
     );
+    assert_no_refusal_on_the_wire(&wire, "an owner and two standbys");
     assert_eq!(b.leases_acquired + c.leases_acquired, 0);
 }
 
@@ -796,9 +816,10 @@ async fn a_stopped_relays_heartbeat_record_is_deleted_one_lease_duration_later()
     let client = dynamodb().await;
     let options = fresh_table(&client, 2).await;
     let publisher = kafka_publisher().await;
+    let (counted, wire) = counted_client().await;
     let a = spawn(
         relay_with(
-            &client,
+            &counted,
             &options,
             publisher.clone(),
             fast_relay_options("a", 2),
@@ -807,7 +828,7 @@ async fn a_stopped_relays_heartbeat_record_is_deleted_one_lease_duration_later()
     );
     let z = spawn(
         relay_with(
-            &client,
+            &counted,
             &options,
             publisher.clone(),
             fast_relay_options("z", 2),
@@ -845,6 +866,8 @@ async fn a_stopped_relays_heartbeat_record_is_deleted_one_lease_duration_later()
         "deleted before a lease duration passed"
     );
     assert_eq!(a.stop().await.refused_total(), 0);
+    // The stop's stamp, the release and a's cleanup of z's record: none refused.
+    assert_no_refusal_on_the_wire(&wire, "a stop and the cleanup of its record");
 }
 
 /// Two relays with deadlines, the second starting before the first ends, as consecutive
@@ -856,6 +879,7 @@ async fn consecutive_invocations_hand_buckets_over_promptly() {
     let client = dynamodb().await;
     let options = fresh_table(&client, 4).await;
     let publisher = kafka_publisher().await;
+    let (counted, wire) = counted_client().await;
     let timings = |id: &str| {
         let mut o = fast_relay_options(id, 4);
         o.lease_renew_interval = Duration::from_secs(5);
@@ -864,7 +888,7 @@ async fn consecutive_invocations_hand_buckets_over_promptly() {
     };
     let t0 = Instant::now();
     let first = relay_with(
-        &client,
+        &counted,
         &options,
         publisher.clone(),
         timings("invocation-1"),
@@ -884,7 +908,7 @@ async fn consecutive_invocations_hand_buckets_over_promptly() {
     .await;
     tokio::time::sleep_until(t0 + Duration::from_secs(3)).await;
     let second = relay_with(
-        &client,
+        &counted,
         &options,
         publisher.clone(),
         timings("invocation-2"),
@@ -927,6 +951,7 @@ async fn consecutive_invocations_hand_buckets_over_promptly() {
         0,
         "{first:?} {second:?}"
     );
+    assert_no_refusal_on_the_wire(&wire, "two consecutive invocations");
     assert!(
         longest < Duration::from_millis(1500),
         "buckets unowned for {longest:?} (renew interval 5 s)"
@@ -1089,35 +1114,30 @@ async fn one_stalled_batch_does_not_stop_later_batches() {
     let topic = random_name("stall");
     create_topic(&topic, 1);
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
-    writer
-        .enqueue(&[keyed(&writer, &topic, "k", 1)])
-        .await
-        .unwrap();
+    let first = keyed(&writer, &topic, "k", 1);
+    writer.enqueue(std::slice::from_ref(&first)).await.unwrap();
     let publisher = Arc::new(StallOnce {
         inner: kafka_publisher().await,
         stalled: AtomicBool::new(false),
     });
     let running = spawn(relay_with(&client, &options, publisher, fast_relay_options("r", 1)).await);
-    wait_until(
-        "the first message is out",
-        Duration::from_secs(15),
-        || async { read_topic(&topic).len() == 1 },
-    )
-    .await;
+    wait_for_ids(&topic, &id_set([&first]), Duration::from_secs(15)).await;
     // The batch took longer than the renew interval; later batches still run.
+    let mut sent = vec![first];
     for n in 2..=4 {
-        writer
-            .enqueue(&[keyed(&writer, &topic, "k", n)])
-            .await
-            .unwrap();
+        let m = keyed(&writer, &topic, "k", n);
+        writer.enqueue(std::slice::from_ref(&m)).await.unwrap();
+        sent.push(m);
     }
-    wait_until(
-        "later messages are out",
-        Duration::from_secs(10),
-        || async { read_topic(&topic).len() == 4 },
-    )
-    .await;
+    // Distinct ids, not records: a second copy of the stalled batch is no later message.
+    let read = wait_for_ids(&topic, &id_set(&sent), Duration::from_secs(10)).await;
     running.stop().await;
+    let copies = read.assert_at_least_once(&id_set(&sent));
+    println!(
+        "after one stalled batch: {} messages, {copies} extra copies {:?}",
+        sent.len(),
+        read.duplicates
+    );
 }
 
 #[tokio::test]
@@ -1172,10 +1192,9 @@ async fn a_record_the_broker_rejects_for_good_stops_only_its_bucket() {
         .run_until(Instant::now() + Duration::from_secs(4))
         .await
         .unwrap();
-    let ids: Vec<String> = read_topic(&topic)
-        .iter()
-        .filter_map(ReadRecord::message_id)
-        .collect();
-    assert!(ids.contains(&behind.message_id.to_string()));
+    // Every message of the topic arrived: the one of the other bucket and the one that
+    // waited behind the rejected record (which went to no topic of its own).
+    let copies = topic_deliveries(&topic).assert_at_least_once(&id_set([&fine, &behind]));
+    assert_eq!(copies, 0, "nothing went out twice on a healthy run");
     assert_eq!(pending_messages(&client, &options).await, 0);
 }

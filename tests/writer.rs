@@ -1,17 +1,18 @@
 //! The writer and table provisioning against DynamoDB Local.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put,
     ScalarAttributeType, TransactWriteItem,
 };
 use aws_sdk_dynamodb::Client;
+use dynamo_outbox::accounting::Refusals;
 use dynamo_outbox::schema::{self, attr, Keys};
 use dynamo_outbox::table::{self, Provisioned};
 use dynamo_outbox::writer::transaction_error;
 use dynamo_outbox::{DynamoDbOutboxWriter, Error, Header, OutboxMessage, OutboxOptions};
-use outbox_integration_tests::{dynamodb, fresh_table, random_name};
+use outbox_integration_tests::{counted_client, dynamodb, fresh_table, random_name};
 
 async fn query_partition(
     client: &Client,
@@ -209,19 +210,22 @@ async fn message_commits_with_the_business_write_or_not_at_all() {
     let options = fresh_table(&client, 4).await;
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
     let keys = Keys::new(&options);
+    // The business transactions go through a client that counts DynamoDB's refusals.
+    let (business, wire) = counted_client().await;
 
     let placed = writer
         .message("orders")
         .with_key("order-1")
         .with_value("placed");
     let outbox_item = writer.transact_write_item(&placed).await.unwrap();
-    client
+    business
         .transact_write_items()
         .transact_items(business_put(&options.table_name, "order-1", true))
         .transact_items(outbox_item)
         .send()
         .await
         .unwrap();
+    assert_eq!(wire.refused_total(), 0, "{:?}", wire.refusals());
     let bucket = placed.bucket();
     let items = query_partition(&client, &options.table_name, &keys.message_pk(bucket)).await;
     assert_eq!(items.len(), 1);
@@ -236,7 +240,7 @@ async fn message_commits_with_the_business_write_or_not_at_all() {
         .with_key("order-1")
         .with_value("placed twice");
     let outbox_item = writer.transact_write_item(&again).await.unwrap();
-    let err = client
+    let err = business
         .transact_write_items()
         .transact_items(business_put(&options.table_name, "order-1", true))
         .transact_items(outbox_item)
@@ -251,6 +255,17 @@ async fn message_commits_with_the_business_write_or_not_at_all() {
         }
         other => panic!("unexpected {other}"),
     }
+    // DynamoDB Local's cancellation, counted at the wire as one refused condition.
+    assert_eq!(
+        wire.refusals(),
+        BTreeMap::from([(
+            "TransactWriteItems".to_string(),
+            Refusals {
+                first_attempt: 1,
+                retry: 0
+            }
+        )])
+    );
     let items = query_partition(&client, &options.table_name, &keys.message_pk(bucket)).await;
     assert_eq!(items.len(), 1, "the failed transaction left no message");
     assert_eq!(
@@ -259,6 +274,95 @@ async fn message_commits_with_the_business_write_or_not_at_all() {
             .message
             .message_id,
         placed.message_id
+    );
+}
+
+/// The request counter tells DynamoDB Local's refused conditions from its other answers,
+/// for each single-item write, from the deserialized error of the attempt.
+#[tokio::test]
+async fn refused_conditions_are_counted_at_the_wire() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 1).await;
+    let (counted, wire) = counted_client().await;
+    let table = options.table_name.as_str();
+    let key = |id: &str| {
+        HashMap::from([
+            ("PK".to_string(), AttributeValue::S(format!("TEST#{id}"))),
+            ("SK".to_string(), AttributeValue::S("ITEM".into())),
+        ])
+    };
+    let put = || {
+        counted
+            .put_item()
+            .table_name(table)
+            .set_item(Some(key("a")))
+            .condition_expression("attribute_not_exists(PK)")
+    };
+    put().send().await.expect("the first put applies");
+    let e = put().send().await.expect_err("the second put is refused");
+    assert!(e
+        .into_service_error()
+        .is_conditional_check_failed_exception());
+    let e = counted
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key("a")))
+        .update_expression("SET #v = :v")
+        .condition_expression("#v = :old")
+        .expression_attribute_names("#v", "Version")
+        .expression_attribute_values(":v", AttributeValue::N("2".into()))
+        .expression_attribute_values(":old", AttributeValue::N("1".into()))
+        .send()
+        .await
+        .expect_err("no version 1");
+    assert!(e
+        .into_service_error()
+        .is_conditional_check_failed_exception());
+    let e = counted
+        .delete_item()
+        .table_name(table)
+        .set_key(Some(key("missing")))
+        .condition_expression("attribute_exists(PK)")
+        .send()
+        .await
+        .expect_err("nothing to delete");
+    assert!(e
+        .into_service_error()
+        .is_conditional_check_failed_exception());
+    // Another client error (a malformed expression) is not a refused condition.
+    counted
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key("a")))
+        .update_expression("SET")
+        .send()
+        .await
+        .expect_err("malformed");
+    counted
+        .delete_item()
+        .table_name(table)
+        .set_key(Some(key("a")))
+        .condition_expression("attribute_exists(PK)")
+        .send()
+        .await
+        .expect("the conditional delete applies");
+    let once = Refusals {
+        first_attempt: 1,
+        retry: 0,
+    };
+    assert_eq!(
+        wire.refusals(),
+        BTreeMap::from([
+            ("DeleteItem".to_string(), once),
+            ("PutItem".to_string(), once),
+            ("UpdateItem".to_string(), once),
+        ])
+    );
+    assert_eq!(
+        wire.get("UpdateItem").client_error,
+        2,
+        "{:?}",
+        wire.snapshot()
     );
 }
 

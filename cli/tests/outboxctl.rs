@@ -335,7 +335,17 @@ async fn logs_never_contain_credentials_tokens_or_payloads() {
         "{}",
         text(&relay.stdout)
     );
-    assert_eq!(read_topic(&topic).len(), 1, "the message went through");
+    let response: serde_json::Value =
+        serde_json::from_slice(&enqueue.stdout).expect("enqueue's JSON response");
+    let written: std::collections::BTreeSet<String> = response["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["message_id"].as_str().expect("message_id").to_string())
+        .collect();
+    assert_eq!(written.len(), 1, "{response}");
+    // The message went through: its id, and only it, is in the topic.
+    topic_deliveries(&topic).assert_exactly_once(&written);
     let logs = [&enqueue.stderr, &relay.stderr, &relay.stdout]
         .iter()
         .map(|b| text(b))

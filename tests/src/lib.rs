@@ -2,7 +2,10 @@
 //! environment (set by `scripts/stack.sh`), clients, random names.
 #![allow(unreachable_pub)]
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use aws_sdk_dynamodb::Client;
+use dynamo_outbox::accounting::RequestCounter;
 use dynamo_outbox::OutboxOptions;
 
 /// Reads a variable that `scripts/stack.sh` exports; panics with a clear message when the
@@ -19,6 +22,39 @@ pub async fn dynamodb() -> Client {
     stack_var("AWS_ENDPOINT_URL_DYNAMODB");
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     Client::new(&config)
+}
+
+/// A DynamoDB client like [`dynamodb`] (the same configuration chain) with `counter`
+/// attached: every attempt is counted by operation and outcome, and every answer that
+/// refused a condition (`ConditionalCheckFailedException`, or a transaction cancelled by
+/// one) is counted from DynamoDB's own answer, independently of what the relay counts.
+pub async fn counted_dynamodb(counter: &RequestCounter) -> Client {
+    stack_var("AWS_ENDPOINT_URL_DYNAMODB");
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(counter.clone())
+            .build(),
+    )
+}
+
+/// A fresh [`RequestCounter`] and a [`counted_dynamodb`] client reporting to it.
+pub async fn counted_client() -> (Client, RequestCounter) {
+    let counter = RequestCounter::default();
+    (counted_dynamodb(&counter).await, counter)
+}
+
+/// Asserts that no answer counted by `counter` refused a condition: the wire's count of
+/// refused conditional writes, next to the relays' own (`what` names the run).
+#[track_caller]
+pub fn assert_no_refusal_on_the_wire(counter: &RequestCounter, what: &str) {
+    assert_eq!(
+        counter.refused_total(),
+        0,
+        "{what}: DynamoDB refused conditional writes: {:?} (attempts {:?})",
+        counter.refusals(),
+        counter.snapshot()
+    );
 }
 
 /// A random name with a readable prefix, unique per test.
@@ -80,6 +116,123 @@ impl ReadRecord {
             .into_iter()
             .find(|(k, _)| k == "x-outbox-message-id")
             .and_then(|(_, v)| String::from_utf8(v?).ok())
+    }
+}
+
+/// What a topic holds, by message id: the distinct ids, the ids read more than once (with
+/// their copies) and the records without a message-id header.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Deliveries {
+    /// Every message id read, once.
+    pub ids: BTreeSet<String>,
+    /// Ids read more than once, with how many copies.
+    pub duplicates: BTreeMap<String, usize>,
+    /// Records without a message-id header.
+    pub without_id: usize,
+    /// Records read.
+    pub records: usize,
+}
+
+impl Deliveries {
+    /// Groups `records` by their message-id header.
+    pub fn of(records: &[ReadRecord]) -> Self {
+        let mut copies: BTreeMap<String, usize> = BTreeMap::new();
+        let mut without_id = 0;
+        for r in records {
+            match r.message_id() {
+                Some(id) => *copies.entry(id).or_default() += 1,
+                None => without_id += 1,
+            }
+        }
+        Deliveries {
+            ids: copies.keys().cloned().collect(),
+            duplicates: copies.into_iter().filter(|(_, n)| *n > 1).collect(),
+            without_id,
+            records: records.len(),
+        }
+    }
+
+    /// Ids in `written` that were not read.
+    pub fn missing(&self, written: &BTreeSet<String>) -> BTreeSet<String> {
+        written.difference(&self.ids).cloned().collect()
+    }
+
+    /// Ids read that are not in `written`.
+    pub fn unexpected(&self, written: &BTreeSet<String>) -> BTreeSet<String> {
+        self.ids.difference(written).cloned().collect()
+    }
+
+    /// Asserts at-least-once delivery of `written`: the set of ids read equals it (no
+    /// message missing, none foreign, every record carries an id); duplicates allowed.
+    /// Returns how many extra copies were read (0 when each arrived once).
+    #[track_caller]
+    pub fn assert_at_least_once(&self, written: &BTreeSet<String>) -> usize {
+        assert!(
+            self.ids == *written && self.without_id == 0,
+            "the ids read are not the ids written: missing {:?}, unexpected {:?}, {} records without an id ({} records, duplicates {:?})",
+            self.missing(written),
+            self.unexpected(written),
+            self.without_id,
+            self.records,
+            self.duplicates
+        );
+        self.records - self.ids.len()
+    }
+
+    /// Asserts exactly-once delivery of `written`: the set of ids read equals it and no id
+    /// was read twice.
+    #[track_caller]
+    pub fn assert_exactly_once(&self, written: &BTreeSet<String>) {
+        self.assert_at_least_once(written);
+        assert!(
+            self.duplicates.is_empty(),
+            "every message once, but duplicates were read: {:?}",
+            self.duplicates
+        );
+    }
+}
+
+/// The message ids of `messages`, as the message-id header carries them.
+pub fn id_set<'a>(
+    messages: impl IntoIterator<Item = &'a dynamo_outbox::OutboxMessage>,
+) -> BTreeSet<String> {
+    messages
+        .into_iter()
+        .map(|m| m.message_id.to_string())
+        .collect()
+}
+
+/// What `topic` holds now, by message id ([`read_topic`] grouped by [`Deliveries::of`]).
+pub fn topic_deliveries(topic: &str) -> Deliveries {
+    Deliveries::of(&read_topic(topic))
+}
+
+/// Reads `topic` until every id of `written` is in it (distinct ids, not a record count:
+/// a duplicate does not stand in for a missing message), at most `timeout`; what was read
+/// last, or a panic naming the missing ids.
+pub async fn wait_for_ids(
+    topic: &str,
+    written: &BTreeSet<String>,
+    timeout: std::time::Duration,
+) -> Deliveries {
+    let until = tokio::time::Instant::now() + timeout;
+    loop {
+        let topic_owned = topic.to_string();
+        // kafka.py blocks: off the runtime, so a relay on the same runtime keeps renewing.
+        let read = tokio::task::spawn_blocking(move || topic_deliveries(&topic_owned))
+            .await
+            .expect("reading the topic");
+        if read.missing(written).is_empty() {
+            return read;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "timed out after {timeout:?} waiting for {} of {} messages in {topic}: missing {:?}",
+            read.missing(written).len(),
+            written.len(),
+            read.missing(written)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
 
@@ -235,4 +388,56 @@ pub async fn lease_owners(client: &Client, options: &OutboxOptions) -> Vec<Optio
                 .and_then(|l| l.owner.clone())
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: Option<&str>) -> ReadRecord {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        ReadRecord {
+            topic: "t".into(),
+            partition: 0,
+            offset: 0,
+            key: None,
+            value: None,
+            headers: id
+                .map(|id| vec![("x-outbox-message-id".to_string(), Some(b64(id)))])
+                .unwrap_or_default(),
+        }
+    }
+
+    fn set(ids: &[&str]) -> BTreeSet<String> {
+        ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn deliveries_compare_id_sets_not_counts() {
+        // One lost and one duplicate: the right count, the wrong set.
+        let read = Deliveries::of(&[record(Some("a")), record(Some("a")), record(Some("c"))]);
+        let written = set(&["a", "b", "c"]);
+        assert_eq!(read.records, written.len());
+        assert_eq!(read.missing(&written), set(&["b"]));
+        assert_eq!(read.duplicates, BTreeMap::from([("a".to_string(), 2)]));
+        let lost = std::panic::catch_unwind(|| read.assert_at_least_once(&written));
+        assert!(lost.is_err(), "a lost message fails at-least-once");
+
+        let read = Deliveries::of(&[record(Some("a")), record(Some("b")), record(Some("a"))]);
+        let written = set(&["a", "b"]);
+        assert_eq!(read.assert_at_least_once(&written), 1);
+        let twice = std::panic::catch_unwind(|| read.assert_exactly_once(&written));
+        assert!(twice.is_err(), "a duplicate fails exactly-once");
+
+        let read = Deliveries::of(&[record(Some("a")), record(None)]);
+        assert_eq!(read.without_id, 1);
+        assert!(std::panic::catch_unwind(|| read.assert_at_least_once(&set(&["a"]))).is_err());
+
+        let read = Deliveries::of(&[record(Some("a")), record(Some("z"))]);
+        assert_eq!(read.unexpected(&set(&["a"])), set(&["z"]));
+        assert!(std::panic::catch_unwind(|| read.assert_exactly_once(&set(&["a"]))).is_err());
+        Deliveries::of(&[record(Some("b")), record(Some("a"))])
+            .assert_exactly_once(&set(&["a", "b"]));
+    }
 }

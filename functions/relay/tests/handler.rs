@@ -2,11 +2,10 @@
 //! deadline, against DynamoDB Local and the local broker (run through scripts/stack.sh;
 //! never skipped).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use dynamo_outbox::accounting::RequestCounter;
 use dynamo_outbox::notification::{CommitNotification, DETAIL_TYPE, SOURCE};
 use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions};
 use lambda_runtime::{Config, Context, LambdaEvent};
@@ -46,19 +45,6 @@ fn notification(options: &OutboxOptions, buckets: &[u32]) -> Value {
     })
 }
 
-/// A client whose DynamoDB requests are counted.
-async fn counted_client() -> (aws_sdk_dynamodb::Client, RequestCounter) {
-    stack_var("AWS_ENDPOINT_URL_DYNAMODB");
-    let counter = RequestCounter::default();
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let client = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(counter.clone())
-            .build(),
-    );
-    (client, counter)
-}
-
 fn in_ms(time_left: Duration) -> u64 {
     (SystemTime::now() + time_left)
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -85,7 +71,13 @@ fn settings(options: &OutboxOptions, extra: &[(&str, &str)]) -> RelaySettings {
     RelaySettings::from_lookup(|name| vars.get(name).cloned()).unwrap()
 }
 
-async fn enqueue(writer: &DynamoDbOutboxWriter, topic: &str, from: u64, count: u64) {
+/// Enqueues `count` messages; their ids.
+async fn enqueue(
+    writer: &DynamoDbOutboxWriter,
+    topic: &str,
+    from: u64,
+    count: u64,
+) -> BTreeSet<String> {
     let batch: Vec<_> = (from..from + count)
         .map(|n| {
             writer
@@ -95,13 +87,21 @@ async fn enqueue(writer: &DynamoDbOutboxWriter, topic: &str, from: u64, count: u
         })
         .collect();
     writer.enqueue(&batch).await.unwrap();
+    id_set(&batch)
 }
 
-fn distinct_values(topic: &str) -> HashSet<String> {
-    read_topic(topic)
-        .iter()
-        .map(|r| String::from_utf8(r.value_bytes().unwrap()).unwrap())
-        .collect()
+/// Asserts that the ids in `topic` are `written` (each at least once) and reports copies.
+#[track_caller]
+fn assert_delivered(topic: &str, written: &BTreeSet<String>) {
+    let read = topic_deliveries(topic);
+    let copies = read.assert_at_least_once(written);
+    if copies > 0 {
+        println!(
+            "{topic}: {} messages, {copies} extra copies {:?}",
+            written.len(),
+            read.duplicates
+        );
+    }
 }
 
 #[tokio::test]
@@ -111,9 +111,10 @@ async fn publishes_and_stops_before_the_invocation_deadline() {
     let topic = random_name("relay-fn");
     create_topic(&topic, 2);
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
-    enqueue(&writer, &topic, 0, 20).await;
+    let mut written = enqueue(&writer, &topic, 0, 20).await;
 
-    let function = RelayFunction::new(client.clone(), settings(&options, &[])).unwrap();
+    let (counted, wire) = counted_client().await;
+    let function = RelayFunction::new(counted, settings(&options, &[])).unwrap();
     let started = Instant::now();
     let summary = function
         .handle(event("req-1", in_ms(Duration::from_secs(8))))
@@ -125,6 +126,7 @@ async fn publishes_and_stops_before_the_invocation_deadline() {
     assert_eq!(summary.stop_reason, "deadline", "{summary:?}");
     assert!(summary.released, "{summary:?}");
     assert_eq!(summary.refused_writes, 0, "{summary:?}");
+    assert_no_refusal_on_the_wire(&wire, "the invocation");
     assert_eq!(summary.buckets_owned, 4, "{summary:?}");
     assert_eq!(summary.deadline_source, DeadlineSource::Invocation);
     // 8 s deadline minus the 3 s margin: the relay works until 2 s (its stop reserve)
@@ -141,8 +143,7 @@ async fn publishes_and_stops_before_the_invocation_deadline() {
         vec![None; 4],
         "every lease released"
     );
-    let values = distinct_values(&topic);
-    assert_eq!(values.len(), 20);
+    assert_delivered(&topic, &written);
 
     // The summary is the JSON the function returns.
     let v = serde_json::to_value(&summary).unwrap();
@@ -157,13 +158,13 @@ async fn publishes_and_stops_before_the_invocation_deadline() {
     }
 
     // A warm invocation reuses the clients and publishes what arrived since.
-    enqueue(&writer, &topic, 20, 5).await;
+    written.extend(enqueue(&writer, &topic, 20, 5).await);
     let summary = function
         .handle(event("req-2", in_ms(Duration::from_secs(7))))
         .await
         .expect("warm invocation");
     assert_eq!(summary.published, 5, "{summary:?}");
-    assert_eq!(distinct_values(&topic).len(), 25);
+    assert_delivered(&topic, &written);
 }
 
 #[tokio::test]
@@ -173,7 +174,7 @@ async fn a_missing_or_past_deadline_falls_back_to_the_configured_run_time() {
     let topic = random_name("relay-fn");
     create_topic(&topic, 1);
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
-    enqueue(&writer, &topic, 0, 3).await;
+    let written = enqueue(&writer, &topic, 0, 3).await;
     let function = RelayFunction::new(
         client.clone(),
         settings(&options, &[("OUTBOX_MAX_RUN_TIME", "4s")]),
@@ -195,7 +196,7 @@ async fn a_missing_or_past_deadline_falls_back_to_the_configured_run_time() {
             "{request}: took {took:?}"
         );
     }
-    assert_eq!(distinct_values(&topic).len(), 3);
+    assert_delivered(&topic, &written);
 }
 
 /// Two scheduled invocations that overlap, as consecutive schedule ticks do: the newcomer
@@ -208,9 +209,10 @@ async fn overlapping_invocations_hand_buckets_over() {
     let topic = random_name("relay-fn");
     create_topic(&topic, 2);
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
-    // Two execution environments.
-    let first = RelayFunction::new(client.clone(), settings(&options, &[])).unwrap();
-    let second = RelayFunction::new(client.clone(), settings(&options, &[])).unwrap();
+    // Two execution environments, DynamoDB's refusals of their writes counted at the wire.
+    let (counted, wire) = counted_client().await;
+    let first = RelayFunction::new(counted.clone(), settings(&options, &[])).unwrap();
+    let second = RelayFunction::new(counted, settings(&options, &[])).unwrap();
 
     // Timeline (s): the first invocation works until 12 - 3 (margin) - 2 (stop reserve)
     // = 7; the second starts at 5 and works until 5 + 7 = 12. Messages arrive until 9;
@@ -261,12 +263,13 @@ async fn overlapping_invocations_hand_buckets_over() {
         let topic = topic.clone();
         tokio::spawn(async move {
             let mut n = 0;
+            let mut written = BTreeSet::new();
             while begin.elapsed() < Duration::from_secs(9) {
-                enqueue(&writer, &topic, n, 4).await;
+                written.extend(enqueue(&writer, &topic, n, 4).await);
                 n += 4;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            n
+            written
         })
     };
     let a = first.handle(event("tick-1", in_ms(Duration::from_secs(12))));
@@ -280,7 +283,7 @@ async fn overlapping_invocations_hand_buckets_over() {
         let (a, b) = tokio::join!(a, b);
         (a.expect("first invocation"), b.expect("second invocation"))
     };
-    let enqueued = producer.await.unwrap();
+    let written = producer.await.unwrap();
     let (longest_unowned, timeline) = watcher.await.unwrap();
     println!(
         "first:  {a:?}\nsecond: {b:?}\nlease owners:\n{}\nlongest unowned gap: {longest_unowned:?}",
@@ -292,7 +295,8 @@ async fn overlapping_invocations_hand_buckets_over() {
         0,
         "no refused conditional write at the boundary: {a:?} {b:?}"
     );
-    assert_eq!(distinct_values(&topic).len() as u64, enqueued);
+    assert_no_refusal_on_the_wire(&wire, "two overlapping invocations");
+    assert_delivered(&topic, &written);
     assert_eq!(pending_messages(&client, &options).await, 0);
     assert!(
         longest_unowned < Duration::from_millis(2_500),
@@ -310,10 +314,12 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
     let topic = random_name("relay-fn");
     create_topic(&topic, 2);
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
-    enqueue(&writer, &topic, 0, 8).await;
+    let mut written = enqueue(&writer, &topic, 0, 8).await;
 
-    // The scheduled invocation: works until 8 - 3 (margin) - 2 (stop reserve) = 3 s.
-    let scheduled = RelayFunction::new(client.clone(), settings(&options, &[])).unwrap();
+    // The scheduled invocation: works until 8 - 3 (margin) - 2 (stop reserve) = 3 s. Its
+    // client and the idle-fleet burst's count DynamoDB's refusals at the wire.
+    let (scheduled_client, scheduled_wire) = counted_client().await;
+    let scheduled = RelayFunction::new(scheduled_client, settings(&options, &[])).unwrap();
     let tick = scheduled.handle(event("tick", in_ms(Duration::from_secs(8))));
     let notified = async {
         let all = vec![Some("outbox-relay-test-tick".to_string()); 4];
@@ -346,6 +352,8 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
     let tick = tick.expect("scheduled invocation");
     assert_eq!(tick.published, 8, "{tick:?}");
     assert_eq!(tick.trigger, Trigger::Schedule);
+    assert_eq!(tick.refused_writes, 0, "{tick:?}");
+    assert_no_refusal_on_the_wire(&scheduled_wire, "the scheduled invocation");
     for summary in burst {
         let summary = summary.expect("notified invocation");
         assert_eq!(summary.stop_reason, "covered", "{summary:?}");
@@ -370,6 +378,7 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
                 .with_value(format!("value-{n}"))
         })
         .collect();
+    written.extend(id_set(&batch));
     let mut buckets: Vec<u32> = writer
         .enqueue(&batch)
         .await
@@ -382,7 +391,8 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
     assert!(!buckets.is_empty());
     // A burst of five notifications to the idle fleet: they spread out by their jitter
     // and look again, so the first to join covers most of the others.
-    let woken = RelayFunction::new(client.clone(), settings(&options, &[])).unwrap();
+    let (woken_client, woken_wire) = counted_client().await;
+    let woken = RelayFunction::new(woken_client, settings(&options, &[])).unwrap();
     // Request ids whose jitters are 0, 56, 112, 167 and 224 ms (notification_jitter):
     // 55 ms apart, so that the test does not depend on how fast this machine writes the
     // first joiner's heartbeat.
@@ -420,7 +430,8 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
     let published: u64 = burst.iter().map(|s| s.published).sum();
     let refused: u64 = burst.iter().map(|s| s.refused_writes).sum();
     assert_eq!((published, refused), (4, 0), "{burst:?}");
-    assert_eq!(distinct_values(&topic).len(), 12);
+    assert_no_refusal_on_the_wire(&woken_wire, "the relays the idle-fleet burst started");
+    assert_delivered(&topic, &written);
 }
 
 #[tokio::test]
@@ -486,7 +497,7 @@ async fn a_broken_kafka_connection_is_rebuilt_by_the_next_invocation() {
     )
     .unwrap();
 
-    enqueue(&writer, &topic, 0, 3).await;
+    let mut written = enqueue(&writer, &topic, 0, 3).await;
     let first = function
         .handle(event("cold", in_ms(Duration::from_secs(7))))
         .await
@@ -495,7 +506,7 @@ async fn a_broken_kafka_connection_is_rebuilt_by_the_next_invocation() {
 
     // Every connection cut, new ones refused.
     broker.proxy.refuse();
-    enqueue(&writer, &topic, 3, 3).await;
+    written.extend(enqueue(&writer, &topic, 3, 3).await);
     let broken = function
         .handle(event("broken", in_ms(Duration::from_secs(7))))
         .await
@@ -514,7 +525,20 @@ async fn a_broken_kafka_connection_is_rebuilt_by_the_next_invocation() {
     assert!(!rebuilt.kafka_client_reused, "a new client: {rebuilt:?}");
     assert_eq!(rebuilt.published, 3, "{rebuilt:?}");
     assert_eq!(pending_messages(&client, &options).await, 0);
-    let records = outbox_harness::kafka_py(&["--bootstrap", &bootstrap, "read", &topic]).unwrap();
-    assert_eq!(records.lines().filter(|l| !l.trim().is_empty()).count(), 6);
+    let records: Vec<ReadRecord> =
+        outbox_harness::kafka_py(&["--bootstrap", &bootstrap, "read", &topic])
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).expect("record json"))
+            .collect();
+    // What was left went out: the six ids written, each at least once.
+    let read = Deliveries::of(&records);
+    let copies = read.assert_at_least_once(&written);
+    println!(
+        "after the rebuild: {} messages, {copies} extra copies {:?}",
+        written.len(),
+        read.duplicates
+    );
     let _ = std::fs::remove_file(&log);
 }
