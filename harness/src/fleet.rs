@@ -158,25 +158,29 @@ impl Fleet {
             .collect()
     }
 
-    /// `kill -9`.
-    pub fn kill9(&mut self, i: usize) {
+    /// `kill -9`; `true` when the relay was running (a fault was injected).
+    pub fn kill9(&mut self, i: usize) -> bool {
         let r = &mut self.relays[i];
         if r.ended_at_us.is_some() {
-            return;
+            return false;
         }
         let _ = r.child.kill();
         r.ended_at_us = Some(now_us());
         r.killed = true;
         let _ = r.child.wait();
+        true
     }
 
-    /// SIGSTOP.
-    pub fn pause(&mut self, i: usize) {
+    /// SIGSTOP; `true` when the relay was running and not stopped yet (a fault was injected).
+    pub fn pause(&mut self, i: usize) -> bool {
+        self.reap();
         let r = &mut self.relays[i];
         if r.ended_at_us.is_none() && !r.stopped {
             signal(r.child.id(), "STOP");
             r.stopped = true;
+            return true;
         }
+        false
     }
 
     /// SIGCONT.
@@ -293,16 +297,51 @@ impl Fleet {
     pub fn summary_refused(&self) -> u64 {
         self.relays
             .iter()
-            .filter_map(|r| {
-                let text = read(&r.out);
-                let at = text.rfind("refused writes ")?;
-                text[at + 15..]
-                    .split(|c: char| !c.is_ascii_digit())
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
+            .filter_map(|r| summary_refused(&read(&r.out)))
             .sum()
+    }
+
+    /// Each relay that stopped cleanly (exit code 0 after SIGTERM, neither killed nor over
+    /// its grace period) counts its refused writes in its final log event (`refused=N`
+    /// next to `stop_reason`) and in its exit summary (`refused writes N`): both must be
+    /// there and equal the refusal events its log shows. The total comes from the relay's
+    /// report, the events one by one from the store, so a refusal event the parser no
+    /// longer recognises, or a count it cannot read, shows up here instead of as a silent
+    /// zero. The disagreements, in words.
+    pub fn refusal_disagreements(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for r in &self.relays {
+            if r.killed || r.unclean_stop || r.exit_code != Some(0) {
+                continue;
+            }
+            let parsed = parse_log(&read(&r.log));
+            let events: u64 = parsed.refused.values().sum();
+            match parsed.stopped_refused {
+                None => out.push(format!(
+                    "{} exited cleanly without a final log event carrying stop_reason and refused in {}",
+                    r.id,
+                    r.log.display()
+                )),
+                Some(n) if n != events => out.push(format!(
+                    "{}: its final log event counts {n} refused writes, its log shows {events} refusal events",
+                    r.id
+                )),
+                Some(_) => {}
+            }
+            match summary_refused(&read(&r.out)) {
+                None => out.push(format!(
+                    "{} exited cleanly without a readable exit summary (refused writes N) in {}",
+                    r.id,
+                    r.out.display()
+                )),
+                Some(n) if n != events => out.push(format!(
+                    "{}: its exit summary counts {n} refused writes, its log shows {events} refusal events",
+                    r.id
+                )),
+                Some(_) => {}
+            }
+        }
+        out
     }
 
     /// Lines of the relays' logs at ERROR level, or panics (for the report).
@@ -324,6 +363,16 @@ impl Drop for Fleet {
     fn drop(&mut self) {
         self.kill_all();
     }
+}
+
+/// The `refused writes N` of an exit summary (the last one in `text`).
+fn summary_refused(text: &str) -> Option<u64> {
+    let at = text.rfind("refused writes ")?;
+    text[at + 15..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse::<u64>()
+        .ok()
 }
 
 fn read(p: &Path) -> String {
@@ -356,12 +405,37 @@ fn strip_ansi(line: &str) -> String {
 pub struct ParsedLog {
     /// `bucket ownership` events.
     pub events: Vec<OwnershipEvent>,
-    /// `conditional write refused` events by kind.
+    /// Refused conditional writes by kind: the WARN events whose `kind` field names a lease
+    /// write ([`WRITE_KINDS`]), whatever their message says.
     pub refused: BTreeMap<String, u64>,
     /// When each refusal was logged.
     pub refused_at_us: Vec<i64>,
     /// `handed a bucket back` events: (when, bucket).
     pub released: Vec<(i64, u32)>,
+    /// The refused-write count of the relay's final event (the INFO event with the fields
+    /// `stop_reason` and `refused` that a relay logs once its run ended), if it logged one.
+    pub stopped_refused: Option<u64>,
+}
+
+/// The kinds of conditional write a relay makes (`WriteKind::as_str` of the library), the
+/// values of the `kind` field of a refusal event.
+pub const WRITE_KINDS: [&str; 5] = ["heartbeat", "renew", "release", "claim", "cleanup"];
+
+/// The level of a log line (the word after the timestamp).
+fn level(line: &str) -> Option<&str> {
+    line.split_whitespace().nth(1)
+}
+
+/// The kind of the refused write a log line records, if it records one: a WARN event whose
+/// `kind` field names a lease write (the structured field of the store's refusal event; its
+/// message is not looked at, and a renamed field shows up in
+/// [`Fleet::refusal_disagreements`]).
+fn refused_kind(line: &str) -> Option<&str> {
+    if level(line) != Some("WARN") {
+        return None;
+    }
+    let kind = field(line, "kind")?;
+    WRITE_KINDS.contains(&kind).then_some(kind)
 }
 
 fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
@@ -406,10 +480,13 @@ pub fn parse_log(text: &str) -> ParsedLog {
             {
                 out.released.push((at_us, bucket));
             }
-        } else if line.contains("conditional write refused") {
-            let kind = field(&line, "kind").unwrap_or("unknown");
+        } else if let Some(kind) = refused_kind(&line) {
             *out.refused.entry(kind.to_string()).or_default() += 1;
             out.refused_at_us.extend(at);
+        } else if field(&line, "stop_reason").is_some() {
+            if let Some(n) = field(&line, "refused").and_then(|n| n.parse().ok()) {
+                out.stopped_refused = Some(n);
+            }
         }
     }
     out
@@ -435,5 +512,56 @@ mod tests {
         assert_eq!(p.events[1].at_us - p.events[0].at_us, 876_545);
         assert_eq!(p.refused.get("renew"), Some(&1));
         assert_eq!(p.refused.get("claim"), Some(&1));
+    }
+
+    #[test]
+    fn a_refusal_is_recognised_by_its_fields_not_its_wording() {
+        let text = "\
+2026-11-30T14:35:18.5Z  WARN run{relay_id=r1}: dynamo_outbox::store::leases: lease write not applied kind=\"claim\" relay_id=\"r1\" bucket=2 likely_cause=\"a peer claimed it first\"
+2026-11-30T14:35:18.6Z  WARN dynamo_outbox::coordination: something else entirely kind=\"heartbeat\" relay_id=\"r1\" likely_cause=\"x\"
+2026-11-30T14:35:18.7Z  WARN dynamo_outbox::relay: heartbeat refused: claiming nothing this round
+2026-11-30T14:35:18.8Z DEBUG dynamo_outbox::store::leases: write already applied by an earlier attempt kind=\"renew\" relay_id=\"r1\" bucket=1
+2026-11-30T14:35:18.9Z  WARN dynamo_outbox::relay: publish failed kind=\"transient\" likely_cause=\"broker\"
+";
+        let p = parse_log(text);
+        assert_eq!(
+            p.refused,
+            BTreeMap::from([("claim".to_string(), 1), ("heartbeat".to_string(), 1)]),
+            "{p:?}"
+        );
+        assert_eq!(p.refused_at_us.len(), 2);
+    }
+
+    /// The lines `outboxctl relay` wrote here (a relay whose clock was 10 s behind its own
+    /// stored heartbeat), and its exit summary.
+    #[test]
+    fn parses_a_real_relay_log() {
+        let text = "\
+2026-12-01T09:34:51.957641Z  WARN run{relay_id=same}: dynamo_outbox::store::leases: conditional write refused kind=\"heartbeat\" relay_id=\"same\" likely_cause=\"the record carries a later timestamp: a clock set back, two processes sharing a relay id, or a request this relay abandoned\"
+2026-12-01T09:34:51.966001Z  WARN run{relay_id=same}: dynamo_outbox::relay: heartbeat refused: claiming nothing this round
+2026-12-01T09:34:53.961124Z  WARN run{relay_id=same}: dynamo_outbox::store::leases: conditional write refused kind=\"heartbeat\" relay_id=\"same\" likely_cause=\"the record carries a later timestamp: a clock set back, two processes sharing a relay id, or a request this relay abandoned\"
+2026-12-01T09:34:53.961223Z  WARN run{relay_id=same}: dynamo_outbox::relay: stop stamp refused: leaving the leases to lapse
+2026-12-01T09:34:53.961276Z  INFO run{relay_id=same}: dynamo_outbox::relay: relay stopped published=0 refused=2 released=false stop_reason=\"deadline\"
+";
+        let p = parse_log(text);
+        assert_eq!(p.refused, BTreeMap::from([("heartbeat".to_string(), 2)]));
+        assert_eq!(p.stopped_refused, Some(2));
+        assert_eq!(
+            summary_refused(
+                "relay same stopped (deadline): published 0, refused writes 2, leases released: false\n"
+            ),
+            Some(2)
+        );
+    }
+
+    #[test]
+    fn reads_the_refused_count_of_the_exit_summary() {
+        assert_eq!(
+            summary_refused(
+                "relay r1 stopped (shutdown): published 12, refused writes 3, leases released: true\n"
+            ),
+            Some(3)
+        );
+        assert_eq!(summary_refused("{\"_aws\":{}}\n"), None);
     }
 }

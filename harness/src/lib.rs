@@ -337,10 +337,20 @@ pub struct Outcome {
     pub relays_started: usize,
     /// Faults injected (kills, stalls, restarts).
     pub faults: usize,
+    /// The scenario injects faults (all but those whose fault is [`Fault::None`]): then
+    /// `faults` must not be zero.
+    pub fault_expected: bool,
     /// Relays that did not stop within the grace period.
     pub unclean_stops: usize,
     /// Refused writes from the relays' exit summaries (killed relays print none).
     pub summary_refused: u64,
+    /// Answers in which DynamoDB refused a condition of a relay's write, counted at the
+    /// proxy every relay reaches DynamoDB through (apart from what the relays count).
+    pub wire_refused: u64,
+    /// Relays that stopped cleanly whose final log event or exit summary counts other
+    /// refused writes than their log's refusal events, or lacks the count
+    /// ([`fleet::Fleet::refusal_disagreements`]).
+    pub refusal_disagreements: Vec<String>,
     /// Seconds of writes.
     pub write_seconds: f64,
     /// Seconds the whole scenario took.
@@ -378,6 +388,24 @@ impl Outcome {
         }
         if self.targets.zero_refused && f.refused_total > 0 {
             m.push(format!("refused conditional writes: {:?}", f.refused));
+        }
+        if self.targets.zero_refused && self.wire_refused > 0 {
+            m.push(format!(
+                "DynamoDB refused {} conditional writes (counted at the wire)",
+                self.wire_refused
+            ));
+        }
+        // Every refusal a relay logs is an answer it received: fewer answers than logged
+        // refusals means the log is misread.
+        if self.wire_refused < f.refused_total {
+            m.push(format!(
+                "the relays' logs show {} refused writes, DynamoDB answered only {} refusals",
+                f.refused_total, self.wire_refused
+            ));
+        }
+        m.extend(self.refusal_disagreements.iter().cloned());
+        if self.fault_expected && self.faults == 0 {
+            m.push("its fault was never injected".to_string());
         }
         if self.unclean_stops > 0 {
             m.push(format!(
@@ -544,24 +572,27 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
         s.bucket_count,
         &format!("{}-{run_tag}", s.name),
     );
-    let proxy = match &s.fault {
-        Fault::DynamoProxy(mix) => {
-            let endpoint = std::env::var("AWS_ENDPOINT_URL_DYNAMODB").unwrap_or_default();
-            let upstream: std::net::SocketAddr = endpoint
-                .trim_start_matches("http://")
-                .trim_end_matches('/')
-                .parse()
-                .map_err(|e| format!("AWS_ENDPOINT_URL_DYNAMODB {endpoint:?}: {e}"))?;
-            let p = proxy::HttpFaultProxy::start(upstream, *mix, seed)
-                .await
-                .map_err(|e| format!("starting the DynamoDB proxy: {e}"))?;
-            // Faults only once the writers run: the relays start cleanly.
-            p.set_enabled(false);
-            fleet.dynamodb_endpoint = Some(p.url());
-            Some(p)
-        }
-        _ => None,
+    // Every relay reaches DynamoDB through the proxy, which counts the refused conditions
+    // at the wire; it injects faults only in scenario 5, and only while the writers run.
+    let proxy = {
+        let endpoint = std::env::var("AWS_ENDPOINT_URL_DYNAMODB").unwrap_or_default();
+        let upstream: std::net::SocketAddr = endpoint
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .parse()
+            .map_err(|e| format!("AWS_ENDPOINT_URL_DYNAMODB {endpoint:?}: {e}"))?;
+        let mix = match &s.fault {
+            Fault::DynamoProxy(mix) => *mix,
+            _ => proxy::FaultMix::default(),
+        };
+        let p = proxy::HttpFaultProxy::start(upstream, mix, seed)
+            .await
+            .map_err(|e| format!("starting the DynamoDB proxy: {e}"))?;
+        p.set_enabled(false);
+        fleet.dynamodb_endpoint = Some(p.url());
+        p
     };
+    let inject_dynamodb_faults = matches!(s.fault, Fault::DynamoProxy(_));
     fleet.kafka_bootstrap = bootstrap.clone();
     let start = |fleet: &mut Fleet, offset: Option<&str>| {
         fleet
@@ -599,8 +630,8 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
         stop.clone(),
         acks.clone(),
     ));
-    if let Some(p) = &proxy {
-        p.set_enabled(true);
+    if inject_dynamodb_faults {
+        proxy.set_enabled(true);
     }
     let writes_for = config.profile.writes_for();
     let writes_until = tokio::time::Instant::now() + writes_for;
@@ -618,8 +649,9 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
             tokio::time::sleep(pause).await;
             let alive = fleet.alive();
             if let Some(&victim) = alive.get(rng.gen_range(0..alive.len().max(1))) {
-                fleet.kill9(victim);
-                faults += 1;
+                if fleet.kill9(victim) {
+                    faults += 1;
+                }
                 tokio::time::sleep(Duration::from_millis(rng.gen_range(0..1000))).await;
                 start(&mut fleet, None)?;
             }
@@ -635,11 +667,14 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
                     .copied()
                     .filter(|&i| owners.values().any(|o| o.contains(&fleet.relays[i].id)))
                     .collect();
+                // No owner (by the logs) injects nothing: the scenario then misses
+                // "its fault was never injected" rather than passing unfaulted.
                 let Some(&victim) = owning.get(rng.gen_range(0..owning.len().max(1))) else {
                     break;
                 };
-                fleet.pause(victim);
-                faults += 1;
+                if fleet.pause(victim) {
+                    faults += 1;
+                }
                 tokio::time::sleep(*stop_for).await;
                 fleet.resume(victim);
                 let next = tokio::time::Instant::now() + *every;
@@ -663,7 +698,7 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
             let alive = fleet.alive();
             if let Some(&oldest) = alive.first() {
                 fleet.terminate(&[oldest]).await;
-                faults += 1;
+                faults += 1; // alive() just now: a running relay was stopped
                 if *settle {
                     fleet.wait_settled(quiet, bound).await;
                 }
@@ -703,8 +738,11 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
             tokio::time::sleep(*after).await;
             if let Some(&i) = initial.get(*index) {
                 let offset = fleet.relays[i].clock_offset.clone();
+                let was_running = fleet.alive().contains(&i);
                 fleet.terminate(&[i]).await;
-                faults += 1;
+                if was_running {
+                    faults += 1;
+                }
                 let new = start(&mut fleet, offset.as_deref())?;
                 initial[*index] = new;
             }
@@ -716,21 +754,20 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
     let write_seconds = (now_us() - writes_started_us) as f64 / 1e6;
 
     // Final drain with a healthy relay.
-    let proxy_stats = proxy.as_ref().map(|p| {
-        p.set_enabled(false);
-        let st = &p.stats;
+    proxy.set_enabled(false);
+    let proxy_stats = if inject_dynamodb_faults {
+        let st = &proxy.stats;
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         faults += (load(&st.throttled)
             + load(&st.server_errors)
             + load(&st.dropped_responses)
             + load(&st.delayed)) as usize;
-        serde_json::to_value(&**st).unwrap_or_default()
-    });
-    let proxy_stats = proxy_stats.or_else(|| {
+        Some(serde_json::to_value(&*proxy.stats).unwrap_or_default())
+    } else {
         private_broker
             .as_ref()
             .map(|b| serde_json::to_value(&*b.proxy.stats).unwrap_or_default())
-    });
+    };
     for i in 0..fleet.relays.len() {
         fleet.resume(i);
     }
@@ -789,8 +826,11 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
         figures,
         relays_started: fleet.relays.len(),
         faults,
+        fault_expected: s.fault != Fault::None,
         unclean_stops: fleet.relays.iter().filter(|r| r.unclean_stop).count(),
         summary_refused: fleet.summary_refused(),
+        wire_refused: proxy.stats.condition_refused.load(Ordering::Relaxed),
+        refusal_disagreements: fleet.refusal_disagreements(),
         write_seconds,
         seconds: started.elapsed().as_secs_f64(),
         relay_errors: fleet.errors().into_iter().take(5).collect(),
@@ -916,7 +956,7 @@ pub fn markdown_table(outcomes: &[Outcome]) -> String {
     for o in outcomes {
         let f = &o.figures;
         let refused = if f.refused.values().all(|v| *v == 0) {
-            "0".to_string()
+            format!("0 (wire {})", o.wire_refused)
         } else {
             f.refused
                 .iter()
@@ -924,7 +964,10 @@ pub fn markdown_table(outcomes: &[Outcome]) -> String {
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect::<Vec<_>>()
                 .join(", ")
-                + &format!(" ({} after startup)", f.refused_during_writes)
+                + &format!(
+                    " ({} after startup; wire {})",
+                    f.refused_during_writes, o.wire_refused
+                )
         };
         let missed = o.missed();
         s.push_str(&format!(

@@ -2,7 +2,10 @@
 //! a `ThrottlingException` (400), an `InternalServerError` (500), added latency, or a
 //! request forwarded and applied whose response is dropped (the connection is closed
 //! instead), the case that makes an applied conditional write look refused on retry.
-//! Loopback only.
+//! With fault injection off it is a plain forwarder, which the harness puts in front of
+//! every relay of every scenario: it counts the answers in which DynamoDB refused a
+//! condition ([`ProxyStats::condition_refused`]), a count of refused conditional writes
+//! taken at the wire, apart from the relays' own. Loopback only.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,8 +17,9 @@ use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Probabilities of each fault per request (the rest is forwarded untouched).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+/// Probabilities of each fault per request (the rest is forwarded untouched; the default:
+/// no fault).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct FaultMix {
     /// Answered `400 ThrottlingException` without forwarding.
     pub throttle: f64,
@@ -42,6 +46,75 @@ pub struct ProxyStats {
     pub dropped_responses: AtomicU64,
     /// Requests delayed.
     pub delayed: AtomicU64,
+    /// Answers from DynamoDB that refused a condition (a `ConditionalCheckFailedException`,
+    /// or a transaction cancelled by a `ConditionalCheckFailed` reason), passed on to the
+    /// relay (dropped ones are not: no relay heard of them).
+    pub condition_refused: AtomicU64,
+}
+
+/// Whether a raw HTTP response from DynamoDB refuses a condition: a 4xx status whose JSON
+/// body names `ConditionalCheckFailedException` as its `__type`, or is a
+/// `TransactionCanceledException` with a `ConditionalCheckFailed` cancellation reason.
+pub fn refuses_condition(response: &[u8]) -> bool {
+    let Some(at) = response.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&response[..at]).to_ascii_lowercase();
+    let body = &response[at + 4..];
+    let client_error = head
+        .split_whitespace()
+        .nth(1)
+        .is_some_and(|status| status.starts_with('4'));
+    if !client_error {
+        return false;
+    }
+    let chunked = head
+        .lines()
+        .any(|l| l.starts_with("transfer-encoding:") && l.contains("chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_vec()
+    };
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return false;
+    };
+    let error_type = json["__type"].as_str().unwrap_or_default();
+    let error_type = error_type.rsplit('#').next().unwrap_or_default();
+    match error_type {
+        "ConditionalCheckFailedException" => true,
+        "TransactionCanceledException" => {
+            json["CancellationReasons"]
+                .as_array()
+                .is_some_and(|reasons| {
+                    reasons
+                        .iter()
+                        .any(|r| r["Code"].as_str() == Some("ConditionalCheckFailed"))
+                })
+        }
+        _ => false,
+    }
+}
+
+/// The payload of a chunked body (sizes in hex, each chunk followed by CRLF, a last
+/// chunk of size 0).
+fn dechunk(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size_line = String::from_utf8_lossy(&rest[..eol]);
+        let size = usize::from_str_radix(size_line.trim().split(';').next().unwrap_or("0"), 16)
+            .unwrap_or(0);
+        let after = &rest[eol + 2..];
+        if size == 0 || after.len() < size {
+            break;
+        }
+        out.extend_from_slice(&after[..size]);
+        rest = after[size..]
+            .strip_prefix(b"\r\n")
+            .unwrap_or(&after[size..]);
+    }
+    out
 }
 
 /// A running proxy.
@@ -252,7 +325,57 @@ async fn serve(
             stats.dropped_responses.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
+        if refuses_condition(&response) {
+            stats.condition_refused.fetch_add(1, Ordering::Relaxed);
+        }
         client_w.write_all(&response).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(status: &str, body: &str) -> Vec<u8> {
+        format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/x-amz-json-1.0\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn tells_a_refused_condition_from_other_answers() {
+        assert!(refuses_condition(&response(
+            "400 Bad Request",
+            r#"{"__type":"com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException","message":"The conditional request failed"}"#
+        )));
+        assert!(refuses_condition(&response(
+            "400 Bad Request",
+            r#"{"__type":"com.amazonaws.dynamodb.v20120810#TransactionCanceledException","message":"Transaction cancelled","CancellationReasons":[{"Code":"None"},{"Code":"ConditionalCheckFailed"}]}"#
+        )));
+        assert!(!refuses_condition(&response(
+            "400 Bad Request",
+            r#"{"__type":"com.amazonaws.dynamodb.v20120810#TransactionCanceledException","message":"Transaction cancelled","CancellationReasons":[{"Code":"TransactionConflict"}]}"#
+        )));
+        assert!(!refuses_condition(&error_response(
+            "400 Bad Request",
+            "ThrottlingException"
+        )));
+        // A successful answer whose data happens to contain the words.
+        assert!(!refuses_condition(&response(
+            "200 OK",
+            r#"{"Attributes":{"note":{"S":"ConditionalCheckFailedException"}}}"#
+        )));
+        assert!(!refuses_condition(b"HTTP/1.1 400 Bad Request\r\n"));
+        let body = r#"{"__type":"com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException","message":"The conditional request failed"}"#;
+        let (a, b) = body.split_at(20);
+        let chunked = format!(
+            "HTTP/1.1 400 Bad Request\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+            a.len(),
+            b.len()
+        );
+        assert!(refuses_condition(chunked.as_bytes()));
+    }
 }
