@@ -17,6 +17,23 @@ use crate::plan::{self, LeaseView, PlanInput};
 /// in between).
 pub const ROUND_WINDOW: Duration = Duration::from_secs(1);
 
+/// The timings [`Coordination::taken_over_at`] assumes of the fleet (UTC ticks): every
+/// relay of an outbox runs with the same options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TakeoverTicks {
+    /// The lease duration (who is active).
+    pub lease: i64,
+    /// A relay announcing its stop within this does not count (the poll interval).
+    pub soon: i64,
+    /// How often a relay runs its round (the renew interval).
+    pub renew: i64,
+    /// The handover step ([`crate::relay::HANDOVER_STEP`]).
+    pub step: i64,
+    /// How long past an announced stop its peers watch for the handover
+    /// ([`crate::relay::HANDOVER_WATCH`]).
+    pub watch: i64,
+}
+
 /// One lease item as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRecord {
@@ -173,6 +190,90 @@ impl Coordination {
         })
     }
 
+    /// When the relays of this read will have taken `buckets` over (UTC ticks), if every one
+    /// of them has a taker: a notified invocation that found them uncovered looks again
+    /// then instead of joining at once (when that is soon), so that a handover or a
+    /// newcomer's share changing hands starts no extra relay.
+    ///
+    /// A relay counts when it is active and announces no stop within `t.soon`. Takers:
+    /// - a bucket held by a relay leaving now (its announced stop no more than `t.watch`
+    ///   ago or within `t.soon`), while another relay counts: that successor re-reads
+    ///   `t.step` after the announced stop and every `t.step` until the stamp
+    ///   ([`Self::handover_at`]), so the bucket is taken `2 × t.step` after the later of the
+    ///   announced stop, the stamp and `now`;
+    /// - a bucket that a counting relay's plan, computed from this read, claims: at that
+    ///   relay's next round (`t.renew` after its heartbeat, or `t.step` after a recent
+    ///   announced stop it watches), plus `t.step` for the round itself.
+    pub fn taken_over_at(
+        &self,
+        buckets: &[u32],
+        bucket_count: u32,
+        now: i64,
+        t: &TakeoverTicks,
+    ) -> Option<i64> {
+        let counts = |r: &RelayRecord| {
+            r.is_active(now, t.lease) && r.stops_at.is_none_or(|s| s > now.saturating_add(t.soon))
+        };
+        let counting: Vec<&RelayRecord> = self.relays.iter().filter(|r| counts(r)).collect();
+        let recent_stop = |r: &RelayRecord| {
+            r.stops_at
+                .filter(|&at| at > now.saturating_sub(t.watch) && at <= now.saturating_add(t.soon))
+        };
+        // The latest recent announced stop: the successors' next early re-read follows it.
+        let leaving_at = self.relays.iter().filter_map(recent_stop).max();
+        let active = self.active_relays(now, t.lease);
+        let leases = self.lease_views(now);
+        let plans: Vec<(&RelayRecord, Vec<u32>)> = counting
+            .iter()
+            .map(|r| {
+                let plan = plan::compute(&PlanInput {
+                    bucket_count,
+                    me: &r.relay_id,
+                    active_relays: &active,
+                    leases: &leases,
+                });
+                (*r, plan.claim)
+            })
+            .collect();
+        let mut latest = now;
+        for &b in buckets {
+            let leaver = self
+                .lease(b)
+                .and_then(|l| l.owner.as_deref())
+                .and_then(|o| {
+                    self.relays
+                        .iter()
+                        .find(|r| r.relay_id == o && recent_stop(r).is_some())
+                });
+            let by_handover = leaver
+                .filter(|l| counting.iter().any(|r| r.relay_id != l.relay_id))
+                .and_then(|l| {
+                    let at = recent_stop(l)?;
+                    Some(
+                        at.max(l.stopped_at.unwrap_or(at))
+                            .max(now)
+                            .saturating_add(t.step.saturating_mul(2)),
+                    )
+                });
+            let by_plan = plans
+                .iter()
+                .filter(|(_, claim)| claim.contains(&b))
+                .map(|(r, _)| {
+                    let regular = r.last_seen.saturating_add(t.renew);
+                    let early =
+                        leaving_at.map_or(i64::MAX, |at| at.max(now).saturating_add(t.step));
+                    regular.min(early).max(now).saturating_add(t.step)
+                })
+                .min();
+            let taken = match (by_handover, by_plan) {
+                (Some(h), Some(p)) => h.min(p),
+                (h, p) => h.or(p)?,
+            };
+            latest = latest.max(taken);
+        }
+        Some(latest)
+    }
+
     /// Which of `buckets` no live relay publishes or is about to claim, at `now`.
     ///
     /// A relay counts when it is active (heartbeat younger than `lease_ticks`, not stamped
@@ -180,9 +281,17 @@ impl Coordination {
     /// is covered when its lease is unlapsed and names such a relay (it probes the bucket
     /// every poll interval), or when such a relay is in the middle of an acquisition round
     /// (its heartbeat is younger than `round_ticks`) whose plan, computed from this read as
-    /// that relay computes it, claims the bucket: a relay that has just joined. Every other
-    /// bucket is uncovered, also one that a live relay would claim only at its next round
-    /// (up to a renew interval away): the notified invocation joins instead.
+    /// that relay computes it, claims the bucket: a relay that has just joined.
+    ///
+    /// A scheduled handover is covered too: a bucket whose unlapsed lease names an active
+    /// relay whose announced stop is near but still ahead, while another relay counts. That
+    /// successor has read the announcement (a relay with a deadline announces its stop from
+    /// its first heartbeat on) and takes the bucket over just after the stop
+    /// ([`Self::handover_at`]), so a notification there starts no extra relay. A stop
+    /// announced for now or past (an idle stop) has no such successor yet: uncovered.
+    ///
+    /// Every other bucket is uncovered, also one that a live relay would claim only at its
+    /// next round (up to a renew interval away): the notified invocation joins instead.
     pub fn uncovered(
         &self,
         buckets: &[u32],
@@ -201,13 +310,20 @@ impl Coordination {
                         .is_none_or(|s| s > now.saturating_add(soon_ticks))
             })
             .collect();
+        let handing_over = |owner: &str| {
+            self.relays.iter().any(|r| {
+                r.relay_id == owner
+                    && r.is_active(now, lease_ticks)
+                    && r.stops_at.is_some_and(|s| s > now)
+            }) && live.iter().any(|r| r.relay_id != owner)
+        };
         let mut covered = vec![false; bucket_count as usize];
         for l in &self.leases {
             if l.bucket < bucket_count
                 && l.expires_at > now
                 && l.owner
                     .as_deref()
-                    .is_some_and(|o| live.iter().any(|r| r.relay_id == o))
+                    .is_some_and(|o| live.iter().any(|r| r.relay_id == o) || handing_over(o))
             {
                 covered[l.bucket as usize] = true;
             }
@@ -303,10 +419,33 @@ mod tests {
             relays: vec![leaving.clone()],
         };
         assert_eq!(check(&c, &[0]), vec![0]);
-        // ...also with a live successor, which takes the bucket over only after the stop.
+        // With a live successor, a scheduled handover (the stop still ahead) is covered:
+        // the successor takes the bucket over just after the stop.
         let c = Coordination {
             leases: vec![lease(0, "a", NOW + 20)],
-            relays: vec![leaving, relay("b", NOW - 1)],
+            relays: vec![leaving.clone(), relay("b", NOW - 1)],
+        };
+        assert_eq!(check(&c, &[0]), Vec::<u32>::new());
+        // ...but not a stop announced for now (an idle stop), nor one already past...
+        for at in [NOW, NOW - 1] {
+            let stopping = RelayRecord {
+                stops_at: Some(at),
+                ..leaving.clone()
+            };
+            let c = Coordination {
+                leases: vec![lease(0, "a", NOW + 20)],
+                relays: vec![stopping, relay("b", NOW - 1)],
+            };
+            assert_eq!(check(&c, &[0]), vec![0], "stop at {at}");
+        }
+        // ...nor when the would-be successor is leaving too.
+        let also_leaving = RelayRecord {
+            stops_at: Some(NOW + 2),
+            ..relay("b", NOW - 1)
+        };
+        let c = Coordination {
+            leases: vec![lease(0, "a", NOW + 20)],
+            relays: vec![leaving, also_leaving],
         };
         assert_eq!(check(&c, &[0]), vec![0]);
         // A stop announced further out still counts.
@@ -478,6 +617,85 @@ mod tests {
         assert!(!holds(&[2]), "lapsed");
         assert!(!holds(&[3]), "its holder announced a stop");
         assert!(!holds(&[1, 5]), "no lease item");
+    }
+
+    const TAKEOVER: TakeoverTicks = TakeoverTicks {
+        lease: LEASE,
+        soon: SOON,
+        renew: 8,
+        step: 3,
+        watch: 50,
+    };
+
+    #[test]
+    fn a_leavers_buckets_are_taken_two_steps_after_its_stop_when_a_successor_counts() {
+        let t = TAKEOVER;
+        let leaving = |stops_at: i64, stopped_at: Option<i64>| RelayRecord {
+            stops_at: Some(stops_at),
+            stopped_at,
+            ..relay("leaving", NOW - 1)
+        };
+        let taken = |relays: Vec<RelayRecord>| {
+            Coordination {
+                leases: vec![lease(0, "leaving", NOW + 20)],
+                relays,
+            }
+            .taken_over_at(&[0], 4, NOW, &t)
+        };
+        // Announced for now, not stamped yet, a successor counts.
+        assert_eq!(
+            taken(vec![leaving(NOW, None), relay("b", NOW - 1)]),
+            Some(NOW + 2 * t.step)
+        );
+        // Stamped late: after the stamp.
+        assert_eq!(
+            taken(vec![leaving(NOW - 10, Some(NOW + 1)), relay("b", NOW - 1)]),
+            Some(NOW + 1 + 2 * t.step)
+        );
+        // No successor, or a stop longer ago than the watch: no taker.
+        assert_eq!(taken(vec![leaving(NOW, None)]), None);
+        assert_eq!(
+            taken(vec![leaving(NOW - t.watch, None), relay("b", NOW - 1)]),
+            None
+        );
+    }
+
+    #[test]
+    fn a_free_bucket_is_taken_at_the_next_round_of_the_relay_whose_plan_claims_it() {
+        let t = TAKEOVER;
+        // a holds 0-1, b (newcomer) will claim 2-3, freed by a's release.
+        let c = Coordination {
+            leases: vec![lease(0, "a", NOW + 20), lease(1, "a", NOW + 20)],
+            relays: vec![relay("a", NOW - 1), relay("b", NOW - 5)],
+        };
+        assert_eq!(
+            c.taken_over_at(&[2, 3], 4, NOW, &t),
+            Some(NOW - 5 + t.renew + t.step)
+        );
+        // With a stop announced just now (a handover in progress), sooner: the early re-read.
+        let mut watched = c.clone();
+        watched.relays.push(RelayRecord {
+            stops_at: Some(NOW - 2),
+            stopped_at: Some(NOW - 1),
+            ..relay("gone", NOW - 1)
+        });
+        assert_eq!(
+            watched.taken_over_at(&[2, 3], 4, NOW, &t),
+            Some(NOW + t.step + t.step)
+        );
+        // A bucket no plan claims (held by a live relay, here a), or no relay at all: none.
+        let nobody = Coordination::default();
+        assert_eq!(nobody.taken_over_at(&[2], 4, NOW, &t), None);
+        // Every bucket needs a taker: one without makes the whole answer None.
+        let c2 = Coordination {
+            leases: vec![lease(0, "dead", NOW + 20)],
+            relays: vec![relay("b", NOW - 1)],
+        };
+        assert_eq!(c2.taken_over_at(&[0], 4, NOW, &t), None);
+        assert_eq!(
+            c2.taken_over_at(&[1], 4, NOW, &t),
+            Some(NOW - 1 + t.renew + t.step)
+        );
     }
 
     #[test]

@@ -64,6 +64,10 @@ pub const DEFAULT_SHUTDOWN_MARGIN: Duration = Duration::from_secs(3);
 /// The function's idle stop when `OUTBOX_IDLE_STOP` is unset (the library's default is
 /// never): an invocation whose buckets have all been empty this long stops early.
 pub const DEFAULT_IDLE_STOP: Duration = Duration::from_secs(5);
+/// Longest time a notified invocation waits for live relays to take uncovered buckets over
+/// before it looks again (a successor claims a leaver's buckets a few hundred milliseconds
+/// after the announced stop); takers further away than this are not waited for.
+pub const HANDOVER_SETTLE_MAX: Duration = Duration::from_millis(1500);
 /// Longest time the first invocation waits for the Kafka connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -492,7 +496,7 @@ impl RelayFunction {
                     ));
                 }
                 let look = || async {
-                    tokio::time::timeout_at(deadline, self.store.uncovered(&n.buckets, &options))
+                    tokio::time::timeout_at(deadline, self.store.coverage(&n.buckets, &options))
                         .await
                         .map_err(|_| {
                             FunctionError::from(dynamo_outbox::Error::DeadlineExceeded(
@@ -501,17 +505,26 @@ impl RelayFunction {
                         })?
                         .map_err(FunctionError::from)
                 };
-                let mut read = look().await?;
+                let first = look().await?;
+                let mut read = first.uncovered;
                 if !read.is_empty() {
                     // A burst of notifications to an idle fleet: the invocations spread
                     // out by a jitter of their own and look again, so that the first to
                     // join (its heartbeat is its first write) covers the later ones. The
                     // Kafka connection is made first, to keep the time between the second
-                    // look and the heartbeat short.
+                    // look and the heartbeat short. When live relays are about to take the
+                    // buckets over (a handover, a newcomer's share changing hands) within
+                    // HANDOVER_SETTLE_MAX, the second look waits until they have: a
+                    // handover starts no extra relay.
                     connected_here = !self.publisher(deadline).await?.1;
                     let jitter = notification_jitter(&context.request_id);
-                    tokio::time::sleep_until((Instant::now() + jitter).min(deadline)).await;
-                    read = look().await?;
+                    let settle = first
+                        .settles_in
+                        .filter(|s| *s <= HANDOVER_SETTLE_MAX)
+                        .unwrap_or(Duration::ZERO);
+                    let again = Instant::now() + jitter.max(settle);
+                    tokio::time::sleep_until(again.min(deadline)).await;
+                    read = look().await?.uncovered;
                 }
                 if read.is_empty() {
                     info!(

@@ -64,6 +64,9 @@ fn settings(options: &OutboxOptions, extra: &[(&str, &str)]) -> RelaySettings {
             stack_var("KAFKA_BOOTSTRAP_SERVERS"),
         ),
         ("OUTBOX_POLL_INTERVAL".into(), "100ms".into()),
+        // These tests are about runs that end at their deadline (tests/doorbell.rs and
+        // tests/serverless.rs test the idle stop, the function's default).
+        ("OUTBOX_IDLE_STOP".into(), "never".into()),
     ]);
     for (k, v) in extra {
         vars.insert((*k).into(), (*v).into());

@@ -16,6 +16,16 @@ use crate::error::{from_sdk, Error, Result};
 use crate::options::RelayOptions;
 use crate::schema::{self, attr, get_n, get_s};
 
+/// What one read of the coordination partition says of notified buckets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Coverage {
+    /// The buckets no live relay holds or is about to claim.
+    pub uncovered: Vec<u32>,
+    /// How long until live relays will have taken the uncovered buckets over, if every
+    /// one of them has a taker.
+    pub settles_in: Option<std::time::Duration>,
+}
+
 impl DynamoDbOutboxStore {
     fn refused(&self, kind: WriteKind, relay_id: &str, bucket: Option<u32>) {
         self.refused.add(kind);
@@ -146,21 +156,48 @@ impl DynamoDbOutboxStore {
     }
 
     /// Which of `buckets` no live relay holds or is about to claim
-    /// ([`Coordination::uncovered`]), from one strongly consistent read of the
+    /// ([`Coordination::uncovered`]), and when the relays of the read will have taken them
+    /// over ([`Coordination::taken_over_at`]), from one strongly consistent read of the
     /// coordination partition and no write: what a relay started by a commit notification
     /// checks before it joins the fleet. `options` gives the lease duration (who is
     /// active) and the poll interval (a relay announcing its stop within it does not
     /// count).
-    pub async fn uncovered(&self, buckets: &[u32], options: &RelayOptions) -> Result<Vec<u32>> {
+    pub async fn coverage(&self, buckets: &[u32], options: &RelayOptions) -> Result<Coverage> {
         let coordination = self.read_coordination().await?;
-        Ok(coordination.uncovered(
+        let now = self.clock().now_ticks();
+        let lease = duration_to_ticks(options.lease_duration);
+        let soon = duration_to_ticks(options.poll_interval);
+        let uncovered = coordination.uncovered(
             buckets,
             self.options().bucket_count,
-            self.clock().now_ticks(),
-            duration_to_ticks(options.lease_duration),
-            duration_to_ticks(options.poll_interval),
+            now,
+            lease,
+            soon,
             duration_to_ticks(coordination::ROUND_WINDOW),
-        ))
+        );
+        let takeover = coordination::TakeoverTicks {
+            lease,
+            soon,
+            renew: duration_to_ticks(options.lease_renew_interval),
+            step: duration_to_ticks(crate::relay::HANDOVER_STEP),
+            watch: duration_to_ticks(crate::relay::HANDOVER_WATCH),
+        };
+        let settles_in = if uncovered.is_empty() {
+            None
+        } else {
+            coordination
+                .taken_over_at(&uncovered, self.options().bucket_count, now, &takeover)
+                .map(|at| crate::clock::ticks_to_duration(at.saturating_sub(now)))
+        };
+        Ok(Coverage {
+            uncovered,
+            settles_in,
+        })
+    }
+
+    /// The uncovered buckets of [`Self::coverage`].
+    pub async fn uncovered(&self, buckets: &[u32], options: &RelayOptions) -> Result<Vec<u32>> {
+        Ok(self.coverage(buckets, options).await?.uncovered)
     }
 
     /// Reads every lease and heartbeat with one strongly consistent query (following pages).

@@ -1,0 +1,394 @@
+//! The relay function woken by doorbells: batches of the table's DynamoDB stream records,
+//! as the event source mapping of `WakeOn=stream` delivers them, read back from DynamoDB
+//! Local's real stream (scripts/streams.py), against the local stack (never skipped).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use dynamo_outbox::accounting::RequestCounter;
+use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions};
+use lambda_runtime::{Config, Context, LambdaEvent};
+use outbox_integration_tests::*;
+use outbox_relay_function::{
+    notification_jitter, RelayFunction, RelaySettings, RelaySummary, Trigger,
+};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+fn event(request_id: &str, time_left: Duration, payload: Value) -> LambdaEvent<Value> {
+    let mut context = Context::default();
+    context.request_id = request_id.into();
+    context.deadline = (SystemTime::now() + time_left)
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    context.env_config = Arc::new(Config {
+        function_name: "outbox-doorbell-test".into(),
+        ..Config::default()
+    });
+    LambdaEvent::new(payload, context)
+}
+
+fn settings(options: &OutboxOptions, extra: &[(&str, &str)]) -> RelaySettings {
+    let mut vars: HashMap<String, String> = HashMap::from([
+        ("OUTBOX_TABLE_NAME".into(), options.table_name.clone()),
+        (
+            "OUTBOX_BUCKET_COUNT".into(),
+            options.bucket_count.to_string(),
+        ),
+        (
+            "KAFKA_BOOTSTRAP_SERVERS".into(),
+            stack_var("KAFKA_BOOTSTRAP_SERVERS"),
+        ),
+        ("OUTBOX_POLL_INTERVAL".into(), "100ms".into()),
+        ("OUTBOX_IDLE_STOP".into(), "1s".into()),
+    ]);
+    for (k, v) in extra {
+        vars.insert((*k).into(), (*v).into());
+    }
+    RelaySettings::from_lookup(|name| vars.get(name).cloned()).unwrap()
+}
+
+/// A client counting attempts and refused conditions, and a function over it.
+async fn function(
+    options: &OutboxOptions,
+    extra: &[(&str, &str)],
+) -> (Arc<RelayFunction>, RequestCounter) {
+    let (client, counter) = counted_client().await;
+    let f = RelayFunction::new(client, settings(options, extra))
+        .unwrap()
+        .with_request_counter(counter.clone());
+    (Arc::new(f), counter)
+}
+
+/// A fresh table with a `KEYS_ONLY` stream (as the template's `WakeOn=stream` creates it).
+async fn streamed_table(bucket_count: u32) -> (aws_sdk_dynamodb::Client, OutboxOptions) {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, bucket_count).await;
+    try_stack_py("streams.py", &["enable", &options.table_name]).expect("enable the stream");
+    (client, options)
+}
+
+/// The stream records of the table's message inserts since `after` (a sequence number),
+/// as one Lambda event, and the last sequence number in it.
+fn doorbell_since(options: &OutboxOptions, after: Option<&str>) -> (Value, Option<String>) {
+    let prefix = format!("{}#MESSAGES#", options.key_prefix);
+    let mut args = vec![
+        "records",
+        options.table_name.as_str(),
+        "--filter-prefix",
+        prefix.as_str(),
+    ];
+    if let Some(a) = after {
+        args.extend(["--after", a]);
+    }
+    let out = try_stack_py("streams.py", &args).expect("read the stream");
+    let event: Value = serde_json::from_str(out.trim()).expect("stream event json");
+    let last = event["Records"]
+        .as_array()
+        .and_then(|r| r.last())
+        .and_then(|r| r["dynamodb"]["SequenceNumber"].as_str())
+        .map(str::to_owned);
+    (event, last)
+}
+
+async fn enqueue(writer: &DynamoDbOutboxWriter, topic: &str, keys: &[&str]) -> BTreeSet<String> {
+    let batch: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            writer
+                .message(topic)
+                .with_key(*k)
+                .with_value(format!("{k}-v"))
+        })
+        .collect();
+    writer.enqueue(&batch).await.unwrap();
+    id_set(&batch)
+}
+
+fn buckets_of(event: &Value) -> BTreeSet<u32> {
+    event["Records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["dynamodb"]["Keys"]["PK"]["S"].as_str())
+        .filter_map(|pk| pk.rsplit('#').next()?.parse().ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doorbells_from_real_stream_records_wake_a_relay_that_publishes_and_idles_out() {
+    let (client, options) = streamed_table(4).await;
+    let topic = random_name("doorbell");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let written = enqueue(&writer, &topic, &["a", "b", "c", "d", "e", "f"]).await;
+    let (doorbell, _) = doorbell_since(&options, None);
+    // The real records: one INSERT per message, in the buckets the writer chose.
+    assert_eq!(
+        doorbell["Records"].as_array().unwrap().len(),
+        6,
+        "{doorbell}"
+    );
+    assert!(!buckets_of(&doorbell).is_empty());
+
+    let rung = buckets_of(&doorbell);
+    let (f, wire) = function(&options, &[]).await;
+    let started = Instant::now();
+    let summary = f
+        .handle(event("bell-1", Duration::from_secs(40), doorbell))
+        .await
+        .expect("a doorbell never fails");
+    assert_eq!(summary.trigger, Trigger::Doorbell, "{summary:?}");
+    let uncovered: BTreeSet<u32> = summary.uncovered.clone().unwrap().into_iter().collect();
+    assert_eq!(uncovered, rung, "{summary:?}");
+    assert_eq!(summary.published, 6, "{summary:?}");
+    assert_eq!(summary.stop_reason, "idle", "{summary:?}");
+    assert!(summary.released, "{summary:?}");
+    assert_eq!(summary.refused_writes, 0, "{summary:?}");
+    assert_no_refusal_on_the_wire(&wire, "the doorbell's relay");
+    // Idle after a second: it answered long before its deadline (40 s).
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        summary
+            .dynamodb_requests
+            .get("Query")
+            .is_some_and(|n| *n > 0),
+        "{summary:?}"
+    );
+    wait_for_ids(&topic, &written, Duration::from_secs(30))
+        .await
+        .assert_exactly_once(&written);
+    assert!(lease_owners(&client, &options)
+        .await
+        .iter()
+        .all(Option::is_none));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_doorbell_while_a_relay_owns_the_buckets_returns_covered_after_one_read() {
+    let (client, options) = streamed_table(4).await;
+    let topic = random_name("covered");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    // A scheduled invocation that holds every bucket for its whole run (no idle stop).
+    let (scheduled, _) = function(&options, &[("OUTBOX_IDLE_STOP", "never")]).await;
+    let running = tokio::spawn({
+        let scheduled = scheduled.clone();
+        async move {
+            scheduled
+                .handle(event(
+                    "tick",
+                    Duration::from_secs(16),
+                    json!({"source": "dynamo-outbox.schedule"}),
+                ))
+                .await
+        }
+    });
+    let until = Instant::now() + Duration::from_secs(30);
+    while lease_owners(&client, &options)
+        .await
+        .iter()
+        .any(Option::is_none)
+    {
+        assert!(
+            Instant::now() < until,
+            "the scheduled relay never held every bucket"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let written = enqueue(&writer, &topic, &["x", "y", "z"]).await;
+    let (doorbell, _) = doorbell_since(&options, None);
+    let (f, wire) = function(&options, &[]).await;
+    let summary = f
+        .handle(event("bell-2", Duration::from_secs(30), doorbell))
+        .await
+        .unwrap();
+    assert_eq!(summary.stop_reason, "covered", "{summary:?}");
+    assert_eq!(summary.trigger, Trigger::Doorbell);
+    // One strongly consistent Query of the coordination partition, nothing else.
+    let attempts = wire.snapshot();
+    assert_eq!(
+        attempts.keys().collect::<Vec<_>>(),
+        ["Query"],
+        "{attempts:?}"
+    );
+    assert_eq!(wire.get("Query").total(), 1, "{attempts:?}");
+    assert_eq!(summary.dynamodb_requests, [("Query".to_string(), 1)].into());
+    // The scheduled relay publishes the messages.
+    wait_for_ids(&topic, &written, Duration::from_secs(30))
+        .await
+        .assert_exactly_once(&written);
+    let scheduled = running.await.unwrap().unwrap();
+    assert_eq!(scheduled.stop_reason, "deadline", "{scheduled:?}");
+    assert_eq!(scheduled.refused_writes, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_doorbells_on_an_idle_fleet_starts_one_relay() {
+    let (client, options) = streamed_table(4).await;
+    let topic = random_name("burst");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let written = enqueue(&writer, &topic, &["p", "q", "r", "s"]).await;
+    let (doorbell, _) = doorbell_since(&options, None);
+    let (f, wire) = function(&options, &[]).await;
+    // The first doorbell looks again at once; the others after at least 150 ms (their
+    // jitter), by which time the first one's heartbeat has landed.
+    let first = (0..10_000)
+        .map(|i| format!("bell-{i}"))
+        .find(|id| notification_jitter(id) < Duration::from_millis(10))
+        .unwrap();
+    let later: Vec<String> = (0..10_000)
+        .map(|i| format!("bell-late-{i}"))
+        .filter(|id| notification_jitter(id) >= Duration::from_millis(150))
+        .take(4)
+        .collect();
+    let mut handles = Vec::new();
+    for id in std::iter::once(first).chain(later) {
+        let f = f.clone();
+        let payload = doorbell.clone();
+        handles.push(tokio::spawn(async move {
+            f.handle(event(&id, Duration::from_secs(30), payload))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut summaries: Vec<RelaySummary> = Vec::new();
+    for h in handles {
+        summaries.push(h.await.unwrap());
+    }
+    let joined: Vec<&RelaySummary> = summaries
+        .iter()
+        .filter(|s| s.stop_reason != "covered")
+        .collect();
+    assert_eq!(
+        joined.len(),
+        1,
+        "exactly one doorbell starts a relay: {summaries:?}"
+    );
+    assert_eq!(joined[0].stop_reason, "idle", "{summaries:?}");
+    assert_eq!(joined[0].published, 4, "{summaries:?}");
+    let refused: u64 = summaries.iter().map(|s| s.refused_writes).sum();
+    assert_eq!(refused, 0);
+    assert_no_refusal_on_the_wire(&wire, "the burst");
+    wait_for_ids(&topic, &written, Duration::from_secs(30))
+        .await
+        .assert_exactly_once(&written);
+    assert!(lease_owners(&client, &options)
+        .await
+        .iter()
+        .all(Option::is_none));
+}
+
+/// Scheduled invocations that overlap (each starts while the previous one still runs) and
+/// doorbells around each handover: from shortly before the leaver's announced stop until
+/// shortly after it. A live successor takes the buckets over, so no doorbell starts a
+/// relay, and no conditional write is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn doorbells_at_scheduled_handovers_start_no_relay() {
+    let (client, options) = streamed_table(4).await;
+    let topic = random_name("handover");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let timing = [
+        ("OUTBOX_IDLE_STOP", "never"),
+        ("OUTBOX_LEASE_DURATION", "6s"),
+        ("OUTBOX_LEASE_RENEW_INTERVAL", "2s"),
+    ];
+    let (scheduled, wire) = function(&options, &timing).await;
+    let (bells, bell_wire) = function(&options, &timing).await;
+    // Each invocation: deadline 9 s away -> runs 6 s (shutdown margin 3 s) and announces
+    // its stop 4 s in (stop reserve 2 s). A new one every 3 s: the next one has run about a
+    // second (and a round) when the previous one's announced stop comes.
+    const HANDOVERS: usize = 3;
+    let period = Duration::from_secs(3);
+    let t0 = Instant::now();
+    let mut ticks = Vec::new();
+    for k in 0..=HANDOVERS {
+        let f = scheduled.clone();
+        let at = t0 + period * k as u32;
+        ticks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            f.handle(event(
+                &format!("tick-{k}"),
+                Duration::from_secs(9),
+                json!({"source": "dynamo-outbox.schedule"}),
+            ))
+            .await
+            .unwrap()
+        }));
+    }
+    // One message before the fleet starts, and its stream records: the doorbell every
+    // bell below rings (reading the stream per bell would take longer than the bells'
+    // spacing); each bell also commits one more message, off the bell's schedule.
+    let mut written = enqueue(&writer, &topic, &["first"]).await;
+    let payload = doorbell_since(&options, None).0;
+    let mut bell_summaries = Vec::new();
+    let mut commits = Vec::new();
+    for k in 0..HANDOVERS {
+        // Invocation k announces its stop at about t0 + 3k + 4 s; its successor (k + 1)
+        // started a second before. Bells from 0.5 s before the stop to 0.5 s after it.
+        let stop = t0 + period * k as u32 + Duration::from_secs(4);
+        let mut handles = Vec::new();
+        for j in 0..6u32 {
+            let at = stop - Duration::from_millis(500) + Duration::from_millis(200) * j;
+            tokio::time::sleep_until(at).await;
+            let w = writer.clone();
+            let topic = topic.clone();
+            commits.push(tokio::spawn(async move {
+                enqueue(&w, &topic, &[format!("h{k}-{j}").as_str()]).await
+            }));
+            let b = bells.clone();
+            let payload = payload.clone();
+            handles.push(tokio::spawn(async move {
+                let at = t0.elapsed();
+                let summary = b
+                    .handle(event(
+                        &format!("bell-{k}-{j}"),
+                        Duration::from_secs(20),
+                        payload,
+                    ))
+                    .await
+                    .unwrap();
+                (at, summary)
+            }));
+        }
+        for h in handles {
+            bell_summaries.push(h.await.unwrap());
+        }
+    }
+    for c in commits {
+        written.extend(c.await.unwrap());
+    }
+    let mut ticked = Vec::new();
+    for t in ticks {
+        ticked.push(t.await.unwrap());
+    }
+    let joiners: Vec<&(Duration, RelaySummary)> = bell_summaries
+        .iter()
+        .filter(|(_, s)| s.stop_reason != "covered")
+        .collect();
+    println!(
+        "{} doorbells over {HANDOVERS} handovers, {} joined",
+        bell_summaries.len(),
+        joiners.len()
+    );
+    assert!(
+        joiners.is_empty(),
+        "doorbells started relays at a handover: {joiners:?}"
+    );
+    let refused: u64 = ticked.iter().map(|s| s.refused_writes).sum();
+    assert_eq!(refused, 0, "{ticked:?}");
+    assert_no_refusal_on_the_wire(&wire, "the scheduled invocations");
+    assert_no_refusal_on_the_wire(&bell_wire, "the doorbells");
+    assert!(ticked.iter().all(|s| s.released), "{ticked:?}");
+    wait_for_ids(&topic, &written, Duration::from_secs(30))
+        .await
+        .assert_at_least_once(&written);
+}

@@ -1,0 +1,356 @@
+//! The relay's idle stop against DynamoDB Local and the local broker: an idle run stops
+//! early with everything released, and a commit that lands just as a relay decides to
+//! stop still reaches Kafka promptly, whichever side of the stop announcement it lands on.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::config::interceptors::{
+    BeforeTransmitInterceptorContextRef, FinalizerInterceptorContextRef,
+};
+use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use dynamo_outbox::accounting::RequestCounter;
+use dynamo_outbox::{
+    DynamoDbOutboxStore, DynamoDbOutboxWriter, OutboxOptions, Relay, RelayOptions, StopReason,
+};
+use outbox_integration_tests::*;
+use tokio::time::Instant;
+
+/// Where the interceptor holds the relay's idle-stop announcement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// Before it is sent: a commit made meanwhile is older than the announcement.
+    BeforeSend,
+    /// After DynamoDB answered: a commit made meanwhile is newer than the announcement.
+    AfterAnswer,
+}
+
+/// Holds the first stop announcement of a relay until the test lets it go.
+#[derive(Debug, Clone)]
+struct AnnouncementGate {
+    hold: Hold,
+    held: Arc<Mutex<bool>>,
+    /// The announcement has been sent and its answer is awaited (the finalizer's context
+    /// no longer has the request).
+    in_flight: Arc<std::sync::atomic::AtomicBool>,
+    reached: Arc<Mutex<mpsc::Sender<()>>>,
+    release: Arc<Mutex<mpsc::Receiver<()>>>,
+}
+
+impl AnnouncementGate {
+    fn new(hold: Hold) -> (Self, mpsc::Receiver<()>, mpsc::Sender<()>) {
+        let (reached_tx, reached_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel();
+        (
+            AnnouncementGate {
+                hold,
+                held: Arc::default(),
+                in_flight: Arc::default(),
+                reached: Arc::new(Mutex::new(reached_tx)),
+                release: Arc::new(Mutex::new(release_rx)),
+            },
+            reached_rx,
+            release_tx,
+        )
+    }
+
+    /// The idle stop's announcement: a heartbeat whose `StopsAtUtc` is its own time (a
+    /// heartbeat of a run with a deadline announces a later stop).
+    fn is_announcement(body: Option<&[u8]>) -> bool {
+        let Some(json) = body.and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+        else {
+            return false;
+        };
+        let values = &json["ExpressionAttributeValues"];
+        let (now, stops) = (&values[":now"]["N"], &values[":stops"]["N"]);
+        stops.is_string() && now == stops
+    }
+
+    /// Blocks this thread (a worker of the multi-threaded test runtime) until the test
+    /// lets the announcement go; at most 20 s.
+    fn hold_once(&self) {
+        let mut held = self.held.lock().unwrap();
+        if *held {
+            return;
+        }
+        *held = true;
+        let _ = self.reached.lock().unwrap().send(());
+        let _ = self
+            .release
+            .lock()
+            .unwrap()
+            .recv_timeout(Duration::from_secs(20));
+    }
+}
+
+impl Intercept for AnnouncementGate {
+    fn name(&self) -> &'static str {
+        "AnnouncementGate"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        if Self::is_announcement(context.request().body().bytes()) {
+            match self.hold {
+                Hold::BeforeSend => self.hold_once(),
+                Hold::AfterAnswer => self
+                    .in_flight
+                    .store(true, std::sync::atomic::Ordering::SeqCst),
+            }
+        }
+        Ok(())
+    }
+
+    fn read_after_attempt(
+        &self,
+        context: &FinalizerInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let answered = context.response().is_some_and(|r| r.status().is_success());
+        if answered
+            && self
+                .in_flight
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            self.hold_once();
+        }
+        Ok(())
+    }
+}
+
+/// A client with the gate (when given) and a wire counter of refused conditions.
+async fn client_with(
+    gate: Option<AnnouncementGate>,
+    counter: &RequestCounter,
+) -> aws_sdk_dynamodb::Client {
+    stack_var("AWS_ENDPOINT_URL_DYNAMODB");
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let mut builder = aws_sdk_dynamodb::config::Builder::from(&config).interceptor(counter.clone());
+    if let Some(g) = gate {
+        builder = builder.interceptor(g);
+    }
+    aws_sdk_dynamodb::Client::from_conf(builder.build())
+}
+
+fn idle_options(relay_id: &str, bucket_count: u32, idle: Duration) -> RelayOptions {
+    RelayOptions {
+        idle_stop: Some(idle),
+        ..fast_relay_options(relay_id, bucket_count)
+    }
+}
+
+async fn relay(
+    client: &aws_sdk_dynamodb::Client,
+    options: &OutboxOptions,
+    relay_options: RelayOptions,
+) -> Relay<dynamo_outbox::publish::KafkaPublisher> {
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    Relay::new(store, kafka_publisher().await, relay_options).unwrap()
+}
+
+async fn enqueue(
+    writer: &DynamoDbOutboxWriter,
+    topic: &str,
+    keys: &[&str],
+) -> std::collections::BTreeSet<String> {
+    let messages: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            writer
+                .message(topic)
+                .with_key(*k)
+                .with_value(format!("{k}:1"))
+        })
+        .collect();
+    writer.enqueue(&messages).await.unwrap();
+    id_set(&messages)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_relay_stops_early_with_everything_released() {
+    let counter = RequestCounter::default();
+    let client = client_with(None, &counter).await;
+    let options = fresh_table(&client, 4).await;
+    let topic = random_name("idle");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let written = enqueue(&writer, &topic, &["a", "b", "c", "d", "e"]).await;
+
+    let idle = Duration::from_secs(1);
+    let r = relay(&client, &options, idle_options("idler", 4, idle)).await;
+    let started = Instant::now();
+    // A deadline far away: only the idle stop ends this run early.
+    let report = r
+        .run_until(started + Duration::from_secs(120))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+
+    assert_eq!(report.stop_reason, StopReason::Idle, "{report:?}");
+    assert!(report.released, "{report:?}");
+    assert_eq!(report.published, 5);
+    // It stopped once idle (seconds), not at the deadline (two minutes).
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    assert!(lease_owners(&client, &options)
+        .await
+        .iter()
+        .all(Option::is_none));
+    wait_for_ids(&topic, &written, Duration::from_secs(30))
+        .await
+        .assert_exactly_once(&written);
+    assert_eq!(report.refused_total(), 0);
+    assert_no_refusal_on_the_wire(&counter, "idle relay");
+
+    // A relay that owns nothing because a live peer holds every bucket is idle too: one
+    // bucket, two relays; the holder ranks first by id, so the newcomer is a standby.
+    let options = fresh_table(&client, 1).await;
+    let holder = relay(&client, &options, fast_relay_options("holder", 1)).await;
+    let (stop_holder, stopped) = tokio::sync::oneshot::channel::<()>();
+    let holder = tokio::spawn(async move {
+        holder
+            .run_until_shutdown(
+                async move {
+                    let _ = stopped.await;
+                },
+                Duration::from_secs(10),
+            )
+            .await
+    });
+    let until = Instant::now() + Duration::from_secs(30);
+    while lease_owners(&client, &options)
+        .await
+        .iter()
+        .any(|o| o.as_deref() != Some("holder"))
+    {
+        assert!(Instant::now() < until, "the holder never held every bucket");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let standby = relay(&client, &options, idle_options("standby", 1, idle)).await;
+    let report = standby
+        .run_until(Instant::now() + Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(report.stop_reason, StopReason::Idle, "{report:?}");
+    assert_eq!(
+        (report.max_owned, report.leases_acquired),
+        (0, 0),
+        "{report:?}"
+    );
+    let _ = stop_holder.send(());
+    let held = holder.await.unwrap().unwrap();
+    assert_eq!(held.refused_total() + report.refused_total(), 0);
+    assert_no_refusal_on_the_wire(&counter, "holder and idle standby");
+}
+
+/// A commit lands while a relay is stopping for idleness. `hold` says on which side of
+/// the stop announcement; either way the message reaches Kafka within a few seconds (by
+/// the stopping relay, or by the relay a doorbell starts), and no write is refused.
+async fn commit_at_the_idle_stop(hold: Hold) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let counter = RequestCounter::default();
+    let plain = client_with(None, &counter).await;
+    let options = fresh_table(&plain, 2).await;
+    let topic = random_name("race");
+    create_topic(&topic, 1);
+    let writer = DynamoDbOutboxWriter::new(plain.clone(), options.clone()).unwrap();
+    let store = DynamoDbOutboxStore::new(plain.clone(), options.clone()).unwrap();
+
+    let (gate, reached, release) = AnnouncementGate::new(hold);
+    let gated = client_with(Some(gate), &counter).await;
+    let stopping = relay(
+        &gated,
+        &options,
+        idle_options("stopping", 2, Duration::from_millis(800)),
+    )
+    .await;
+    let stopping = tokio::spawn(async move {
+        stopping
+            .run_until(Instant::now() + Duration::from_secs(120))
+            .await
+    });
+    // The relay holds both buckets, finds them empty and decides to stop.
+    tokio::task::spawn_blocking(move || reached.recv_timeout(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .expect("the relay never announced an idle stop");
+    let committed = Instant::now();
+    let written = enqueue(&writer, &topic, &["k"]).await;
+    // What a doorbell for this commit sees now.
+    let doorbell_sees = store
+        .uncovered(&[0, 1], &fast_relay_options("doorbell", 2))
+        .await
+        .unwrap();
+    let joiner = if doorbell_sees.is_empty() {
+        None
+    } else {
+        // The doorbell starts a relay, as the function does for uncovered buckets.
+        let j = relay(
+            &plain,
+            &options,
+            idle_options("joiner", 2, Duration::from_millis(800)),
+        )
+        .await;
+        Some(tokio::spawn(async move {
+            j.run_until(Instant::now() + Duration::from_secs(120)).await
+        }))
+    };
+    release.send(()).unwrap();
+    wait_for_ids(&topic, &written, Duration::from_secs(30)).await;
+    let latency = committed.elapsed();
+
+    let first = stopping.await.unwrap().unwrap();
+    assert_eq!(first.stop_reason, StopReason::Idle, "{first:?}");
+    assert!(first.released);
+    let mut published = first.published;
+    let mut refused = first.refused_total();
+    if let Some(j) = joiner {
+        let j = j.await.unwrap().unwrap();
+        assert_eq!(j.stop_reason, StopReason::Idle, "{j:?}");
+        published += j.published;
+        refused += j.refused_total();
+    }
+    match hold {
+        // Committed before the announcement: the stopping relay's last probe sees it, so
+        // it goes on and publishes the message itself.
+        Hold::BeforeSend => assert_eq!(first.published, 1, "{first:?}"),
+        // Committed after the announcement: the doorbell no longer counts the stopping
+        // relay and starts one (which, or the stopping relay's probe, publishes it).
+        Hold::AfterAnswer => assert!(
+            !doorbell_sees.is_empty(),
+            "a doorbell saw the stopping relay as covering"
+        ),
+    }
+    assert_eq!(published, 1);
+    topic_deliveries(&topic).assert_exactly_once(&written);
+    assert_eq!(refused, 0);
+    assert_no_refusal_on_the_wire(&counter, "commit at the idle stop");
+    assert!(lease_owners(&plain, &options)
+        .await
+        .iter()
+        .all(Option::is_none));
+    // "Within about a second" of the relay being let go; generous for a loaded machine.
+    assert!(
+        latency < Duration::from_secs(10),
+        "commit to Kafka took {latency:?}"
+    );
+    println!("{hold:?}: commit to Kafka in {latency:?}, doorbell saw {doorbell_sees:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_just_before_the_idle_stop_announcement_is_published_by_the_stopping_relay() {
+    commit_at_the_idle_stop(Hold::BeforeSend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_just_after_the_idle_stop_announcement_makes_a_doorbell_start_a_relay() {
+    commit_at_the_idle_stop(Hold::AfterAnswer).await;
+}
