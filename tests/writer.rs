@@ -460,3 +460,129 @@ async fn limits_fail_before_any_request() {
         "nothing was written, not even a reservation"
     );
 }
+
+/// Answers the first `PutItem` attempt with an injected 500 after DynamoDB applied it, so
+/// the SDK retries a write that already landed.
+#[derive(Debug, Default)]
+struct LoseFirstPutAnswer {
+    lost: std::sync::atomic::AtomicBool,
+}
+
+impl aws_sdk_dynamodb::config::Intercept for LoseFirstPutAnswer {
+    fn name(&self) -> &'static str {
+        "LoseFirstPutAnswer"
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextMut<'_>,
+        _: &aws_sdk_dynamodb::config::RuntimeComponents,
+        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let put = cfg
+            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
+            .is_some_and(|m| m.name() == "PutItem");
+        if put && !self.lost.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let response = context.response_mut();
+            *response.status_mut() = 500u16.try_into().unwrap();
+            *response.body_mut() = aws_smithy_types::body::SdkBody::from(
+                r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected: the answer was lost"}"#,
+            );
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn one_message_is_one_conditional_put_and_a_retried_applied_put_is_one_write() {
+    let (client, counter) = counted_client().await;
+    let options = fresh_table(&client, 4).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let m = writer.message("orders").with_key("k").with_value("v");
+    let done = writer.enqueue(std::slice::from_ref(&m)).await.unwrap();
+    assert_eq!(done.len(), 1);
+    // The reservation and one PutItem; no transaction.
+    let attempts = counter.snapshot();
+    assert!(!attempts.contains_key("TransactWriteItems"), "{attempts:?}");
+    assert_eq!(counter.get("PutItem").total(), 1, "{attempts:?}");
+    assert_eq!(counter.get("UpdateItem").total(), 1, "{attempts:?}");
+    let items = query_partition(
+        &client,
+        &options.table_name,
+        &format!("{}#MESSAGES#{}", options.key_prefix, m.bucket()),
+    )
+    .await;
+    assert_eq!(items.len(), 1);
+    assert_eq!(
+        schema::get_s(&items[0], attr::MESSAGE_ID),
+        Some(m.message_id.to_string().as_str())
+    );
+
+    // The first answer is lost after DynamoDB applied the put: the SDK retries, DynamoDB
+    // refuses the retry (the item exists), and the writer recognises its own message in
+    // the refusal's old item: one success, one copy.
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let wire = dynamo_outbox::accounting::RequestCounter::default();
+    let lossy = Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(LoseFirstPutAnswer::default())
+            .interceptor(wire.clone())
+            .build(),
+    );
+    let writer = DynamoDbOutboxWriter::new(lossy, options.clone()).unwrap();
+    let m2 = writer.message("orders").with_key("k").with_value("v2");
+    let done = writer.enqueue(std::slice::from_ref(&m2)).await.unwrap();
+    assert_eq!(done[0].message_id, m2.message_id);
+    assert_eq!(wire.get("PutItem").total(), 2, "{:?}", wire.snapshot());
+    assert_eq!(wire.refused("PutItem").total(), 1, "{:?}", wire.refusals());
+    let items = query_partition(
+        &client,
+        &options.table_name,
+        &format!("{}#MESSAGES#{}", options.key_prefix, m2.bucket()),
+    )
+    .await;
+    let copies = items
+        .iter()
+        .filter(|i| schema::get_s(i, attr::MESSAGE_ID) == Some(m2.message_id.to_string().as_str()))
+        .count();
+    assert_eq!(copies, 1);
+
+    // A counter set back (a restored backup, a hand edit): the next number is taken by
+    // another message. The put is refused and reported, never a success, and the pending
+    // message is not overwritten.
+    let keys = Keys::new(&options);
+    client
+        .update_item()
+        .table_name(&options.table_name)
+        .set_key(Some(
+            keys.key(keys.sequence_pk(m2.bucket()), schema::SEQUENCE_SK.into()),
+        ))
+        .update_expression("SET #seq = :n")
+        .expression_attribute_names("#seq", attr::SEQUENCE)
+        .expression_attribute_values(":n", schema::n(done[0].sequence - 1))
+        .send()
+        .await
+        .unwrap();
+    let plain = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let taken = plain.message("orders").with_key("k").with_value("v3");
+    let e = plain
+        .enqueue(std::slice::from_ref(&taken))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::ConditionFailed { .. }), "{e:?}");
+    let items = query_partition(
+        &client,
+        &options.table_name,
+        &format!("{}#MESSAGES#{}", options.key_prefix, m2.bucket()),
+    )
+    .await;
+    let ids: Vec<_> = items
+        .iter()
+        .filter_map(|i| schema::get_s(i, attr::MESSAGE_ID))
+        .collect();
+    assert!(ids.contains(&m2.message_id.to_string().as_str()), "{ids:?}");
+    assert!(
+        !ids.contains(&taken.message_id.to_string().as_str()),
+        "{ids:?}"
+    );
+}

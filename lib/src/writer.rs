@@ -10,8 +10,11 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{Put, ReturnValue, TransactWriteItem};
+use aws_sdk_dynamodb::types::{
+    Put, ReturnValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+};
 use aws_sdk_dynamodb::Client;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use tracing::{debug, instrument};
@@ -254,21 +257,30 @@ impl DynamoDbOutboxWriter {
 
     /// Writes 1 to 100 messages that have no business write, all or nothing, and notifies.
     ///
-    /// One `TransactWriteItems` with a `ClientRequestToken`, so a retry of the SDK whose
-    /// first attempt was applied is a success, not a second copy.
+    /// One message is one conditional `PutItem` (`attribute_not_exists`), as the reference
+    /// writer does: half the write units of a transaction. A refusal whose old item
+    /// (`ReturnValuesOnConditionCheckFailure = ALL_OLD`) carries this message's id is the
+    /// SDK's retry of a write that was applied: a success, not a second copy. Two or more
+    /// messages are one `TransactWriteItems` with a `ClientRequestToken`, so a retry of the
+    /// SDK whose first attempt was applied is a success there too.
     pub async fn enqueue(&self, messages: &[OutboxMessage]) -> Result<Vec<Enqueued>> {
         let reserved = self.reserve(messages).await?;
-        let items = reserved
-            .iter()
-            .map(Reserved::transact_write_item)
-            .collect::<Result<Vec<_>>>()?;
-        self.client
-            .transact_write_items()
-            .set_transact_items(Some(items))
-            .client_request_token(Uuid::new_v4().to_string())
-            .send()
-            .await
-            .map_err(transaction_error)?;
+        match reserved.as_slice() {
+            [one] => self.put_one(one).await?,
+            _ => {
+                let items = reserved
+                    .iter()
+                    .map(Reserved::transact_write_item)
+                    .collect::<Result<Vec<_>>>()?;
+                self.client
+                    .transact_write_items()
+                    .set_transact_items(Some(items))
+                    .client_request_token(Uuid::new_v4().to_string())
+                    .send()
+                    .await
+                    .map_err(transaction_error)?;
+            }
+        }
         self.notify_committed(messages);
         Ok(reserved
             .iter()
@@ -278,6 +290,38 @@ impl DynamoDbOutboxWriter {
                 sequence: r.sequence,
             })
             .collect())
+    }
+
+    /// One reserved message as a conditional `PutItem`; an applied earlier attempt of the
+    /// same write (the item at its key has its message id) is a success.
+    async fn put_one(&self, reserved: &Reserved) -> Result<()> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.options.table_name)
+            .set_item(Some(reserved.item.clone()))
+            .condition_expression("attribute_not_exists(#sk)")
+            .expression_attribute_names("#sk", &reserved.sk_attribute)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                if let Some(PutItemError::ConditionalCheckFailedException(c)) = e.as_service_error()
+                {
+                    let ours = reserved.message_id.to_string();
+                    if c.item()
+                        .and_then(|old| schema::get_s(old, attr::MESSAGE_ID))
+                        .is_some_and(|id| id == ours)
+                    {
+                        debug!(message_id = %ours, "enqueue already applied by an earlier attempt");
+                        return Ok(());
+                    }
+                }
+                Err(from_sdk("PutItem", e))
+            }
+        }
     }
 
     /// Wakes the relay after your transaction committed. Never call it before the commit.
