@@ -354,3 +354,59 @@ async fn a_commit_just_before_the_idle_stop_announcement_is_published_by_the_sto
 async fn a_commit_just_after_the_idle_stop_announcement_makes_a_doorbell_start_a_relay() {
     commit_at_the_idle_stop(Hold::AfterAnswer).await;
 }
+
+/// Two overlapping runs with the idle stop and a trickle of commits: they do not pass
+/// buckets back and forth, neither loses a lease to the other, and once the trickle ends
+/// both stop for idleness, gracefully, with everything delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_overlapping_idle_runs_neither_ping_pong_nor_stop_each_other() {
+    let counter = RequestCounter::default();
+    let client = client_with(None, &counter).await;
+    let options = fresh_table(&client, 4).await;
+    let topic = random_name("overlap");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let idle = Duration::from_millis(1500);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let first = relay(&client, &options, idle_options("overlap-a", 4, idle)).await;
+    let first = tokio::spawn(async move { first.run_until(deadline).await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let second = relay(&client, &options, idle_options("overlap-b", 4, idle)).await;
+    let second = tokio::spawn(async move { second.run_until(deadline).await });
+    // A commit every 400 ms for 6 s, over every key: work for both.
+    let mut written = std::collections::BTreeSet::new();
+    let trickle_end = Instant::now() + Duration::from_secs(6);
+    let mut n = 0;
+    while Instant::now() < trickle_end {
+        let key = format!("k{}", n % 8);
+        written.extend(enqueue(&writer, &topic, &[key.as_str()]).await);
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let trickle_done = Instant::now();
+    let a = first.await.unwrap().unwrap();
+    let b = second.await.unwrap().unwrap();
+    for r in [&a, &b] {
+        assert_eq!(r.stop_reason, StopReason::Idle, "{r:?}");
+        assert!(r.released, "{r:?}");
+        assert_eq!(r.leases_lost, 0, "{r:?}");
+    }
+    // Both ended soon after the trickle (idle time 1.5 s), not at the deadline (2 min).
+    assert!(trickle_done.elapsed() < Duration::from_secs(60));
+    // Each bucket changed hands at most twice: the first claims, the newcomer's share,
+    // the survivor's takeover when the other stops.
+    assert!(
+        a.leases_acquired + b.leases_acquired <= 2 * 4,
+        "buckets passed back and forth: {a:?} {b:?}"
+    );
+    assert_eq!(a.published + b.published, written.len() as u64);
+    wait_for_ids(&topic, &written, Duration::from_secs(30))
+        .await
+        .assert_exactly_once(&written);
+    assert_eq!(a.refused_total() + b.refused_total(), 0);
+    assert_no_refusal_on_the_wire(&counter, "two overlapping idle runs");
+    assert!(lease_owners(&client, &options)
+        .await
+        .iter()
+        .all(Option::is_none));
+}
