@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import json
 import os
 import sys
@@ -239,7 +240,7 @@ def cmd_read(args: argparse.Namespace) -> int:
             p = msg.partition()
             next_offset[p] = msg.offset() + 1
             done.discard(p)
-            records.append(record_json(msg))
+            records.append(record_json(msg, args.value_head))
     finally:
         consumer.close()
 
@@ -250,14 +251,21 @@ def cmd_read(args: argparse.Namespace) -> int:
     return 0
 
 
-def record_json(msg) -> dict:
+def record_json(msg, value_head=None) -> dict:
     ts_type, ts = msg.timestamp()
+    value = msg.value()
+    extra = {}
+    if value_head is not None and value is not None:
+        # Large values: the first bytes, the length and a digest instead of the whole.
+        extra = {"value_len": len(value), "value_sha256": hashlib.sha256(value).hexdigest()}
+        value = value[:value_head]
     return {
+        **extra,
         "topic": msg.topic(),
         "partition": msg.partition(),
         "offset": msg.offset(),
         "key": b64(msg.key()),
-        "value": b64(msg.value()),
+        "value": b64(value),
         "headers": [[k, b64(v)] for k, v in (msg.headers() or [])],
         "timestamp": ts if ts_type != 0 else None,
         "timestamp_type": {
@@ -338,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partition", type=int, help="only this partition")
     p.add_argument(
         "--expect", type=int, help="fail unless exactly this many records are read"
+    )
+    p.add_argument(
+        "--value-head",
+        type=int,
+        metavar="N",
+        help="print only the first N bytes of each value, with value_len and value_sha256",
     )
     p.add_argument("--timeout", type=float, default=30.0)
     p.set_defaults(func=cmd_read)

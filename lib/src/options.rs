@@ -41,6 +41,8 @@ pub mod env {
     /// [`RelayOptions::idle_stop`](super::RelayOptions::idle_stop): a duration, or `never`
     /// (also: empty) for never.
     pub const IDLE_STOP: &str = "OUTBOX_IDLE_STOP";
+    /// [`RelayOptions::max_in_flight_bytes`](super::RelayOptions::max_in_flight_bytes).
+    pub const MAX_IN_FLIGHT_BYTES: &str = "OUTBOX_MAX_IN_FLIGHT_BYTES";
 }
 
 /// Options of the table layout, shared by every writer and relay of one outbox.
@@ -219,6 +221,11 @@ pub struct RelayOptions {
     /// (the default) never stops early. The stop is graceful; the run reports
     /// [`StopReason::Idle`](crate::StopReason::Idle).
     pub idle_stop: Option<Duration>,
+    /// Most message bytes (items as DynamoDB sizes them) the relay holds in its batches at
+    /// once (32 MiB): each of the store's `max_concurrency` concurrent batches fetches up
+    /// to its share, and at least one item. Large items then make smaller batches, so
+    /// memory stays bounded whatever the item size; 1 KB messages still make full batches.
+    pub max_in_flight_bytes: usize,
 }
 
 impl Default for RelayOptions {
@@ -234,9 +241,13 @@ impl Default for RelayOptions {
             message_id_header: "x-outbox-message-id".into(),
             metrics_name: "outbox".into(),
             idle_stop: None,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
         }
     }
 }
+
+/// Default of [`RelayOptions::max_in_flight_bytes`]: 32 MiB.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 32 << 20;
 
 /// Reads [`env::IDLE_STOP`]: a duration, or `never` (or empty) for none.
 pub fn parse_idle_stop(value: &str) -> Result<Option<Duration>> {
@@ -311,6 +322,9 @@ impl RelayOptions {
         if let Some(v) = lookup(env::IDLE_STOP) {
             o.idle_stop = parse_idle_stop(&v)?;
         }
+        if let Some(v) = lookup(env::MAX_IN_FLIGHT_BYTES) {
+            o.max_in_flight_bytes = parse_number(env::MAX_IN_FLIGHT_BYTES, &v)?;
+        }
         o.validate()?;
         Ok(o)
     }
@@ -352,6 +366,15 @@ impl RelayOptions {
         }
         if self.message_id_header.is_empty() {
             return Err(Error::option("message_id_header", "must not be empty"));
+        }
+        if self.max_in_flight_bytes < crate::schema::MAX_ITEM_BYTES {
+            return Err(Error::option(
+                "max_in_flight_bytes",
+                format!(
+                    "must be at least {} (one item of DynamoDB's largest size)",
+                    crate::schema::MAX_ITEM_BYTES
+                ),
+            ));
         }
         if self.idle_stop.is_some_and(|d| d.is_zero()) {
             return Err(Error::option(

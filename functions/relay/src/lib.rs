@@ -30,6 +30,9 @@
 //!   invocation, and the run time used when the invocation has no usable deadline.
 //! - [`env::SHUTDOWN_MARGIN`] (`OUTBOX_SHUTDOWN_MARGIN`, default 3s): time left unused
 //!   before the invocation's deadline; the graceful stop ends before it.
+//! - `OUTBOX_IDLE_STOP` defaults to [`DEFAULT_IDLE_STOP`] here (the library's default is
+//!   never), and `OUTBOX_MAX_IN_FLIGHT_BYTES` to an eighth of the function's memory
+//!   (`AWS_LAMBDA_FUNCTION_MEMORY_SIZE`; 32 MiB at 256 MB).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -99,6 +102,16 @@ impl RelaySettings {
         let mut relay = RelayOptions::from_lookup(&lookup)?;
         if lookup(dynamo_outbox::options::env::IDLE_STOP).is_none() {
             relay.idle_stop = Some(DEFAULT_IDLE_STOP);
+        }
+        if lookup(dynamo_outbox::options::env::MAX_IN_FLIGHT_BYTES).is_none() {
+            // Lambda says the function's memory size: an eighth of it for batches, so
+            // the 256 MB default holds 32 MiB of messages in flight with headroom.
+            if let Some(mb) = lookup("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
+                .and_then(|v| v.trim().parse::<usize>().ok())
+            {
+                relay.max_in_flight_bytes = (mb << 20) / 8;
+                relay.validate()?;
+            }
         }
         let kafka = KafkaConfig::from_lookup(&lookup)?;
         let max_run_time = match lookup(env::MAX_RUN_TIME) {

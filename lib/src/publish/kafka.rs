@@ -463,10 +463,21 @@ impl KafkaPublisher {
         fields(bucket = batch.first().map(|m| m.bucket), messages = batch.len())
     )]
     pub async fn publish_batch(&self, batch: &[StoredMessage]) -> PublishOutcome {
+        self.publish_batch_until(batch, Instant::now() + self.inner.config.publish_timeout)
+            .await
+    }
+
+    /// [`Self::publish_batch`], with every produce request bounded by `until` as well as
+    /// the publish timeout: a request not answered by then counts as not acknowledged.
+    pub async fn publish_batch_until(
+        &self,
+        batch: &[StoredMessage],
+        until: Instant,
+    ) -> PublishOutcome {
         if batch.is_empty() {
             return PublishOutcome::complete(0);
         }
-        let deadline = Instant::now() + self.inner.config.publish_timeout;
+        let deadline = until.min(Instant::now() + self.inner.config.publish_timeout);
         let mut wanted: Vec<&str> = Vec::new();
         for m in batch {
             if !wanted.contains(&m.message.topic.as_str()) {
@@ -572,6 +583,14 @@ impl Publisher for KafkaPublisher {
         batch: &'a [StoredMessage],
     ) -> impl std::future::Future<Output = PublishOutcome> + Send + 'a {
         self.publish_batch(batch)
+    }
+
+    fn publish_until<'a>(
+        &'a self,
+        batch: &'a [StoredMessage],
+        until: Instant,
+    ) -> impl std::future::Future<Output = PublishOutcome> + Send + 'a {
+        self.publish_batch_until(batch, until)
     }
 }
 

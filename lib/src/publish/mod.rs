@@ -71,6 +71,19 @@ pub trait Publisher: Send + Sync + 'static {
         &'a self,
         batch: &'a [StoredMessage],
     ) -> impl Future<Output = PublishOutcome> + Send + 'a;
+
+    /// Publishes one bucket's batch, in order, sending nothing after `until` (the lease's
+    /// validity): what was acknowledged by then is the outcome's prefix. The default
+    /// ignores `until` (the relay also cuts the whole call at it, counting nothing as
+    /// acknowledged); the Kafka publisher bounds each produce request by it.
+    fn publish_until<'a>(
+        &'a self,
+        batch: &'a [StoredMessage],
+        until: tokio::time::Instant,
+    ) -> impl Future<Output = PublishOutcome> + Send + 'a {
+        let _ = until;
+        self.publish(batch)
+    }
 }
 
 impl<P: Publisher> Publisher for Arc<P> {
@@ -79,5 +92,13 @@ impl<P: Publisher> Publisher for Arc<P> {
         batch: &'a [StoredMessage],
     ) -> impl Future<Output = PublishOutcome> + Send + 'a {
         (**self).publish(batch)
+    }
+
+    fn publish_until<'a>(
+        &'a self,
+        batch: &'a [StoredMessage],
+        until: tokio::time::Instant,
+    ) -> impl Future<Output = PublishOutcome> + Send + 'a {
+        (**self).publish_until(batch, until)
     }
 }

@@ -11,6 +11,7 @@ use tracing::warn;
 use super::state::{Owned, RunState};
 use super::Relay;
 use crate::error::{Error, Result};
+use crate::options::RelayOptions;
 use crate::publish::{PublishOutcome, Publisher};
 
 /// What one bucket's batch did.
@@ -28,8 +29,13 @@ pub(super) enum BatchResult {
         last: Option<u64>,
         full: bool,
     },
-    /// A retryable failure; try again after the backoff.
-    Failed { deleted: usize, last: Option<u64> },
+    /// A retryable failure; try again after the backoff (with the head alone when the
+    /// publish failed).
+    Failed {
+        deleted: usize,
+        last: Option<u64>,
+        publish_failed: bool,
+    },
     /// The bucket is stuck on an unreadable item or a record the broker rejects, after
     /// `deleted` messages went through.
     Poison {
@@ -37,6 +43,49 @@ pub(super) enum BatchResult {
         deleted: usize,
         last: Option<u64>,
     },
+}
+
+/// How long past its limit an in-flight request may take to answer before the batch stops
+/// waiting for it (it is bounded by its own limit; this only covers the answer's way back).
+const PUBLISH_GRACE: Duration = Duration::from_millis(250);
+
+/// How far past the end of work (the deadline minus the stop reserve) the last wave's
+/// deletes may run.
+const DELETE_PAST_WORK: Duration = Duration::from_millis(500);
+
+/// The time limits of one batch, all within the lease's validity (by the monotonic clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct BatchLimits {
+    /// Nothing is fetched or published after this: the end of the wave, and a renew
+    /// interval before the lease's validity ends.
+    pub(super) publish: Instant,
+    /// Nothing is deleted after this: a quarter of a renew interval past `publish`, a
+    /// quarter of a renew interval before the lease's validity ends, and at most
+    /// [`DELETE_PAST_WORK`] past the end of work (the stop keeps the rest of its reserve).
+    pub(super) delete: Instant,
+}
+
+impl BatchLimits {
+    pub(super) fn new(
+        options: &RelayOptions,
+        owned: &Owned,
+        wave_end: Instant,
+        work_until: Option<Instant>,
+        now: Instant,
+    ) -> Self {
+        let renew = options.lease_renew_interval;
+        let publish = wave_end.min(owned.valid_until.checked_sub(renew).unwrap_or(now));
+        let mut delete =
+            (publish + renew / 4).min(owned.valid_until.checked_sub(renew / 4).unwrap_or(now));
+        if let Some(w) = work_until {
+            // The last wave leaves the stop its reserve.
+            delete = delete.min(w + DELETE_PAST_WORK);
+        }
+        BatchLimits {
+            publish,
+            delete: delete.max(publish),
+        }
+    }
 }
 
 impl<P: Publisher> Relay<P> {
@@ -69,12 +118,8 @@ impl<P: Publisher> Relay<P> {
             due.into_iter()
                 .map(|(b, o)| async move {
                     let started = Instant::now();
-                    let limit = wave_end.min(
-                        o.valid_until
-                            .checked_sub(self.options.lease_renew_interval)
-                            .unwrap_or(started),
-                    );
-                    let r = self.batch(b, &o, limit, estimate).await;
+                    let limits = BatchLimits::new(&self.options, &o, wave_end, work_until, started);
+                    let r = self.batch(b, &o, limits, estimate).await;
                     (b, r, started.elapsed())
                 })
                 .collect::<Vec<_>>(),
@@ -100,35 +145,54 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
-    /// Probe (unless dirty), fetch, publish, delete the acknowledged prefix; nothing is
-    /// started or published after `limit`.
+    /// The share of [`RelayOptions::max_in_flight_bytes`] one batch may fetch: the relay
+    /// runs up to the store's `max_concurrency` batches at once.
+    ///
+    /// [`RelayOptions::max_in_flight_bytes`]: crate::RelayOptions::max_in_flight_bytes
+    fn batch_bytes(&self) -> usize {
+        self.options.max_in_flight_bytes / self.store.options().max_concurrency.max(1)
+    }
+
+    /// Probe (unless dirty), fetch, publish, delete the acknowledged prefix. Every step is
+    /// bounded by the lease's validity ([`BatchLimits`]): nothing is fetched or published
+    /// after `limits.publish`, nothing deleted after `limits.delete`; a batch cut short
+    /// deletes the acknowledged prefix and leaves the rest for the next batch.
     async fn batch(
         &self,
         bucket: u32,
         owned: &Owned,
-        limit: Instant,
+        limits: BatchLimits,
         estimate: Duration,
     ) -> Result<BatchResult> {
+        let limit = limits.publish;
         if Instant::now() + estimate >= limit {
             return Ok(BatchResult::Skipped);
         }
         if !owned.dirty && !self.store.probe(bucket).await? {
             return Ok(BatchResult::Idle);
         }
-        let fetched = match self
-            .store
-            .fetch(bucket, owned.last_removed, self.options.batch_size)
-            .await
-        {
-            Ok(f) => f,
-            Err(e @ Error::Corrupt { .. }) => {
+        // After a failed publish the head goes out alone first (the reference relay's
+        // rule): a poison or oversized head does not send the rest of the batch again on
+        // every retry.
+        let count = if owned.head_only {
+            1
+        } else {
+            self.options.batch_size
+        };
+        let fetching =
+            self.store
+                .fetch_bounded(bucket, owned.last_removed, count, self.batch_bytes());
+        let fetched = match tokio::time::timeout_at(limit, fetching).await {
+            Err(_) => return Ok(BatchResult::Skipped),
+            Ok(Ok(f)) => f,
+            Ok(Err(e @ Error::Corrupt { .. })) => {
                 return Ok(BatchResult::Poison {
                     reason: e.to_string(),
                     deleted: 0,
                     last: None,
                 })
             }
-            Err(e) => return Err(e),
+            Ok(Err(e)) => return Err(e),
         };
         if fetched.messages.is_empty() {
             return Ok(BatchResult::Idle);
@@ -136,9 +200,11 @@ impl<P: Publisher> Relay<P> {
         if Instant::now() >= limit {
             return Ok(BatchResult::Skipped);
         }
-        // Cut short at the limit, a publish counts as nothing acknowledged: the messages
-        // stay and go out again (duplicates, never a loss).
-        let outcome = tokio::time::timeout_at(limit, self.publisher.publish(&fetched.messages))
+        // Each produce request is bounded by the limit (what was acknowledged by then is the
+        // prefix); a publisher that cannot say is cut at it, counting nothing acknowledged:
+        // the messages stay and go out again (duplicates, never a loss).
+        let publishing = self.publisher.publish_until(&fetched.messages, limit);
+        let outcome = tokio::time::timeout_at(limit + PUBLISH_GRACE, publishing)
             .await
             .unwrap_or_else(|_| {
                 PublishOutcome::failed(Error::DeadlineExceeded("publishing a batch"))
@@ -148,18 +214,17 @@ impl<P: Publisher> Relay<P> {
             .iter()
             .map(|m| m.sequence)
             .collect();
-        // Deletes retry until the limit (and at least a short while), then give up: what
-        // stays is published again.
-        let delete_deadline = limit.max(Instant::now() + Duration::from_millis(500));
+        // Deletes retry until the delete limit, then give up: what stays is published again.
+        let delete_deadline = limits.delete;
         let deleted = if sequences.is_empty() {
             0
         } else {
-            let deleting = self
+            // Bounded by the delete limit itself (no chunk starts after it, one in
+            // flight is cut at it), so the chunks it did delete are counted.
+            match self
                 .store
-                .delete_messages(bucket, &sequences, delete_deadline);
-            match tokio::time::timeout_at(delete_deadline + Duration::from_secs(2), deleting)
+                .delete_messages(bucket, &sequences, delete_deadline)
                 .await
-                .unwrap_or(Err(Error::DeadlineExceeded("deleting a batch")))
             {
                 Ok(n) => n,
                 Err(e) => {
@@ -174,9 +239,13 @@ impl<P: Publisher> Relay<P> {
                 fetched: fetched.messages.len(),
                 deleted,
                 last,
-                full: fetched.messages.len() as u32 >= self.options.batch_size,
+                full: fetched.messages.len() as u32 >= count || fetched.bytes >= self.batch_bytes(),
             }),
-            None => Ok(BatchResult::Failed { deleted, last }),
+            None => Ok(BatchResult::Failed {
+                deleted,
+                last,
+                publish_failed: false,
+            }),
             Some(e @ Error::KafkaRejected { .. }) => {
                 let at = fetched.messages.get(acked).map_or_else(String::new, |m| {
                     format!(
@@ -192,8 +261,58 @@ impl<P: Publisher> Relay<P> {
             }
             Some(e) => {
                 warn!(bucket, acknowledged = acked, error = %e, "publish failed");
-                Ok(BatchResult::Failed { deleted, last })
+                Ok(BatchResult::Failed {
+                    deleted,
+                    last,
+                    publish_failed: true,
+                })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn every_step_ends_inside_the_lease_and_the_last_wave_leaves_the_stop_its_reserve() {
+        let o = RelayOptions {
+            lease_duration: 9000 * MS,
+            lease_renew_interval: 3000 * MS,
+            ..RelayOptions::default()
+        };
+        let now = Instant::now();
+        let owned = Owned::new(0, now + 9000 * MS, now);
+        // A fresh lease: the wave ends first (a renew interval), deletes a quarter later.
+        let l = BatchLimits::new(&o, &owned, now + 3000 * MS, None, now);
+        assert_eq!((l.publish, l.delete), (now + 3000 * MS, now + 3750 * MS));
+        // An old lease (valid 4 s more): publishing ends a renew interval before it,
+        // deleting a quarter of one before it.
+        let old = Owned::new(0, now + 4000 * MS, now);
+        let l = BatchLimits::new(&o, &old, now + 3000 * MS, None, now);
+        assert_eq!((l.publish, l.delete), (now + 1000 * MS, now + 1750 * MS));
+        let l = BatchLimits::new(
+            &o,
+            &Owned::new(0, now + 3500 * MS, now),
+            now + 3000 * MS,
+            None,
+            now,
+        );
+        assert_eq!((l.publish, l.delete), (now + 500 * MS, now + 1250 * MS));
+        // The last wave: deletes end at most half a second past the end of work.
+        let l = BatchLimits::new(&o, &owned, now + 1000 * MS, Some(now + 1000 * MS), now);
+        assert_eq!((l.publish, l.delete), (now + 1000 * MS, now + 1500 * MS));
+        // A lease already too short to publish: both limits passed or about to.
+        let l = BatchLimits::new(
+            &o,
+            &Owned::new(0, now + 1000 * MS, now),
+            now + 3000 * MS,
+            None,
+            now,
+        );
+        assert!(l.publish <= now && l.delete <= now + 250 * MS, "{l:?}");
     }
 }

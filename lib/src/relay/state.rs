@@ -33,6 +33,8 @@ pub(super) struct Owned {
     pub(super) next_probe: Instant,
     /// After a failure, no batch before this.
     pub(super) retry_at: Option<Instant>,
+    /// The last publish failed: the next batch is the head alone.
+    pub(super) head_only: bool,
 }
 
 impl Owned {
@@ -45,6 +47,7 @@ impl Owned {
             dirty: true,
             next_probe: now,
             retry_at: None,
+            head_only: false,
         }
     }
 
@@ -153,12 +156,19 @@ impl RunState {
         if let Some(h) = self.early_acquire {
             wake = wake.min(h);
         }
+        // A batch that could not start before the end of work (the estimate would cross
+        // it) is no reason to wake: the loop would spin until the end of work.
+        let estimate = self.estimate(options);
         for owned in self
             .owned
             .values()
             .filter(|o| o.publishable(options, now, now_ticks))
         {
-            wake = wake.min(owned.wants_batch_at(now));
+            let at = owned.wants_batch_at(now);
+            if work_until.is_some_and(|w| at + estimate >= w) {
+                continue;
+            }
+            wake = wake.min(at);
         }
         if let (Some(after), Some(last), true) = (
             options.idle_stop,
@@ -212,10 +222,15 @@ impl RunState {
                     o.last_removed = last;
                 }
                 o.retry_at = None;
+                o.head_only = false;
                 o.dirty = full || deleted < fetched;
                 o.next_probe = now + options.poll_interval;
             }
-            Ok(BatchResult::Failed { deleted, last }) => {
+            Ok(BatchResult::Failed {
+                deleted,
+                last,
+                publish_failed,
+            }) => {
                 self.published += deleted as u64;
                 self.publish_failures += 1;
                 metrics.published(bucket, deleted as u64);
@@ -224,6 +239,7 @@ impl RunState {
                     o.last_removed = last;
                 }
                 o.dirty = true;
+                o.head_only = publish_failed;
                 o.retry_at = Some(now + options.error_backoff);
             }
             Ok(BatchResult::Skipped) => {}
@@ -241,6 +257,7 @@ impl RunState {
                 metrics.poison_item(bucket);
                 self.publish_failures += 1;
                 o.dirty = true;
+                o.head_only = true;
                 o.retry_at = Some(now + options.lease_renew_interval);
             }
             Err(e @ Error::Misconfiguration(_)) => return Some(e),
@@ -357,6 +374,12 @@ mod tests {
         let mut s = holding(0, now, ticks);
         // Dirty: now.
         assert_eq!(s.next_wake(&o, now, ticks, None), now);
+        // ...but not when a batch could no longer end before the end of work (the
+        // estimate, 200 ms, would cross it): the end of work, no busy loop until then.
+        assert_eq!(
+            s.next_wake(&o, now, ticks, Some(now + 150 * MS)),
+            now + 150 * MS
+        );
         // Idle: its next probe.
         s.owned.get_mut(&0).unwrap().dirty = false;
         s.owned.get_mut(&0).unwrap().next_probe = now + 100 * MS;
@@ -416,6 +439,7 @@ mod tests {
         let failed = BatchResult::Failed {
             deleted: 2,
             last: Some(47),
+            publish_failed: true,
         };
         s.apply(&o, &m, 3, Ok(failed), 40 * MS, now);
         let b = &s.owned[&3];
@@ -423,6 +447,8 @@ mod tests {
             (b.last_removed, b.retry_at),
             (Some(47), Some(now + o.error_backoff))
         );
+        // After a failed publish the head goes out alone.
+        assert!(b.head_only);
         assert_eq!((s.published, s.publish_failures), (16, 1));
 
         let poison = BatchResult::Poison {

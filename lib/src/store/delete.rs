@@ -17,10 +17,50 @@ pub const CHUNK: usize = 25;
 /// Most attempts per chunk (the first one included).
 pub const MAX_ATTEMPTS: u32 = 5;
 
+/// Longest look at what a cut delete left.
+const RECHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
 impl DynamoDbOutboxStore {
+    /// How many leading messages of `chunk` (ascending sequences of `bucket`) are gone, by
+    /// one strongly consistent query of their range (keys only), bounded by
+    /// [`RECHECK_TIMEOUT`]; `None` when the look failed.
+    async fn deleted_prefix(&self, bucket: u32, chunk: &[u64]) -> Option<usize> {
+        let (first, last) = (*chunk.first()?, *chunk.last()?);
+        let query = self
+            .query_partition(self.keys.message_pk(bucket))
+            .key_condition_expression("#pk = :pk AND #sk BETWEEN :from AND :to")
+            .expression_attribute_names("#sk", &self.keys.sk)
+            .expression_attribute_values(
+                ":from",
+                aws_sdk_dynamodb::types::AttributeValue::S(schema::message_sk(first)),
+            )
+            .expression_attribute_values(
+                ":to",
+                aws_sdk_dynamodb::types::AttributeValue::S(schema::message_sk(last)),
+            )
+            .projection_expression("#sk")
+            .consistent_read(true)
+            .limit(1)
+            .send();
+        let out = tokio::time::timeout(RECHECK_TIMEOUT, query)
+            .await
+            .ok()?
+            .ok()?;
+        let first_left = out
+            .items()
+            .first()
+            .and_then(|i| i.get(&self.keys.sk)?.as_s().ok())
+            .and_then(|sk| schema::parse_message_sk(sk));
+        Some(match first_left {
+            None => chunk.len(),
+            Some(seq) => chunk.iter().take_while(|s| **s < seq).count(),
+        })
+    }
+
     /// Deletes the messages `sequences` (ascending) of `bucket`; returns how many leading
-    /// ones are known deleted. Stops at the first chunk that cannot be deleted by the
-    /// deadline or within [`MAX_ATTEMPTS`]; an error comes back only when nothing was deleted.
+    /// ones are known deleted. Starts no chunk at or after the deadline, cuts a request
+    /// still in flight at it, and stops at the first chunk that cannot be deleted by then
+    /// or within [`MAX_ATTEMPTS`]; an error comes back only when nothing was deleted.
     pub async fn delete_messages(
         &self,
         bucket: u32,
@@ -29,6 +69,15 @@ impl DynamoDbOutboxStore {
     ) -> Result<usize> {
         let mut deleted = 0;
         for chunk in sequences.chunks(CHUNK) {
+            if Instant::now() >= deadline && deleted > 0 {
+                warn!(
+                    bucket,
+                    deleted,
+                    left = sequences.len() - deleted,
+                    "delete deadline reached; the rest is published again"
+                );
+                return Ok(deleted);
+            }
             let mut pending: Vec<WriteRequest> = chunk
                 .iter()
                 .map(|&seq| {
@@ -49,12 +98,21 @@ impl DynamoDbOutboxStore {
             let mut attempt = 0;
             while !pending.is_empty() {
                 attempt += 1;
-                let result = self
+                let request = self
                     .client
                     .batch_write_item()
                     .request_items(&self.options.table_name, pending.clone())
-                    .send()
-                    .await;
+                    .send();
+                let Ok(result) = tokio::time::timeout_at(deadline, request).await else {
+                    // Cut at the deadline: it may have applied. One strongly consistent
+                    // look says how much of the chunk is gone.
+                    let gone = self.deleted_prefix(bucket, chunk).await.unwrap_or(0);
+                    deleted += gone;
+                    if deleted == 0 {
+                        return Err(Error::DeadlineExceeded("deleting published messages"));
+                    }
+                    return Ok(deleted);
+                };
                 match result {
                     Ok(out) => {
                         pending = out

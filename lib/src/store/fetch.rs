@@ -52,6 +52,8 @@ pub struct Fetched {
     pub gap_probes: u32,
     /// Fetches sent (1 plus refetches after a filled gap).
     pub fetches: u32,
+    /// Size of the items the last fetch read ([`schema::item_size`]), before any cut.
+    pub bytes: usize,
 }
 
 impl DynamoDbOutboxStore {
@@ -88,9 +90,21 @@ impl DynamoDbOutboxStore {
     /// Up to `limit` message items of a bucket, ascending, strongly consistent, following
     /// pages past DynamoDB's 1 MB.
     pub async fn fetch_items(&self, bucket: u32, limit: u32) -> Result<Vec<Item>> {
+        self.fetch_items_bounded(bucket, limit, usize::MAX).await
+    }
+
+    /// Like [`Self::fetch_items`], also stopping at the page that brings the items' size
+    /// ([`schema::item_size`]) to `max_bytes` (so at most one page, 1 MB, beyond it).
+    pub async fn fetch_items_bounded(
+        &self,
+        bucket: u32,
+        limit: u32,
+        max_bytes: usize,
+    ) -> Result<Vec<Item>> {
         let mut items: Vec<Item> = Vec::new();
+        let mut bytes = 0usize;
         let mut start = None;
-        while (items.len() as u32) < limit {
+        while (items.len() as u32) < limit && bytes < max_bytes {
             let out = self
                 .query_partition(self.keys.message_pk(bucket))
                 .consistent_read(true)
@@ -100,7 +114,14 @@ impl DynamoDbOutboxStore {
                 .send()
                 .await
                 .map_err(|e| from_sdk("Query", e))?;
-            items.extend(out.items.unwrap_or_default());
+            for item in out.items.unwrap_or_default() {
+                // Always the first item, however large; the rest while under the budget.
+                if !items.is_empty() && bytes >= max_bytes {
+                    return Ok(items);
+                }
+                bytes = bytes.saturating_add(schema::item_size(&item));
+                items.push(item);
+            }
             match out.last_evaluated_key {
                 Some(key) if !key.is_empty() => start = Some(key),
                 _ => break,
@@ -138,10 +159,24 @@ impl DynamoDbOutboxStore {
         last_removed: Option<u64>,
         limit: u32,
     ) -> Result<Fetched> {
+        self.fetch_bounded(bucket, last_removed, limit, usize::MAX)
+            .await
+    }
+
+    /// [`Self::fetch`] of at most `max_bytes` of items (and at least one item).
+    #[instrument(skip(self), level = "debug")]
+    pub async fn fetch_bounded(
+        &self,
+        bucket: u32,
+        last_removed: Option<u64>,
+        limit: u32,
+        max_bytes: usize,
+    ) -> Result<Fetched> {
         let mut fetched = Fetched::default();
         loop {
             fetched.fetches += 1;
-            let items = self.fetch_items(bucket, limit).await?;
+            let items = self.fetch_items_bounded(bucket, limit, max_bytes).await?;
+            fetched.bytes = items.iter().map(schema::item_size).sum();
             let mut messages = Vec::with_capacity(items.len());
             for item in &items {
                 if let Some(count) = schema::get_n::<u32>(item, schema::attr::BUCKET_COUNT) {
