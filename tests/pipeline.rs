@@ -1,0 +1,110 @@
+//! The batch pipeline's edges against DynamoDB Local and the local broker: after a failed
+//! publish the head goes out alone, so a head the broker rejects does not send the rest of
+//! its batch again on every retry.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dynamo_outbox::publish::{KafkaPublisher, PublishOutcome, Publisher};
+use dynamo_outbox::schema::StoredMessage;
+use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Error, Relay};
+use outbox_integration_tests::*;
+use tokio::time::Instant;
+
+/// The Kafka publisher, except that the broker "rejects" one message for good: the rest
+/// of each batch is produced (other partitions' requests succeed, as with a real broker
+/// that rejects one oversized record), and the outcome says nothing was acknowledged
+/// before the rejected head.
+struct RejectingHead {
+    inner: Arc<KafkaPublisher>,
+    rejected: String,
+    calls: AtomicUsize,
+}
+
+impl Publisher for RejectingHead {
+    async fn publish(&self, batch: &[StoredMessage]) -> PublishOutcome {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let Some(at) = batch
+            .iter()
+            .position(|m| m.message.message_id.to_string() == self.rejected)
+        else {
+            return self.inner.publish(batch).await;
+        };
+        let before = self.inner.publish(&batch[..at]).await;
+        if before.acknowledged < at {
+            return before;
+        }
+        // What follows the rejected record goes out in its own requests (another partition).
+        let _ = self.inner.publish(&batch[at + 1..]).await;
+        PublishOutcome {
+            acknowledged: at,
+            error: Some(Error::KafkaRejected {
+                topic: batch[at].message.topic.clone(),
+                reason: dynamo_outbox::error::Rejection::TooLarge,
+                source: None,
+            }),
+        }
+    }
+}
+
+#[tokio::test]
+async fn after_a_rejected_head_the_head_goes_out_alone_and_the_rest_is_not_sent_again() {
+    let (client, wire) = counted_client().await;
+    let options = fresh_table(&client, 1).await;
+    let topic = random_name("head");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let head = writer
+        .message(&topic)
+        .with_partition(0)
+        .with_value("too large");
+    let behind: Vec<_> = (0..5)
+        .map(|i| {
+            writer
+                .message(&topic)
+                .with_partition(1)
+                .with_value(format!("behind-{i}"))
+        })
+        .collect();
+    let mut all = vec![head.clone()];
+    all.extend(behind.iter().cloned());
+    writer.enqueue(&all).await.unwrap();
+
+    let publisher = Arc::new(RejectingHead {
+        inner: kafka_publisher().await,
+        rejected: head.message_id.to_string(),
+        calls: AtomicUsize::new(0),
+    });
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let relay = Relay::new(store, publisher.clone(), fast_relay_options("head", 1)).unwrap();
+    // Several retries: a poison bucket retries every renew interval (1 s here).
+    let report = relay
+        .run_until(Instant::now() + Duration::from_secs(6))
+        .await
+        .unwrap();
+    let calls = publisher.calls.load(Ordering::SeqCst);
+    assert!(
+        calls >= 3,
+        "the bucket was retried: {calls} calls, {report:?}"
+    );
+    // The messages behind the head went out with the first (full) batch only; every
+    // retry sent the head alone. Before the rule, each retry sent all five again.
+    let records = read_topic(&topic);
+    let behind_ids: BTreeSet<String> = id_set(&behind);
+    let read = Deliveries::of(&records);
+    assert!(read.missing(&behind_ids).is_empty(), "{read:?}");
+    let copies = records
+        .iter()
+        .filter(|r| r.message_id().is_some_and(|id| behind_ids.contains(&id)))
+        .count();
+    println!("{calls} publish calls; {copies} copies of the 5 messages behind the head");
+    assert_eq!(
+        copies, 5,
+        "messages behind a rejected head went out again: {read:?}"
+    );
+    assert_eq!(report.published, 0, "{report:?}");
+    assert_eq!(pending_messages(&client, &options).await, 6);
+    assert_no_refusal_on_the_wire(&wire, "a rejected head");
+}
