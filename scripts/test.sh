@@ -64,7 +64,7 @@ if [[ ${1:-} == --inside-stack ]]; then
             { echo "$bootstrap is not an x86-64 ELF executable (magic $magic, machine $machine)" >&2; exit 1; }
         echo "$fn/bootstrap: x86-64 ELF, $(($(stat -c %s "$bootstrap") / 1024)) KiB"
     done
-    rm -rf "$sam_dir"
+    # $sam_dir is removed after the serverless end-to-end step, which runs these bootstraps.
 
     # Both functions under cargo-lambda's emulator: enqueue, notification, bad request,
     # relay, read back with confluent-kafka (scripts/lambda_e2e.py says what it checks).
@@ -73,14 +73,31 @@ if [[ ${1:-} == --inside-stack ]]; then
     e2e=0
     "$CACHE/venv/bin/python" scripts/lambda_e2e.py || e2e=$?
 
+    # The serverless mode with the artifacts sam build just made: both bootstraps under
+    # scripts/lambda_runtime.py (real deadlines), the table's stream polled by
+    # scripts/streams.py with the template's mapping, no schedule: the enqueue function's
+    # commit and a direct TransactWriteItems each wake the relay through the doorbell,
+    # read back with confluent-kafka (scripts/serverless_e2e.py says what it checks).
+    # A failure is reported after the tests, which run either way.
+    step "serverless end-to-end: sam build's bootstraps woken by the stream doorbell (scripts/serverless_e2e.py)"
+    serverless=0
+    "$CACHE/venv/bin/python" scripts/serverless_e2e.py "$sam_dir/build" || serverless=$?
+    rm -rf "$sam_dir"
+
     # Last, so that its summary lines ("test result: ...") close the output.
     # --no-fail-fast: every test binary runs and prints its summary even when
     # an earlier one failed (the exit status is still non-zero then).
     step "cargo test --workspace --no-fail-fast"
     cargo test --workspace --no-fail-fast "$@"
+    if ((serverless != 0)); then
+        echo "serverless end-to-end test FAILED (exit $serverless); see its output above" >&2
+    fi
     if ((e2e != 0)); then
         echo "lambda end-to-end test FAILED (exit $e2e); see its output above" >&2
         exit "$e2e"
+    fi
+    if ((serverless != 0)); then
+        exit "$serverless"
     fi
     exit 0
 fi
