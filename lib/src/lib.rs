@@ -25,8 +25,13 @@
 //! - [`publish`]: the [`publish::Publisher`] seam and the Kafka publisher (rskafka,
 //!   Java-compatible partitioner, Amazon MSK IAM tokens).
 //! - [`store`]: every request a relay makes: leases, fetch with gap probes, deletes, backlog.
-//! - [`relay`]: the relay loop (deadline or shutdown signal, graceful stop) and the
-//!   in-process commit notifier.
+//! - [`relay`]: the relay, one room per phase: the run loop, the shutdown, the pure run
+//!   state, the lease round, the batch pipeline (byte-bounded, every step inside the
+//!   lease), the idle stop, the graceful stop.
+//! - [`notification`]: commit notifications: the [`notification::CommitNotifier`] seam,
+//!   the in-process [`LocalNotifier`], the EventBridge event and its sender (feature
+//!   `eventbridge`), and Lambda payloads (schedule tick, notification, stream doorbell;
+//!   feature `lambda`).
 //! - [`metrics`]: the relay's measurements, behind a trait for exporters, and
 //!   [`metrics::emf`], the CloudWatch Embedded Metric Format exporter.
 //! - [`status`]: the state of an outbox as the table says it is (`outboxctl status`).
