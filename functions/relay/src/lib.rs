@@ -247,8 +247,9 @@ pub struct RelaySummary {
     /// invocation that could not publish).
     pub kafka_client_reused: bool,
     /// Why the run ended (`deadline`, `deadline_missed`, ...), or why a notified invocation
-    /// did not run: `covered` (live relays hold (or, having just joined, are claiming) every notified bucket) or
-    /// `not_this_outbox` (the notification names another table, prefix or bucket count).
+    /// did not run: `covered` (live relays hold (or, having just joined, are claiming) every
+    /// notified bucket), `empty` (the uncovered ones have no message) or `not_this_outbox`
+    /// (the notification names another table, prefix or bucket count).
     pub stop_reason: String,
     /// Whether every lease was released at the end.
     pub released: bool,
@@ -396,6 +397,18 @@ impl RelayFunction {
         })
     }
 
+    /// Whether every one of `buckets` has no message (strongly consistent probes, bounded
+    /// by `deadline`); a probe that fails or runs out of time counts as a message.
+    async fn all_empty(&self, buckets: &[u32], deadline: Instant) -> bool {
+        for &b in buckets {
+            match tokio::time::timeout_at(deadline, self.store.probe_consistent(b)).await {
+                Ok(Ok(false)) => {}
+                _ => return false,
+            }
+        }
+        true
+    }
+
     /// Reports each invocation's DynamoDB attempts from `counter`, which must be attached
     /// to the client the function was built with
     /// ([`dynamo_outbox::client::counted_dynamodb_client`]).
@@ -520,6 +533,21 @@ impl RelayFunction {
                 };
                 let first = look().await?;
                 let mut read = first.uncovered;
+                // Nothing waiting in them (a later batch of the same commit's stream
+                // records, whose messages an earlier invocation already published): no
+                // relay to run. One strongly consistent one-item query per bucket; a
+                // commit after it rings its own doorbell.
+                if !read.is_empty() && self.all_empty(&read, deadline).await {
+                    info!(uncovered = ?read, "commit notification: the uncovered buckets are empty, not joining");
+                    return Ok(RelaySummary::skipped(
+                        options.relay_id,
+                        wake_trigger,
+                        Some(read),
+                        "empty",
+                        source,
+                        time_left(source),
+                    ));
+                }
                 if !read.is_empty() {
                     // A burst of notifications to an idle fleet: the invocations spread
                     // out by a jitter of their own and look again, so that the first to

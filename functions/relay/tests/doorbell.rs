@@ -2,13 +2,15 @@
 //! as the event source mapping of `WakeOn=stream` delivers them, read back from DynamoDB
 //! Local's real stream (scripts/streams.py), against the local stack (never skipped).
 
-use std::collections::{BTreeSet, HashMap};
+mod common;
+
+use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use dynamo_outbox::accounting::RequestCounter;
 use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions};
-use lambda_runtime::{Config, Context, LambdaEvent};
+use lambda_runtime::LambdaEvent;
 use outbox_integration_tests::*;
 use outbox_relay_function::{
     notification_jitter, RelayFunction, RelaySettings, RelaySummary, Trigger,
@@ -17,37 +19,11 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 fn event(request_id: &str, time_left: Duration, payload: Value) -> LambdaEvent<Value> {
-    let mut context = Context::default();
-    context.request_id = request_id.into();
-    context.deadline = (SystemTime::now() + time_left)
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    context.env_config = Arc::new(Config {
-        function_name: "outbox-doorbell-test".into(),
-        ..Config::default()
-    });
-    LambdaEvent::new(payload, context)
+    common::invocation(request_id, common::in_ms(time_left), payload)
 }
 
 fn settings(options: &OutboxOptions, extra: &[(&str, &str)]) -> RelaySettings {
-    let mut vars: HashMap<String, String> = HashMap::from([
-        ("OUTBOX_TABLE_NAME".into(), options.table_name.clone()),
-        (
-            "OUTBOX_BUCKET_COUNT".into(),
-            options.bucket_count.to_string(),
-        ),
-        (
-            "KAFKA_BOOTSTRAP_SERVERS".into(),
-            stack_var("KAFKA_BOOTSTRAP_SERVERS"),
-        ),
-        ("OUTBOX_POLL_INTERVAL".into(), "100ms".into()),
-        ("OUTBOX_IDLE_STOP".into(), "1s".into()),
-    ]);
-    for (k, v) in extra {
-        vars.insert((*k).into(), (*v).into());
-    }
-    RelaySettings::from_lookup(|name| vars.get(name).cloned()).unwrap()
+    common::settings(options, &[("OUTBOX_IDLE_STOP", "1s")], extra)
 }
 
 /// A client counting attempts and refused conditions, and a function over it.
@@ -168,6 +144,29 @@ async fn doorbells_from_real_stream_records_wake_a_relay_that_publishes_and_idle
         .await
         .iter()
         .all(Option::is_none));
+
+    // The same records again (as a later batch of one commit's stream records arrives
+    // after the relay that published them stopped): nothing waits, no relay runs, no
+    // Kafka connection. One read of the coordination partition and one probe per rung
+    // bucket, no write.
+    let (again, wire_again) = function(&options, &[]).await;
+    let (doorbell, _) = doorbell_since(&options, None);
+    let summary = again
+        .handle(event("bell-again", Duration::from_secs(40), doorbell))
+        .await
+        .unwrap();
+    assert_eq!(summary.stop_reason, "empty", "{summary:?}");
+    let attempts = wire_again.snapshot();
+    assert_eq!(
+        attempts.keys().collect::<Vec<_>>(),
+        ["Query"],
+        "{attempts:?}"
+    );
+    assert_eq!(
+        wire_again.get("Query").total(),
+        1 + rung.len() as u64,
+        "{attempts:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,7 +264,7 @@ async fn a_burst_of_doorbells_on_an_idle_fleet_starts_one_relay() {
     }
     let joined: Vec<&RelaySummary> = summaries
         .iter()
-        .filter(|s| s.stop_reason != "covered")
+        .filter(|s| !matches!(s.stop_reason.as_str(), "covered" | "empty"))
         .collect();
     assert_eq!(
         joined.len(),
@@ -372,7 +371,7 @@ async fn doorbells_at_scheduled_handovers_start_no_relay() {
     }
     let joiners: Vec<&(Duration, RelaySummary)> = bell_summaries
         .iter()
-        .filter(|(_, s)| s.stop_reason != "covered")
+        .filter(|(_, s)| !matches!(s.stop_reason.as_str(), "covered" | "empty"))
         .collect();
     println!(
         "{} doorbells over {HANDOVERS} handovers, {} joined",

@@ -1,0 +1,59 @@
+//! Helpers shared by the relay function's test suites: an invocation with a real deadline
+//! in its context, and the function's settings for the local stack.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use dynamo_outbox::OutboxOptions;
+use lambda_runtime::{Config, Context, LambdaEvent};
+use outbox_integration_tests::stack_var;
+use outbox_relay_function::RelaySettings;
+use serde_json::Value;
+
+/// An invocation of the function `outbox-relay-test` with `payload`, whose context has
+/// the request id and the deadline (Unix milliseconds) Lambda would send.
+pub(crate) fn invocation(request_id: &str, deadline_ms: u64, payload: Value) -> LambdaEvent<Value> {
+    let mut context = Context::default();
+    context.request_id = request_id.into();
+    context.deadline = deadline_ms;
+    context.env_config = Arc::new(Config {
+        function_name: "outbox-relay-test".into(),
+        ..Config::default()
+    });
+    LambdaEvent::new(payload, context)
+}
+
+/// The Unix milliseconds `time_left` from now.
+pub(crate) fn in_ms(time_left: Duration) -> u64 {
+    (SystemTime::now() + time_left)
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// The function's settings for the outbox `options` on the local stack (poll interval
+/// 100 ms), then `defaults` of the suite, then `extra` of the test (later ones win).
+pub(crate) fn settings(
+    options: &OutboxOptions,
+    defaults: &[(&str, &str)],
+    extra: &[(&str, &str)],
+) -> RelaySettings {
+    let mut vars: HashMap<String, String> = HashMap::from([
+        ("OUTBOX_TABLE_NAME".into(), options.table_name.clone()),
+        (
+            "OUTBOX_BUCKET_COUNT".into(),
+            options.bucket_count.to_string(),
+        ),
+        (
+            "KAFKA_BOOTSTRAP_SERVERS".into(),
+            stack_var("KAFKA_BOOTSTRAP_SERVERS"),
+        ),
+        ("OUTBOX_POLL_INTERVAL".into(), "100ms".into()),
+    ]);
+    for (k, v) in defaults.iter().chain(extra) {
+        vars.insert((*k).into(), (*v).into());
+    }
+    RelaySettings::from_lookup(|name| vars.get(name).cloned()).unwrap()
+}
