@@ -2,12 +2,14 @@
 # The project's test command (what CI runs through .ci/run):
 #
 #   1. scripts/install.sh   installs/updates the local stack in the cache
-#   2. scripts/stack.sh run starts DynamoDB Local + tansu on loopback ports and,
+#   2. scripts/stack.sh run starts DynamoDB Local, tansu and moto on loopback ports and,
 #      with their endpoints exported, runs the checks below:
 #        cargo fmt --all --check
 #        cargo clippy --workspace --all-targets -- -D warnings
 #        cfn-lint template.yaml, sam validate --lint, sam build (x86_64)
 #        scripts/lambda_e2e.py (both functions under cargo lambda watch/invoke)
+#        scripts/serverless_e2e.py (sam build's bootstraps under scripts/lambda_runtime.py,
+#          woken by the table's stream through scripts/streams.py: the doorbell)
 #        cargo test --workspace
 #
 # Build output goes to CARGO_TARGET_DIR (default ~/.cache/dynamo-outbox/target,
