@@ -108,3 +108,119 @@ async fn after_a_rejected_head_the_head_goes_out_alone_and_the_rest_is_not_sent_
     assert_eq!(pending_messages(&client, &options).await, 6);
     assert_no_refusal_on_the_wire(&wire, "a rejected head");
 }
+
+/// Makes every `BatchWriteItem` (the relay's deletes) take `delay` before it is sent.
+#[derive(Debug)]
+struct SlowDeletes {
+    delay: Duration,
+}
+
+impl aws_sdk_dynamodb::config::Intercept for SlowDeletes {
+    fn name(&self) -> &'static str {
+        "SlowDeletes"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_sdk_dynamodb::config::RuntimeComponents,
+        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let delete = cfg
+            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
+            .is_some_and(|m| m.name() == "BatchWriteItem");
+        if delete {
+            // A worker of the multi-threaded test runtime; the others go on.
+            std::thread::sleep(self.delay);
+        }
+        Ok(())
+    }
+}
+
+/// DynamoDB slow to delete near the deadline: the last wave's deletes stop at their
+/// limit, so the graceful stop still runs inside the deadline and releases every lease
+/// (before, a chain of slow delete chunks could run past the hard deadline and leave the
+/// leases to lapse, `DeadlineMissed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_deletes_near_the_deadline_still_leave_the_stop_its_time() {
+    let plain = dynamodb().await;
+    let options = fresh_table(&plain, 1).await;
+    let topic = random_name("slow-delete");
+    create_topic(&topic, 1);
+    let writer = DynamoDbOutboxWriter::new(plain.clone(), options.clone()).unwrap();
+    // 400 messages in one bucket: 16 delete chunks per full batch.
+    let mut written = BTreeSet::new();
+    for chunk in 0..4 {
+        let batch: Vec<_> = (0..100)
+            .map(|i| {
+                writer
+                    .message(&topic)
+                    .with_key("k")
+                    .with_value(format!("v-{chunk}-{i}"))
+            })
+            .collect();
+        writer.enqueue(&batch).await.unwrap();
+        written.extend(id_set(&batch));
+    }
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let slow = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(SlowDeletes {
+                delay: Duration::from_millis(700),
+            })
+            .build(),
+    );
+    let store = DynamoDbOutboxStore::new(slow, options.clone()).unwrap();
+    let relay = Relay::new(
+        store,
+        kafka_publisher().await,
+        fast_relay_options("slow", 1),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(6);
+    let report = relay.run_until(deadline).await.unwrap();
+    let ended = Instant::now();
+    assert_eq!(
+        report.stop_reason,
+        dynamo_outbox::StopReason::Deadline,
+        "{report:?}"
+    );
+    assert!(report.released, "{report:?}");
+    assert!(
+        ended <= deadline + Duration::from_millis(200),
+        "ended {:?} after the deadline",
+        ended - deadline
+    );
+    assert!(lease_owners(&plain, &options)
+        .await
+        .iter()
+        .all(Option::is_none));
+    // What was published and deleted is gone; the rest waits; nothing is lost.
+    let prefix = format!("{}#MESSAGES#", options.key_prefix);
+    let remaining: BTreeSet<String> = scan_all(&plain, &options.table_name)
+        .await
+        .iter()
+        .filter(|i| {
+            i.get("PK")
+                .and_then(|v| v.as_s().ok())
+                .is_some_and(|pk| pk.starts_with(&prefix))
+        })
+        .filter_map(|i| Some(i.get("MessageId")?.as_s().ok()?.clone()))
+        .collect();
+    println!(
+        "{} left of 400 at the deadline, report {report:?}",
+        remaining.len()
+    );
+    assert!(
+        !remaining.is_empty(),
+        "the slow deletes did not slow anything: {report:?}"
+    );
+    let read = topic_deliveries(&topic);
+    assert!(read.unexpected(&written).is_empty(), "{read:?}");
+    let accounted: BTreeSet<String> = read.ids.union(&remaining).cloned().collect();
+    assert_eq!(
+        accounted, written,
+        "a message is neither in Kafka nor in the table"
+    );
+}
