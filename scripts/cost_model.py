@@ -1,0 +1,930 @@
+#!/usr/bin/env python3
+"""The serverless cost model, measured (issue 10, item 5): the real relay function binary
+under scripts/lambda_runtime.py, a timer standing in for the schedule, and in doorbell
+mode scripts/streams.py poll standing in for the event source mapping, in three modes x
+three loads, with the billed function time, invocations, cold starts, DynamoDB requests by
+operation, commit -> visible-in-Kafka latency, refused writes, lost messages and per-key
+order of each cell, and the USD per month they come to.
+
+  scripts/stack.sh run -- $HOME/.cache/dynamo-outbox/venv/bin/python scripts/cost_model.py \\
+      [--modes a,b,c] [--loads idle,trickle,steady] [--idle-seconds 300] ...
+
+Modes (the template's, with WakeOn and RelayIdleStop):
+  a  always-on (before issue 10): OUTBOX_IDLE_STOP=never, schedule every 60 s, no stream
+  b  idle stop + schedule: OUTBOX_IDLE_STOP=5s, schedule every 60 s, no stream
+     (WakeOn=schedule without an event bus)
+  c  idle stop + doorbell: OUTBOX_IDLE_STOP=5s, schedule every 300 s, the table's
+     KEYS_ONLY stream polled by streams.py (BatchSize 10, window 1 s, the template's
+     filter) invoking the function synchronously (WakeOn=stream, the template's default)
+Every mode: relay timeout 70 s, 256 MB, max concurrency 5 (ReservedConcurrentExecutions),
+OUTBOX_MAX_RUN_TIME=900s and OUTBOX_SHUTDOWN_MARGIN=3s (the template's), the schedule's
+payload {"source":"dynamo-outbox.schedule"} as an asynchronous invocation.
+
+Loads: idle (nothing written), trickle (one message every --trickle-interval seconds),
+steady (--steady-rate messages a second). Messages are written as the library's writer
+does (docs/item-schema.md): UpdateItem ADD on the bucket's counter, then a
+TransactWriteItems with the message's conditional Put, by boto3, one message per
+transaction, --writers threads, each key written by one thread only (so commit order per
+key is defined); each value carries its id, key, per-key number and send time. A
+confluent-kafka consumer thread reads the topic from the start and stamps each record's
+arrival; latency = arrival - the writer's return from TransactWriteItems (the commit).
+
+Each cell (mode x load) gets a fresh table, topic and emulator:
+  1. the emulator starts (schedule first tick at --warmup + P/2, then every P); one
+     warm-up invocation with the schedule's payload (source "event", not counted) puts the
+     deployment in its steady state (in mode a: a relay running when the window opens);
+  2. the measurement window W = [t0, t0 + D) opens --warmup seconds after the emulator's
+     start; the load runs for D seconds;
+  3. drain: wait until every committed message is in Kafka (at most P + timeout + 20 s),
+     and until every invocation started in W has answered;
+  4. the emulator's /stats give every invocation's record and response (the relay's
+     summary JSON: trigger, stop_reason, published, refused_writes, dynamodb_requests).
+Counted: schedule invocations received in W, and every doorbell invocation of the cell
+(all are caused by W's writes; nothing is written outside W). Per hour: (3600 / P) x the
+mean of the counted schedule invocations + the doorbell invocations x 3600 / D; in modes
+a and b with D a multiple of P this equals the window's sum x 3600 / D.
+
+A load named in --stationary-loads (default: steady) runs instead from the warm-up
+invocation on until every invocation counted in W has ended (W's end + timeout + 5 s), so
+that each counted invocation works under the load for its whole run, as in a deployment
+with that load all the time (with the load only inside W, the relay started before W does
+part of W's work uncounted, and the last ones idle after W). Then only the doorbells
+received in W count, and the latency, throughput and writer figures are those of the
+messages committed in W (lost and order: every message of the cell).
+
+--compress F divides the schedule periods and the relay timeout by F (not the idle stop,
+the margin or the loads): only for quick checks, the figures are not the deployment's.
+
+Prints one JSON line per cell as it ends, and the whole result as JSON to --out (a
+file; default: none) and a Markdown table on stdout.
+
+Prices (USD, us-east-1, as published in 2025): Lambda arm64 $0.0000133334 per GB-s and
+$0.20 per million requests; DynamoDB on-demand $0.625 per million write request units and
+$0.125 per million read request units; EventBridge Scheduler $1.00 per million
+invocations (after 14 million free a month, not deducted); DynamoDB Streams reads by a
+Lambda event source mapping are free. 730 hours a month.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import datetime
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter, defaultdict
+
+import boto3
+from botocore.config import Config
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(SCRIPTS)
+PY = sys.executable
+SCHEDULE_PAYLOAD = '{"source":"dynamo-outbox.schedule"}'
+PREFIX = "OUTBOX"
+BUCKETS = 8
+HOURS_PER_MONTH = 730
+
+PRICES = {
+    "lambda_arm64_gb_s": 0.0000133334,
+    "lambda_request": 0.20 / 1e6,
+    "ddb_wru": 0.625 / 1e6,
+    "ddb_rru": 0.125 / 1e6,
+    "scheduler_invocation": 1.00 / 1e6,
+}
+
+MODES = {
+    "a": {"name": "always-on", "idle_stop": "never", "schedule": 60.0, "stream": False},
+    "b": {"name": "idle stop + schedule", "idle_stop": "5s", "schedule": 60.0, "stream": False},
+    "c": {"name": "idle stop + doorbell", "idle_stop": "5s", "schedule": 300.0, "stream": True},
+}
+
+
+def say(msg: str) -> None:
+    print(f"[cost-model {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ the item schema
+
+M32 = 0xFFFFFFFF
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (docs/item-schema.md), as an unsigned 32-bit value."""
+    m, r = 0x5BD1E995, 24
+    h = (0x9747B28C ^ len(data)) & M32
+    n4 = len(data) // 4
+    for i in range(n4):
+        k = int.from_bytes(data[4 * i:4 * i + 4], "little")
+        k = (k * m) & M32
+        k ^= k >> r
+        k = (k * m) & M32
+        h = (h * m) & M32
+        h ^= k
+    tail = data[4 * n4:]
+    if len(tail) == 3:
+        h ^= tail[2] << 16
+    if len(tail) >= 2:
+        h ^= tail[1] << 8
+    if len(tail) >= 1:
+        h ^= tail[0]
+        h = (h * m) & M32
+    h ^= h >> 13
+    h = (h * m) & M32
+    h ^= h >> 15
+    return h
+
+
+def bucket_of(key: bytes, count: int = BUCKETS) -> int:
+    return (murmur2(key) & 0x7FFFFFFF) % count
+
+
+def ticks(t: float) -> int:
+    return 621355968000000000 + int(round(t * 1e7))
+
+
+assert bucket_of(b"customer-42") == 1 and bucket_of(b"customer-42", 32) == 25
+assert bucket_of(b"order-1001") == 6 and bucket_of(b"") == 1
+assert ticks(1796047200) == 639316440000000000
+
+
+def ddb_client():
+    return boto3.client(
+        "dynamodb", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_DYNAMODB"),
+        region_name=os.environ.get("AWS_REGION", "us-east-1"),
+        config=Config(retries={"max_attempts": 5, "mode": "standard"},
+                      max_pool_connections=32))
+
+
+def create_table(name: str, stream: bool) -> None:
+    ddb = ddb_client()
+    kw = {}
+    if stream:
+        kw["StreamSpecification"] = {"StreamEnabled": True, "StreamViewType": "KEYS_ONLY"}
+    ddb.create_table(
+        TableName=name, BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[{"AttributeName": "PK", "AttributeType": "S"},
+                              {"AttributeName": "SK", "AttributeType": "S"}],
+        KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"},
+                   {"AttributeName": "SK", "KeyType": "RANGE"}], **kw)
+    ddb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 0.2})
+
+
+def delete_table(name: str) -> None:
+    try:
+        ddb_client().delete_table(TableName=name)
+    except Exception as e:  # best effort: DynamoDB Local is in memory and goes with the stack
+        say(f"delete_table {name}: {e}")
+
+
+# ------------------------------------------------------------------------- Kafka
+
+def kafka_conf() -> dict:
+    return {"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"], "log_level": 3}
+
+
+def create_topic(name: str, partitions: int) -> None:
+    admin = AdminClient(kafka_conf())
+    fut = admin.create_topics([NewTopic(name, num_partitions=partitions,
+                                        replication_factor=1)], operation_timeout=30)
+    try:
+        fut[name].result(timeout=30)
+    except KafkaException as e:
+        if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        md = admin.list_topics(topic=name, timeout=5)
+        t = md.topics.get(name)
+        if t is not None and t.error is None and len(t.partitions) >= partitions:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"topic {name} not in the metadata after 30 s")
+
+
+class Reader(threading.Thread):
+    """Reads the topic from the start; records each record's arrival time."""
+
+    def __init__(self, topic: str, partitions: int):
+        super().__init__(daemon=True, name="kafka-reader")
+        self.topic, self.partitions = topic, partitions
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.first: dict[str, float] = {}  # message id -> first arrival
+        self.deliveries: list[tuple] = []  # (partition, offset, id, key, n, arrival)
+        self.unparsed = 0
+        self.errors: list[str] = []
+        self.assigned = threading.Event()
+
+    def run(self) -> None:
+        c = Consumer({**kafka_conf(), "group.id": f"cost-model-{uuid.uuid4()}",
+                      "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                      "fetch.wait.max.ms": 50, "fetch.error.backoff.ms": 50})
+        try:
+            c.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING)
+                      for p in range(self.partitions)])
+            self.assigned.set()
+            while not self.stop.is_set():
+                msgs = c.consume(num_messages=500, timeout=0.05)
+                now = time.time()
+                for msg in msgs:
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            self.errors.append(str(err))
+                        continue
+                    try:
+                        v = json.loads(msg.value())
+                        mid, key, n = v["id"], v["key"], v["n"]
+                    except (ValueError, KeyError, TypeError):
+                        self.unparsed += 1
+                        continue
+                    with self.lock:
+                        self.deliveries.append((msg.partition(), msg.offset(), mid, key, n, now))
+                        self.first.setdefault(mid, now)
+        finally:
+            c.close()
+
+    def have(self, ids) -> int:
+        with self.lock:
+            return sum(1 for i in ids if i in self.first)
+
+
+# ----------------------------------------------------------------------- writers
+
+class Writers:
+    """Messages g = 0, 1, ... at t0 + offset + g / rate, key = keys[g % K], written by
+    thread g % T (K is a multiple of T, so each key has one writer thread)."""
+
+    def __init__(self, table: str, topic: str, rate: float, offset: float, duration: float,
+                 threads: int, keys: int):
+        if keys % threads:
+            raise ValueError("--keys must be a multiple of --writers")
+        self.table, self.topic = table, topic
+        self.rate, self.offset, self.duration = rate, offset, duration
+        self.threads, self.keys = threads, keys
+        self.count = max(0, math.floor((duration - offset) * rate - 1e-9) + 1) \
+            if duration > offset else 0
+        self.until = float("inf")  # absolute time; set_until() ends a stationary load
+        self.lock = threading.Lock()
+        self.committed: dict[str, dict] = {}  # id -> {key, n, sent, committed}
+        self.requests = Counter()
+        self.failed = 0
+        self.retried = 0
+        self.late = []  # seconds behind schedule at send
+        self.workers: list[threading.Thread] = []
+
+    def start(self, t0: float) -> None:
+        for j in range(self.threads if self.count is None else
+                       min(self.threads, max(self.count, 1))):
+            t = threading.Thread(target=self.run, args=(j, t0), daemon=True, name=f"writer-{j}")
+            self.workers.append(t)
+            t.start()
+
+    def join(self, timeout: float) -> None:
+        end = time.time() + timeout
+        for t in self.workers:
+            t.join(max(0.0, end - time.time()))
+
+    def set_until(self, t: float) -> None:
+        self.until = t
+
+    def run(self, j: int, t0: float) -> None:
+        ddb = ddb_client()
+        g = j
+        while self.count is None or g < self.count:
+            due = t0 + self.offset + g / self.rate
+            if due >= self.until:
+                break
+            g += self.threads
+            pause = due - time.time()
+            if pause > 0:
+                time.sleep(pause)
+            else:
+                self.late.append(-pause)
+            self.write(ddb, g - self.threads)
+
+    def write(self, ddb, g: int) -> None:
+        key = f"key-{g % self.keys:03d}"
+        n = g // self.keys
+        kb = key.encode()
+        b = bucket_of(kb)
+        sent = time.time()
+        mid = str(uuid.uuid4())
+        for attempt in range(4):
+            try:
+                self.requests["UpdateItem"] += 1
+                out = ddb.update_item(
+                    TableName=self.table,
+                    Key={"PK": {"S": f"{PREFIX}#SEQUENCE#{b}"}, "SK": {"S": "SEQUENCE"}},
+                    UpdateExpression="ADD #s :n", ExpressionAttributeNames={"#s": "Sequence"},
+                    ExpressionAttributeValues={":n": {"N": "1"}}, ReturnValues="UPDATED_NEW")
+                seq = int(out["Attributes"]["Sequence"]["N"])
+                value = json.dumps({"id": mid, "key": key, "n": n, "sent": round(sent, 6)})
+                item = {
+                    "PK": {"S": f"{PREFIX}#MESSAGES#{b}"}, "SK": {"S": f"{seq:019d}"},
+                    "MessageId": {"S": mid}, "Topic": {"S": self.topic},
+                    "Key": {"B": kb}, "Value": {"B": value.encode()},
+                    "CreatedAtUtc": {"N": str(ticks(sent))}, "BucketCount": {"N": str(BUCKETS)},
+                }
+                self.requests["TransactWriteItems"] += 1
+                ddb.transact_write_items(TransactItems=[{"Put": {
+                    "TableName": self.table, "Item": item,
+                    "ConditionExpression": "attribute_not_exists(#sk)",
+                    "ExpressionAttributeNames": {"#sk": "SK"}}}])
+                committed = time.time()
+                with self.lock:
+                    self.committed[mid] = {"key": key, "n": n, "sent": sent,
+                                           "committed": committed}
+                return
+            except Exception as e:  # reserve again and retry, as the writer does
+                self.retried += 1
+                say(f"write of message {g} failed (attempt {attempt + 1}): {e}")
+                time.sleep(0.2)
+        self.failed += 1
+
+
+# --------------------------------------------------------------------- emulator
+
+def http(url: str, data: bytes | None = None, headers: dict | None = None,
+         timeout: float = 30.0) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=data, headers=headers or {},
+                                 method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+class Emulator:
+    def __init__(self, args, mode: dict, table: str, workdir: str, name: str):
+        self.port_file = os.path.join(workdir, f"{name}.port")
+        self.log = os.path.join(workdir, f"{name}.function.log")
+        self.stderr = open(os.path.join(workdir, f"{name}.emulator.log"), "w")
+        self.period = mode["schedule"] / args.compress
+        self.timeout = args.timeout / args.compress
+        offset = args.warmup + self.period / 2
+        cmd = [PY, os.path.join(SCRIPTS, "lambda_runtime.py"), args.binary,
+               "--function-name", "outbox-relay", "--timeout", f"{self.timeout:g}",
+               "--memory", str(args.memory), "--max-concurrency", str(args.max_concurrency),
+               "--schedule", f"{self.period:g}", "--schedule-offset", f"{offset:g}",
+               "--schedule-payload", SCHEDULE_PAYLOAD, "--port-file", self.port_file,
+               "--log-file", self.log, "--log-format", "JSON", "--log-level", "INFO",
+               "--env", f"OUTBOX_TABLE_NAME={table}",
+               "--env", f"OUTBOX_KEY_PREFIX={PREFIX}",
+               "--env", f"OUTBOX_BUCKET_COUNT={BUCKETS}",
+               "--env", f"OUTBOX_IDLE_STOP={mode['idle_stop']}",
+               "--env", "OUTBOX_MAX_RUN_TIME=900s",
+               "--env", "OUTBOX_SHUTDOWN_MARGIN=3s"]
+        self.started = time.time()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.stderr,
+                                     start_new_session=True)
+        deadline = time.time() + 20
+        while not os.path.exists(self.port_file):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"the emulator did not start (see {self.stderr.name})")
+            time.sleep(0.05)
+        with open(self.port_file) as f:
+            self.port = int(f.read().strip())
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.invoke_url = f"{self.base}/2015-03-31/functions/outbox-relay/invocations"
+
+    def invoke_event(self, payload: str) -> None:
+        code, body = http(self.invoke_url, payload.encode(), {"X-Amz-Invocation-Type": "Event"})
+        if code != 202:
+            raise RuntimeError(f"async invoke: HTTP {code} {body[:200]!r}")
+
+    def stats(self, invocations: bool = True) -> dict:
+        code, body = http(f"{self.base}/stats?invocations={1 if invocations else 0}",
+                          timeout=60)
+        if code != 200:
+            raise RuntimeError(f"/stats: HTTP {code}")
+        return json.loads(body)
+
+    def shutdown(self) -> None:
+        try:
+            http(f"{self.base}/shutdown", b"", timeout=30)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.stderr.close()
+
+
+class StreamPoller:
+    def __init__(self, table: str, invoke_url: str, workdir: str, name: str, args):
+        self.ready = os.path.join(workdir, f"{name}.poller.ready")
+        self.stats_file = os.path.join(workdir, f"{name}.poller.json")
+        self.batch_log = os.path.join(workdir, f"{name}.poller.batches.jsonl")
+        self.stderr = open(os.path.join(workdir, f"{name}.poller.log"), "w")
+        cmd = [PY, os.path.join(SCRIPTS, "streams.py"), "poll", table, "--invoke", invoke_url,
+               "--filter-prefix", f"{PREFIX}#MESSAGES#", "--batch-size", "10",
+               "--window", f"{args.stream_window:g}", "--starting-position", "LATEST",
+               "--max-retries", str(args.stream_max_retries),
+               "--ready-file", self.ready, "--stats-file", self.stats_file,
+               "--batch-log", self.batch_log]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.stderr,
+                                     start_new_session=True)
+        deadline = time.time() + 30
+        while not os.path.exists(self.ready):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"the stream poller did not start (see {self.stderr.name})")
+            time.sleep(0.05)
+
+    def batches(self) -> list[dict]:
+        out = []
+        try:
+            with open(self.batch_log) as f:
+                for line in f:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        pass
+        except OSError:
+            pass
+        return out
+
+    def stop(self) -> dict:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.stderr.close()
+        try:
+            with open(self.stats_file) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+
+# ---------------------------------------------------------------------- figures
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest rank."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+
+
+def summary_of(rec: dict) -> dict | None:
+    if rec.get("status") != "ok":
+        return None
+    try:
+        return json.loads(rec.get("response") or "null")
+    except ValueError:
+        return None
+
+
+def aggregate(recs: list[dict]) -> dict:
+    out = {"invocations": len(recs), "billed_ms": 0, "cold_starts": 0, "published": 0,
+           "refused_writes": 0, "dynamodb_requests": Counter(), "stop_reasons": Counter(),
+           "triggers": Counter(), "statuses": Counter(), "no_summary": 0,
+           "init_ms": [], "duration_ms": []}
+    for r in recs:
+        out["billed_ms"] += r.get("billed_ms") or 0
+        out["cold_starts"] += 1 if r.get("cold") else 0
+        out["statuses"][r.get("status")] += 1
+        out["duration_ms"].append(r.get("duration_ms") or 0)
+        if r.get("cold") and r.get("init_ms") is not None:
+            out["init_ms"].append(r["init_ms"])
+        s = summary_of(r)
+        if s is None:
+            out["no_summary"] += 1
+            continue
+        out["published"] += s.get("published", 0)
+        out["refused_writes"] += s.get("refused_writes", 0)
+        out["stop_reasons"][s.get("stop_reason")] += 1
+        out["triggers"][s.get("trigger")] += 1
+        for op, n in (s.get("dynamodb_requests") or {}).items():
+            out["dynamodb_requests"][op] += n
+    return out
+
+
+def per_hour(ticks_agg: dict, bell_agg: dict, period: float, window: float, key: str):
+    """(3600 / P) x mean per schedule invocation + doorbells x 3600 / D."""
+    n = ticks_agg["invocations"]
+    tick_part = (3600 / period) * (ticks_agg[key] / n) if n else 0.0
+    return tick_part + bell_agg[key] * 3600 / window
+
+
+def units(requests: dict, published: float) -> dict:
+    """Request units from the operation counts (assumptions in the module doc and in
+    BENCHMARKS.md): Query 1 RRU (strongly consistent, under 4 KB: the upper bound, the
+    idle probes are eventually consistent, 0.5), UpdateItem / PutItem / DeleteItem 1 WRU,
+    BatchWriteItem 1 WRU per deleted message (= published), TransactWriteItems 2 per item
+    (one item each), GetItem 1 RRU."""
+    rru = requests.get("Query", 0) + requests.get("GetItem", 0)
+    wru = (requests.get("UpdateItem", 0) + requests.get("PutItem", 0)
+           + requests.get("DeleteItem", 0) + 2 * requests.get("TransactWriteItems", 0))
+    if requests.get("BatchWriteItem", 0):
+        wru += max(published, requests["BatchWriteItem"])
+    return {"rru": rru, "wru": wru}
+
+
+def usd_month(billed_ms_h: float, invocations_h: float, ticks_h: float, rru_h: float,
+              wru_h: float, memory_mb: int) -> dict:
+    gb_s = billed_ms_h / 1000 * memory_mb / 1024 * HOURS_PER_MONTH
+    out = {
+        "lambda_gb_s": gb_s,
+        "lambda_compute": gb_s * PRICES["lambda_arm64_gb_s"],
+        "lambda_requests": invocations_h * HOURS_PER_MONTH * PRICES["lambda_request"],
+        "scheduler": ticks_h * HOURS_PER_MONTH * PRICES["scheduler_invocation"],
+        "dynamodb_relay": (rru_h * PRICES["ddb_rru"] + wru_h * PRICES["ddb_wru"])
+        * HOURS_PER_MONTH,
+    }
+    out["total_relay_side"] = (out["lambda_compute"] + out["lambda_requests"]
+                               + out["scheduler"] + out["dynamodb_relay"])
+    return out
+
+
+def slow_seconds(committed: dict, first: dict, t0: float, over: float = 2.0) -> list:
+    per: dict[int, list[float]] = defaultdict(list)
+    for m, c in committed.items():
+        if m in first and first[m] - c["committed"] > over:
+            per[int(c["committed"] - t0)].append(first[m] - c["committed"])
+    return [[sec, len(v), round(max(v), 3)] for sec, v in sorted(per.items())]
+
+
+def order_check(deliveries: list[tuple]) -> dict:
+    """Per key, the per-key numbers of first deliveries, in delivery (offset) order."""
+    seen = set()
+    per_key: dict[str, list[int]] = defaultdict(list)
+    for part, off, mid, key, n, _ in sorted(deliveries, key=lambda d: (d[0], d[1])):
+        if mid in seen:
+            continue
+        seen.add(mid)
+        per_key[key].append(n)
+    violations = sum(1 for ns in per_key.values() for a, b in zip(ns, ns[1:]) if b <= a)
+    return {"keys": len(per_key), "violations": violations}
+
+
+# ------------------------------------------------------------------------ a cell
+
+def run_cell(args, mode_id: str, load: str, run_id: str, workdir: str) -> dict:
+    mode = MODES[mode_id]
+    name = f"cost-{mode_id}-{load}-{run_id}"
+    duration = {"idle": args.idle_seconds, "trickle": args.trickle_seconds,
+                "steady": args.steady_seconds}[load]
+    say(f"cell {mode_id} ({mode['name']}) x {load}: {duration:g} s window, table/topic {name}")
+    create_table(name, mode["stream"])
+    create_topic(name, args.partitions)
+    reader = Reader(name, args.partitions)
+    reader.start()
+    reader.assigned.wait(30)
+    writers = None
+    # A stationary load runs from the warm-up on and until every invocation counted in the
+    # window has ended (timeout + 5 s after it), so that each counted invocation works
+    # under the load for its whole run, as in a deployment that has the load all the time.
+    stationary = load in args.stationary_loads.split(",")
+    if load == "trickle":
+        writers = Writers(name, name, 1 / args.trickle_interval, args.trickle_interval / 2,
+                          duration, 1, args.keys)
+    elif load == "steady":
+        writers = Writers(name, name, args.steady_rate, 0.0, duration, args.writers, args.keys)
+
+    if writers and stationary:
+        writers.count = None
+    emu = Emulator(args, mode, name, workdir, name)
+    poller = None
+    poller_stats = {}
+    poller_batch_log: list[dict] = []
+    try:
+        t0 = emu.started + args.warmup
+        emu.invoke_event(SCHEDULE_PAYLOAD)  # the warm-up invocation (source "event")
+        if writers and stationary:
+            writers.start(emu.started + 3.0)  # the load is on from the warm-up
+        if mode["stream"]:
+            poller = StreamPoller(name, emu.invoke_url, workdir, name, args)
+        if time.time() > t0 - 1:
+            raise RuntimeError("the set-up took longer than --warmup; raise it")
+        time.sleep(t0 - time.time())
+        at_t0 = emu.stats(invocations=False)["totals"]
+        t_end = t0 + duration
+        if writers and not stationary:
+            writers.start(t0)
+        time.sleep(max(0.0, t_end - time.time()))
+        at_end = emu.stats(invocations=False)["totals"]
+        if writers and stationary:
+            # Every invocation received in the window has ended by then (the timeout kills).
+            time.sleep(max(0.0, t_end + emu.timeout + 5 - time.time()))
+            writers.set_until(time.time())
+        if writers:
+            writers.join(60)
+        ids = list(writers.committed) if writers else []  # every message of the cell
+        # Drain: every committed message in Kafka.
+        drain_limit = time.time() + emu.period + emu.timeout + 20
+        while reader.have(ids) < len(ids) and time.time() < drain_limit:
+            time.sleep(0.2)
+        drained_at = time.time()
+        # Every schedule invocation received in W has answered.
+        ticks_expected = at_end["schedule_ticks"] - at_t0["schedule_ticks"]
+        answer_limit = time.time() + emu.timeout + 15
+        while time.time() < answer_limit:
+            recs = emu.stats()["invocations"]
+            done = [r for r in recs if r["source"] == "schedule" and r["status"] != "throttled"
+                    and t0 <= r["received"] < t_end + 1]
+            if len(done) >= ticks_expected:
+                break
+            time.sleep(1.0)
+        if poller:
+            poller_stats = poller.stop()
+            poller_batch_log = poller.batches()
+            poller = None
+        final = emu.stats()
+    finally:
+        if poller:
+            poller.stop()
+        emu.shutdown()
+        reader.stop.set()
+        reader.join(10)
+        delete_table(name)
+
+    recs = final["invocations"]
+    tick_recs = [r for r in recs if r["source"] == "schedule" and t0 <= r["received"] < t_end
+                 and r["status"] != "throttled"]
+    # Doorbells: every one of the cell when the load is inside the window; with a
+    # stationary load, those received in the window.
+    bell_recs = [r for r in recs if r["source"] == "invoke" and r["status"] != "throttled"
+                 and (not stationary or t0 <= r["received"] < t_end)]
+    throttled = Counter(r["source"] for r in recs if r["status"] == "throttled")
+    warmup = [r for r in recs if r["source"] == "event"]
+    ta, ba = aggregate(tick_recs), aggregate(bell_recs)
+    period, memory = emu.period, args.memory
+    both = aggregate(tick_recs + bell_recs)
+
+    def ph(key):
+        return per_hour(ta, ba, period, duration, key)
+
+    ops = sorted(set(ta["dynamodb_requests"]) | set(ba["dynamodb_requests"]))
+    req_h = {}
+    for op in ops:
+        n = ta["invocations"]
+        tick_part = (3600 / period) * ta["dynamodb_requests"][op] / n if n else 0.0
+        req_h[op] = tick_part + ba["dynamodb_requests"][op] * 3600 / duration
+    published_h = ph("published")
+    u = units(req_h, published_h)
+    ticks_h = 3600 / period
+    invocations_h = (ticks_h if ta["invocations"] else 0.0) + ba["invocations"] * 3600 / duration
+    billed_h = ph("billed_ms")
+    cost = usd_month(billed_h, invocations_h, ticks_h, u["rru"], u["wru"], memory)
+
+    all_committed = writers.committed if writers else {}
+    committed = {m: c for m, c in all_committed.items() if t0 <= c["committed"] < t_end}
+    lat = [reader.first[m] - c["committed"] for m, c in committed.items() if m in reader.first]
+    lat_sent = [reader.first[m] - c["sent"] for m, c in committed.items() if m in reader.first]
+    read_ids = set(reader.first)
+    lost = set(all_committed) - read_ids
+    unexpected = read_ids - set(all_committed)
+    throughput = None
+    if load == "steady":
+        if stationary:
+            # Messages that became visible inside the window, per second.
+            throughput = sum(1 for t in reader.first.values() if t0 <= t < t_end) / duration
+        else:
+            firsts = sorted(reader.first[m] for m in committed if m in reader.first)
+            commits = sorted(c["committed"] for c in committed.values())
+            if len(firsts) > 1:
+                # From the first commit to the last arrival.
+                throughput = len(firsts) / (firsts[-1] - commits[0])
+    share = len(committed) / len(all_committed) if all_committed else 0.0
+    writer_req_h = ({op: n * share * 3600 / duration for op, n in writers.requests.items()}
+                    if writers else {})
+    warnings = []
+    if not ta["invocations"]:
+        warnings.append("no schedule invocation in the window: the schedule's share of the "
+                        "figures per hour is missing (make the window longer than P / 2)")
+    # Where a doorbell's latency goes (single-record batches: the trickle): from the
+    # commit to the poller's invoke, and from the invoke to the record in Kafka.
+    doorbell_delay, invoke_to_visible = [], []
+    if poller_batch_log and committed:
+        by_commit = sorted((c["committed"], m) for m, c in committed.items())
+        times = [t for t, _ in by_commit]
+        for b in poller_batch_log:
+            if b.get("records") != 1 or b.get("attempt") != 1:
+                continue
+            i = bisect.bisect_right(times, b["sent"]) - 1
+            if i < 0:
+                continue
+            t_c, mid = by_commit[i]
+            doorbell_delay.append(b["sent"] - t_c)
+            if mid in reader.first:
+                invoke_to_visible.append(reader.first[mid] - b["sent"])
+    compact = [{
+        "source": r["source"], "at_s": round(r["received"] - t0, 3),
+        "billed_ms": r.get("billed_ms"), "cold": r.get("cold"), "status": r.get("status"),
+        **({k: s.get(k) for k in ("trigger", "stop_reason", "published", "refused_writes")}
+           if (s := summary_of(r)) else {}),
+    } for r in recs if r["source"] != "invoke" or len(bell_recs) <= 400]
+    cell = {
+        "mode": mode_id, "mode_name": mode["name"], "load": load, "table": name,
+        "warnings": warnings, "stationary_load": stationary,
+        "stream_window_s": args.stream_window if mode["stream"] else None,
+        "window_s": duration, "schedule_period_s": period, "relay_timeout_s": emu.timeout,
+        "idle_stop": mode["idle_stop"], "t0": round(t0, 3),
+        "drain_s": round(drained_at - t_end, 3),
+        "ticks_in_window": ticks_expected, "schedule_invocations_counted": ta["invocations"],
+        "doorbell_invocations": ba["invocations"], "warmup_invocations": len(warmup),
+        "throttled": dict(throttled),
+        "window": {
+            "billed_ms": both["billed_ms"], "invocations": both["invocations"],
+            "cold_starts": both["cold_starts"], "published": both["published"],
+            "refused_writes": both["refused_writes"],
+            "dynamodb_requests": dict(both["dynamodb_requests"]),
+            "stop_reasons": dict(both["stop_reasons"]), "triggers": dict(both["triggers"]),
+            "statuses": dict(both["statuses"]), "no_summary": both["no_summary"],
+            "init_ms_max": max(both["init_ms"]) if both["init_ms"] else None,
+            "schedule_billed_ms_mean": (ta["billed_ms"] / ta["invocations"]
+                                        if ta["invocations"] else None),
+            "doorbell_billed_ms_mean": (ba["billed_ms"] / ba["invocations"]
+                                        if ba["invocations"] else None),
+        },
+        "per_hour": {
+            "billed_s": billed_h / 1000, "invocations": invocations_h,
+            "schedule_invocations": ticks_h, "dynamodb_requests": req_h,
+            "rru": u["rru"], "wru": u["wru"], "published": published_h,
+            "writer_requests": writer_req_h,
+        },
+        "usd_month": cost,
+        "messages": {
+            "stationary_load": stationary,
+            "committed": len(committed), "committed_in_cell": len(all_committed),
+            "planned": (writers.count or 0) if writers else 0,
+            "write_failures": writers.failed if writers else 0,
+            "write_retries": writers.retried if writers else 0,
+            "writer_behind_max_s": max(writers.late) if writers and writers.late else 0.0,
+            "read_distinct": len(read_ids), "deliveries": len(reader.deliveries),
+            "duplicates": len(reader.deliveries) - len(read_ids),
+            "lost": len(lost), "unexpected": len(unexpected), "unparsed": reader.unparsed,
+            "kafka_errors": reader.errors[:5],
+            "order": order_check(reader.deliveries),
+            "offered_per_s": len(committed) / duration if duration else 0.0,
+            "throughput_per_s": throughput,
+        },
+        "latency_s": {
+            "n": len(lat), "p50": percentile(lat, 50), "p99": percentile(lat, 99),
+            "max": max(lat) if lat else None,
+            # Where the slow ones were: [second of the window (commit), messages over
+            # 2 s, their max], for every second that had one.
+            "slow_seconds": slow_seconds(committed, reader.first, t0),
+            "from_send_p50": percentile(lat_sent, 50), "from_send_p99": percentile(lat_sent, 99),
+        },
+        "doorbell_path_s": {
+            "commit_to_invoke_p50": percentile(doorbell_delay, 50),
+            "commit_to_invoke_max": max(doorbell_delay) if doorbell_delay else None,
+            "invoke_to_visible_p50": percentile(invoke_to_visible, 50),
+            "invoke_to_visible_max": max(invoke_to_visible) if invoke_to_visible else None,
+            "n": len(doorbell_delay),
+        },
+        "poller": poller_stats,
+        "emulator_totals": final["totals"],
+        "invocation_list": compact,
+    }
+    return cell
+
+
+# ------------------------------------------------------------------------ output
+
+def fmt(x, nd=1, unit=""):
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{nd}f}{unit}"
+    return f"{x:,}{unit}"
+
+
+def op_short(req: dict) -> str:
+    names = {"Query": "Q", "UpdateItem": "U", "PutItem": "P", "DeleteItem": "D",
+             "BatchWriteItem": "BW", "TransactWriteItems": "TW", "GetItem": "G"}
+    return " ".join(f"{names.get(op, op)} {n:,.0f}" for op, n in sorted(req.items()))
+
+
+def markdown(cells: list[dict]) -> str:
+    lines = [
+        "| Mode | Load | Billed s / h | Invocations / h (cold in window) | DynamoDB requests / h "
+        "(relay) | Latency p50 / p99 / max (s) | Messages (lost, order, refused) | "
+        "USD / month (relay side) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        ph, m, lat = c["per_hour"], c["messages"], c["latency_s"]
+        lat_s = ("-" if not lat["n"] else
+                 f"{lat['p50']:.2f} / {lat['p99']:.2f} / {lat['max']:.2f}")
+        order = "ok" if m["order"]["violations"] == 0 else f"{m['order']['violations']} violations"
+        lines.append(
+            f"| {c['mode']} {c['mode_name']} | {c['load']} | {ph['billed_s']:,.0f} | "
+            f"{ph['invocations']:,.0f} ({c['window']['cold_starts']}) | "
+            f"{op_short(ph['dynamodb_requests'])} | {lat_s} | "
+            f"{m['committed']:,} ({m['lost']}, {order}, {c['window']['refused_writes']}) | "
+            f"{c['usd_month']['total_relay_side']:,.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="See the module docstring for the details.")
+    p.add_argument("--binary", default=os.path.join(
+        os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/dynamo-outbox/target")),
+        "release", "outbox-relay-function"), help="the relay function binary")
+    p.add_argument("--binary-commit", help="the commit the binary was built from, for the "
+                   "record (default: this checkout's HEAD)")
+    p.add_argument("--modes", default="a,b,c")
+    p.add_argument("--loads", default="idle,trickle,steady")
+    p.add_argument("--idle-seconds", type=float, default=300.0)
+    p.add_argument("--trickle-seconds", type=float, default=240.0)
+    p.add_argument("--steady-seconds", type=float, default=180.0)
+    p.add_argument("--trickle-interval", type=float, default=10.0)
+    p.add_argument("--steady-rate", type=float, default=50.0)
+    p.add_argument("--warmup", type=float, default=30.0,
+                   help="seconds from the emulator's start (and the warm-up invocation) "
+                        "to the window (default 30)")
+    p.add_argument("--compress", type=float, default=1.0,
+                   help="divide the schedule periods and the relay timeout by this")
+    p.add_argument("--timeout", type=float, default=70.0, help="relay timeout (70 s)")
+    p.add_argument("--memory", type=int, default=256)
+    p.add_argument("--max-concurrency", type=int, default=5)
+    p.add_argument("--stream-max-retries", type=int, default=-1,
+                   help="streams.py poll --max-retries (default -1: a throttled batch is "
+                        "retried until it goes through)")
+    p.add_argument("--stream-window", type=float, default=1.0,
+                   help="the poller's batching window in mode c (default 1 s, the template's "
+                        "MaximumBatchingWindowInSeconds)")
+    p.add_argument("--stationary-loads", default="steady",
+                   help="loads that run from the warm-up until the window's invocations have "
+                        "ended (default: steady; empty: none)")
+    p.add_argument("--writers", type=int, default=8)
+    p.add_argument("--keys", type=int, default=32)
+    p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--out", help="write the full result JSON here")
+    p.add_argument("--workdir", help="logs of the emulator, function and poller "
+                   "(default: a new temp dir, kept)")
+    args = p.parse_args()
+    for var in ("AWS_ENDPOINT_URL_DYNAMODB", "KAFKA_BOOTSTRAP_SERVERS"):
+        if not os.environ.get(var):
+            p.error(f"{var} is not set: run inside scripts/stack.sh run -- ...")
+    if not os.path.exists(args.binary):
+        p.error(f"no relay binary at {args.binary}")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    loads = [x.strip() for x in args.loads.split(",") if x.strip()]
+    for m in modes:
+        if m not in MODES:
+            p.error(f"unknown mode {m}")
+    for x in loads:
+        if x not in ("idle", "trickle", "steady"):
+            p.error(f"unknown load {x}")
+    workdir = args.workdir or tempfile.mkdtemp(prefix="cost-model-")
+    os.makedirs(workdir, exist_ok=True)
+    run_id = uuid.uuid4().hex[:6]
+    commit = args.binary_commit or subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True).stdout.strip()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    say(f"run {run_id}, commit {commit}, logs in {workdir}, binary {args.binary}")
+    result = {
+        "run_id": run_id, "commit": commit,
+        "started_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "argv": sys.argv[1:], "prices_usd": PRICES, "hours_per_month": HOURS_PER_MONTH,
+        "load_average_start": os.getloadavg(), "cells": [],
+    }
+    for m in modes:
+        for x in loads:
+            cell = run_cell(args, m, x, run_id, workdir)
+            cell["load_average_end"] = os.getloadavg()
+            result["cells"].append(cell)
+            print(json.dumps({k: cell[k] for k in (
+                "mode", "load", "warnings", "per_hour", "latency_s", "doorbell_path_s",
+                "messages", "window", "usd_month")},
+                default=str), flush=True)
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump(result, f, indent=1, default=str)
+    result["ended_utc"] = datetime.datetime.now(datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+    print(markdown(result["cells"]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
