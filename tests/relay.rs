@@ -1198,3 +1198,190 @@ async fn a_record_the_broker_rejects_for_good_stops_only_its_bucket() {
     assert_eq!(copies, 0, "nothing went out twice on a healthy run");
     assert_eq!(pending_messages(&client, &options).await, 0);
 }
+
+/// Issue 12, the lease round's edges: odd heartbeat records and a retried cleanup (item 2).
+mod lease_edges {
+    use std::collections::BTreeSet;
+
+    use aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextMut;
+    use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use dynamo_outbox::accounting::RequestCounter;
+    use dynamo_outbox::store::WriteKind;
+
+    use super::*;
+
+    /// Puts one item into the coordination partition of `options` by hand.
+    async fn put_coordination(
+        client: &aws_sdk_dynamodb::Client,
+        options: &OutboxOptions,
+        sk: &str,
+        attributes: Vec<(&str, AttributeValue)>,
+    ) {
+        let mut request = client
+            .put_item()
+            .table_name(&options.table_name)
+            .item(
+                "PK",
+                AttributeValue::S(format!("{}#COORDINATION", options.key_prefix)),
+            )
+            .item("SK", AttributeValue::S(sk.into()));
+        for (name, value) in attributes {
+            request = request.item(name, value);
+        }
+        request.send().await.expect("put by hand");
+    }
+
+    fn n(v: i64) -> AttributeValue {
+        AttributeValue::N(v.to_string())
+    }
+
+    /// Answers the first `DeleteItem` attempt with an injected 500 after DynamoDB applied
+    /// it, so the SDK retries a delete that already landed.
+    #[derive(Debug, Default)]
+    struct LoseFirstDeleteAnswer {
+        lost: AtomicBool,
+    }
+
+    impl Intercept for LoseFirstDeleteAnswer {
+        fn name(&self) -> &'static str {
+            "LoseFirstDeleteAnswer"
+        }
+
+        fn modify_before_deserialization(
+            &self,
+            context: &mut BeforeDeserializationInterceptorContextMut<'_>,
+            _: &RuntimeComponents,
+            cfg: &mut ConfigBag,
+        ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+            let delete = cfg
+                .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
+                .is_some_and(|m| m.name() == "DeleteItem");
+            if delete && !self.lost.swap(true, Ordering::SeqCst) {
+                let response = context.response_mut();
+                *response.status_mut() = 500u16.try_into().unwrap();
+                *response.body_mut() = aws_smithy_types::body::SdkBody::from(
+                    r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected: the answer was lost"}"#,
+                );
+            }
+            Ok(())
+        }
+    }
+
+    /// The ids of the heartbeat records in the table now.
+    async fn relay_records(store: &DynamoDbOutboxStore) -> BTreeSet<String> {
+        store
+            .read_coordination()
+            .await
+            .unwrap()
+            .relays
+            .into_iter()
+            .map(|r| r.relay_id)
+            .collect()
+    }
+
+    /// Item 2: heartbeat records without a numeric `LastSeenUtc` (another implementation's
+    /// stop stamp before its first heartbeat, a bare record, a string) are deleted on
+    /// purpose by the cleaning relay, none refused; and an SDK retry of a cleanup whose
+    /// first attempt landed is done, not refused.
+    #[tokio::test]
+    async fn odd_heartbeat_records_are_cleaned_and_a_retried_cleanup_is_done_not_refused() {
+        let client = dynamodb().await;
+        let options = fresh_table(&client, 2).await;
+        let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+        let relay_options = fast_relay_options("a-cleaner", 2);
+        let lease = TICKS_PER_SECOND * relay_options.lease_duration.as_secs() as i64;
+        let now = store.clock().now_ticks();
+        put_coordination(
+            &client,
+            &options,
+            "RELAY#stamp-only",
+            vec![("StoppedAtUtc", n(now - 2 * lease))],
+        )
+        .await;
+        put_coordination(&client, &options, "RELAY#bare", vec![]).await;
+        put_coordination(
+            &client,
+            &options,
+            "RELAY#text-seen",
+            vec![
+                ("LastSeenUtc", AttributeValue::S("yesterday".into())),
+                ("StoppedAtUtc", n(now - 2 * lease)),
+            ],
+        )
+        .await;
+        let odd: BTreeSet<String> = ["stamp-only", "bare", "text-seen"].map(String::from).into();
+
+        let (counted, wire) = counted_client().await;
+        let running = spawn(
+            relay_with(
+                &counted,
+                &options,
+                kafka_publisher().await,
+                relay_options.clone(),
+            )
+            .await,
+        );
+        // The cleaner deletes them in its first rounds; ten renew intervals is generous.
+        let until = Instant::now() + relay_options.lease_renew_interval * 10;
+        let left = loop {
+            let left: Vec<String> = relay_records(&store)
+                .await
+                .intersection(&odd)
+                .cloned()
+                .collect();
+            if left.is_empty() || Instant::now() >= until {
+                break left;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let report = running.stop().await;
+        assert!(
+            left.is_empty(),
+            "records left after {} rounds: {left:?}; refused by the relay {:?}, at the wire {:?}",
+            report.rounds,
+            report.refused,
+            wire.refusals()
+        );
+        assert_eq!(report.refused_total(), 0, "{report:?}");
+        assert_no_refusal_on_the_wire(&wire, "cleaning odd heartbeat records");
+
+        // A dead relay's record, deleted by a client whose first answer is lost: the SDK
+        // retries a delete that landed.
+        let seen = now - 11 * lease;
+        put_coordination(
+            &client,
+            &options,
+            "RELAY#gone",
+            vec![("LastSeenUtc", n(seen))],
+        )
+        .await;
+        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        let lossy_wire = RequestCounter::default();
+        let lossy = aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::config::Builder::from(&config)
+                .interceptor(LoseFirstDeleteAnswer::default())
+                .interceptor(lossy_wire.clone())
+                .build(),
+        );
+        let lossy_store = DynamoDbOutboxStore::new(lossy, options.clone()).unwrap();
+        let deleted = lossy_store
+            .delete_relay_record("a-cleaner", "gone", seen)
+            .await
+            .unwrap();
+        assert_eq!(
+            lossy_wire.get("DeleteItem").total(),
+            2,
+            "the SDK retried: {:?}",
+            lossy_wire.snapshot()
+        );
+        assert!(
+            deleted,
+            "a retried cleanup that landed is done; refused {:?}",
+            lossy_wire.refusals()
+        );
+        assert_eq!(lossy_store.refused_writes().get(WriteKind::Cleanup), 0);
+        assert_no_refusal_on_the_wire(&lossy_wire, "a retried cleanup");
+        assert!(!relay_records(&store).await.contains("gone"));
+    }
+}

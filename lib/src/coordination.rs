@@ -45,12 +45,34 @@ pub struct LeaseRecord {
     pub expires_at: i64,
 }
 
+/// Reads a timestamp attribute in UTC ticks from its number text (`None` when the
+/// attribute is missing or not a number): `(ticks, exact)`. A whole number in `i64` is
+/// itself, exact; any other number is rounded up (saturating at the `i64` range), so that
+/// "at most the value read" still holds of the stored number; anything else is 0.
+pub fn read_ticks(number: Option<&str>) -> (i64, bool) {
+    let Some(text) = number else {
+        return (0, false);
+    };
+    if let Ok(ticks) = text.trim().parse::<i64>() {
+        return (ticks, true);
+    }
+    match text.trim().parse::<f64>() {
+        // `as` saturates at the bounds of i64.
+        Ok(x) if x.is_finite() => (x.ceil() as i64, false),
+        _ => (0, false),
+    }
+}
+
 /// One heartbeat item as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayRecord {
     /// The relay's id (from the sort key).
     pub relay_id: String,
-    /// Its last round in UTC ticks.
+    /// Its last round in UTC ticks, as [`read_ticks`] reads `LastSeenUtc`: 0 when the
+    /// record has none or one that is not a number (another implementation's stop stamp
+    /// written before its first heartbeat, say). Such a record never counts as active; it
+    /// is stale once its stop is a lease duration old, or at once when it has no stop
+    /// stamp either ([`RelayRecord::is_stale`]).
     pub last_seen: i64,
     /// When it stopped, if it did.
     pub stopped_at: Option<i64>,
@@ -710,5 +732,60 @@ mod tests {
         };
         assert_eq!(c.held_by("a", 4), vec![0, 2]);
         assert!(c.held_by("b", 4).is_empty());
+    }
+
+    #[test]
+    fn timestamps_read_exact_when_whole_ticks_else_rounded_up_or_zero() {
+        assert_eq!(
+            read_ticks(Some("638000000000000000")),
+            (638000000000000000, true)
+        );
+        assert_eq!(read_ticks(Some("-5")), (-5, true));
+        assert_eq!(read_ticks(Some("12.25")), (13, false));
+        assert_eq!(read_ticks(Some("1E+30")), (i64::MAX, false));
+        assert_eq!(read_ticks(Some("-1E+30")), (i64::MIN, false));
+        assert_eq!(read_ticks(Some("soon")), (0, false));
+        assert_eq!(read_ticks(None), (0, false));
+    }
+
+    #[test]
+    fn heartbeat_records_without_a_numeric_last_seen_never_count_and_go_stale() {
+        let (last_seen, _) = read_ticks(None);
+        // Another implementation's stop stamp before its first heartbeat.
+        let stamp_only = RelayRecord {
+            relay_id: "other".into(),
+            last_seen,
+            stopped_at: Some(NOW - LEASE),
+            stops_at: None,
+        };
+        let bare = RelayRecord {
+            relay_id: "bare".into(),
+            stopped_at: None,
+            ..stamp_only.clone()
+        };
+        let recent_stamp = RelayRecord {
+            relay_id: "recent".into(),
+            stopped_at: Some(NOW - 1),
+            ..stamp_only.clone()
+        };
+        for r in [&stamp_only, &bare, &recent_stamp] {
+            assert!(!r.is_active(NOW, LEASE), "{r:?}");
+        }
+        assert!(stamp_only.is_stale(NOW, LEASE));
+        assert!(bare.is_stale(NOW, LEASE));
+        assert!(
+            !recent_stamp.is_stale(NOW, LEASE),
+            "its stop is a lease duration old first"
+        );
+        let c = Coordination {
+            leases: vec![],
+            relays: vec![relay("a", NOW - 1), stamp_only, bare, recent_stamp],
+        };
+        let stale: Vec<&str> = c
+            .stale_records("a", NOW, LEASE)
+            .iter()
+            .map(|r| r.relay_id.as_str())
+            .collect();
+        assert_eq!(stale, ["other", "bare"]);
     }
 }

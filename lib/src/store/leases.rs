@@ -222,9 +222,13 @@ impl DynamoDbOutboxStore {
                         expires_at: get_n(item, attr::EXPIRES_AT).unwrap_or(0),
                     });
                 } else if let Some(relay_id) = sk.strip_prefix(schema::RELAY_SK_PREFIX) {
+                    let number = |name: &str| item.get(name).and_then(|v| v.as_n().ok());
                     coordination.relays.push(RelayRecord {
                         relay_id: relay_id.to_string(),
-                        last_seen: get_n(item, attr::LAST_SEEN).unwrap_or(0),
+                        last_seen: coordination::read_ticks(
+                            number(attr::LAST_SEEN).map(String::as_str),
+                        )
+                        .0,
                         stopped_at: get_n(item, attr::STOPPED_AT),
                         stops_at: get_n(item, attr::STOPS_AT),
                     });
@@ -357,8 +361,16 @@ impl DynamoDbOutboxStore {
         })
     }
 
-    /// Deletes a stopped or dead relay's heartbeat record, conditional on it being unchanged
-    /// since it was read.
+    /// Deletes a stopped or dead relay's heartbeat record unless it moved forward since it
+    /// was read (`read_last_seen`, as [`RelayRecord::last_seen`] reads it): a relay that
+    /// came back has written a later `LastSeenUtc`, and only that refuses the delete.
+    ///
+    /// Retry-safe: a record that is gone already (an SDK retry of a delete whose first
+    /// attempt landed, another cleaner) satisfies `attribute_not_exists` on the key, so the
+    /// delete of nothing succeeds, refused nowhere. A record without a numeric
+    /// `LastSeenUtc` (another implementation's stop stamp before its first heartbeat, a
+    /// hand edit) is deleted on purpose once stale ([`RelayRecord::is_stale`]), instead of
+    /// being compared with a value it does not have and refused every round.
     pub async fn delete_relay_record(
         &self,
         cleaner: &str,
@@ -373,8 +385,13 @@ impl DynamoDbOutboxStore {
                 self.keys
                     .key(self.keys.coordination_pk(), schema::relay_sk(relay_id)),
             ))
-            .condition_expression("#seen = :read")
+            .condition_expression(
+                "attribute_not_exists(#pk) OR attribute_not_exists(#seen) \
+                 OR NOT attribute_type(#seen, :number) OR #seen <= :read",
+            )
+            .expression_attribute_names("#pk", &self.keys.pk)
             .expression_attribute_names("#seen", attr::LAST_SEEN)
+            .expression_attribute_values(":number", schema::s("N"))
             .expression_attribute_values(":read", schema::n(read_last_seen))
             .send()
             .await;
