@@ -1199,7 +1199,8 @@ async fn a_record_the_broker_rejects_for_good_stops_only_its_bucket() {
     assert_eq!(pending_messages(&client, &options).await, 0);
 }
 
-/// Issue 12, the lease round's edges: odd heartbeat records and a retried cleanup (item 2).
+/// Issue 12, the lease round's edges: odd heartbeat records and a retried cleanup (item 2),
+/// leases with an owner but no numeric expiry (item 3).
 mod lease_edges {
     use std::collections::BTreeSet;
 
@@ -1383,5 +1384,87 @@ mod lease_edges {
         assert_eq!(lossy_store.refused_writes().get(WriteKind::Cleanup), 0);
         assert_no_refusal_on_the_wire(&lossy_wire, "a retried cleanup");
         assert!(!relay_records(&store).await.contains("gone"));
+    }
+
+    /// Item 3: lease items with an owner but a missing or non-numeric `ExpiresAtUtc`, some
+    /// naming a relay that is gone, some naming the relay itself: it claims the first and
+    /// takes back the second, refusing nothing, and publishes every bucket.
+    #[tokio::test]
+    async fn leases_with_an_owner_but_no_numeric_expiry_are_claimed_and_taken_back() {
+        let client = dynamodb().await;
+        let options = fresh_table(&client, 4).await;
+        let topic = random_name("noexpiry");
+        create_topic(&topic, 4);
+        let owner = |id: &str| ("Owner", AttributeValue::S(id.into()));
+        put_coordination(&client, &options, "LEASE#0000000000", vec![owner("ghost")]).await;
+        put_coordination(
+            &client,
+            &options,
+            "LEASE#0000000001",
+            vec![
+                owner("ghost"),
+                ("ExpiresAtUtc", AttributeValue::S("tomorrow".into())),
+            ],
+        )
+        .await;
+        put_coordination(&client, &options, "LEASE#0000000002", vec![owner("me")]).await;
+        put_coordination(
+            &client,
+            &options,
+            "LEASE#0000000003",
+            vec![owner("me"), ("ExpiresAtUtc", AttributeValue::Bool(true))],
+        )
+        .await;
+        // One message per bucket (partition p goes to bucket p of 4).
+        let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+        let messages: Vec<OutboxMessage> = (0..4)
+            .map(|p| {
+                writer
+                    .message(&topic)
+                    .with_partition(p)
+                    .with_value(format!("b{p}"))
+            })
+            .collect();
+        writer.enqueue(&messages).await.unwrap();
+
+        let relay_options = fast_relay_options("me", 4);
+        let (counted, wire) = counted_client().await;
+        let running = spawn(
+            relay_with(
+                &counted,
+                &options,
+                kafka_publisher().await,
+                relay_options.clone(),
+            )
+            .await,
+        );
+        let all_mine = vec![Some("me".to_string()); 4];
+        let until = Instant::now() + relay_options.lease_renew_interval * 10;
+        let owners = loop {
+            let owners = lease_owners(&client, &options).await;
+            if owners == all_mine || Instant::now() >= until {
+                break owners;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let published = if owners == all_mine {
+            Some(wait_for_ids(&topic, &id_set(&messages), Duration::from_secs(30)).await)
+        } else {
+            None
+        };
+        let report = running.stop().await;
+        assert_eq!(
+            owners,
+            all_mine,
+            "after {} rounds; refused by the relay {:?}, at the wire {:?}",
+            report.rounds,
+            report.refused,
+            wire.refusals()
+        );
+        published
+            .expect("published")
+            .assert_exactly_once(&id_set(&messages));
+        assert_eq!(report.refused_total(), 0, "{report:?}");
+        assert_no_refusal_on_the_wire(&wire, "leases without a numeric expiry");
     }
 }

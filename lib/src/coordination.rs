@@ -41,8 +41,44 @@ pub struct LeaseRecord {
     pub bucket: u32,
     /// The relay holding it; `None` for a free bucket.
     pub owner: Option<String>,
-    /// Expiry in UTC ticks, also the lease's version (0 when the item has none).
+    /// Expiry in UTC ticks, also the lease's version, as [`read_ticks`] reads
+    /// `ExpiresAtUtc`: 0 (lapsed) when the item has none or one that is not a number.
     pub expires_at: i64,
+    /// Whether `ExpiresAtUtc` is a whole number of ticks, as every relay writes it. When
+    /// it is not (missing, another type, a fraction, beyond `i64`), a write conditioned on
+    /// the expiry as read matches such an item ([`ReadExpiry`]) instead of an equal one.
+    pub expiry_exact: bool,
+}
+
+impl LeaseRecord {
+    /// The expiry as this read saw it, for a write conditioned on it.
+    pub fn read_expiry(&self) -> ReadExpiry {
+        ReadExpiry {
+            ticks: self.expires_at,
+            exact: self.expiry_exact,
+        }
+    }
+}
+
+/// The expiry a renewal or release is conditioned on: the lease's `ExpiresAtUtc` as the
+/// round read it. Exact (a whole number of ticks, what relays write): the write requires
+/// `ExpiresAtUtc = ticks`. Not exact (the item had none, another type, or a number that is
+/// not a whole tick count, which [`read_ticks`] rounds up): the write requires it to be
+/// missing, not a number, or at most `ticks`, so that a lease another tool left without a
+/// usable expiry can still be taken back and handed back by its owner, while any expiry a
+/// relay wrote since (always later) still refuses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadExpiry {
+    /// The expiry in UTC ticks (0 when the item had none).
+    pub ticks: i64,
+    /// Whether the item carried exactly this whole number of ticks.
+    pub exact: bool,
+}
+
+impl From<i64> for ReadExpiry {
+    fn from(ticks: i64) -> Self {
+        ReadExpiry { ticks, exact: true }
+    }
 }
 
 /// Reads a timestamp attribute in UTC ticks from its number text (`None` when the
@@ -397,6 +433,7 @@ mod tests {
             bucket,
             owner: Some(owner.into()),
             expires_at,
+            expiry_exact: true,
         }
     }
 
@@ -746,6 +783,51 @@ mod tests {
         assert_eq!(read_ticks(Some("-1E+30")), (i64::MIN, false));
         assert_eq!(read_ticks(Some("soon")), (0, false));
         assert_eq!(read_ticks(None), (0, false));
+        assert_eq!(
+            ReadExpiry::from(7),
+            ReadExpiry {
+                ticks: 7,
+                exact: true
+            }
+        );
+    }
+
+    #[test]
+    fn a_lease_with_an_owner_but_no_usable_expiry_is_lapsed_free_for_others_and_kept_by_its_owner()
+    {
+        let (ticks, exact) = read_ticks(None);
+        let c = Coordination {
+            leases: vec![
+                LeaseRecord {
+                    bucket: 0,
+                    owner: Some("ghost".into()),
+                    expires_at: ticks,
+                    expiry_exact: exact,
+                },
+                LeaseRecord {
+                    bucket: 1,
+                    owner: Some("me".into()),
+                    expires_at: ticks,
+                    expiry_exact: exact,
+                },
+            ],
+            relays: vec![relay("me", NOW - 1)],
+        };
+        assert!(c.lease_views(NOW).iter().all(|v| v.lapsed));
+        let p = plan::compute(&PlanInput {
+            bucket_count: 2,
+            me: "me",
+            active_relays: &c.active_relays(NOW, LEASE),
+            leases: &c.lease_views(NOW),
+        });
+        assert_eq!((p.keep, p.claim), (vec![1], vec![0]));
+        assert_eq!(
+            c.lease(1).unwrap().read_expiry(),
+            ReadExpiry {
+                ticks: 0,
+                exact: false
+            }
+        );
     }
 
     #[test]

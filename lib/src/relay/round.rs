@@ -11,7 +11,7 @@ use tracing::{debug, info, instrument, warn};
 use super::state::{Owned, RunState};
 use super::{Relay, BACKLOG_SAMPLE_INTERVAL, HANDOVER_STEP, HANDOVER_WATCH, JOIN_DELAY};
 use crate::clock::{duration_to_ticks, ticks_to_duration};
-use crate::coordination::Coordination;
+use crate::coordination::{Coordination, LeaseRecord, ReadExpiry};
 use crate::error::{Error, Result};
 use crate::plan::{self, Plan, PlanInput};
 use crate::publish::Publisher;
@@ -202,17 +202,20 @@ impl<P: Publisher> Relay<P> {
             plan.keep
                 .iter()
                 .map(|&b| {
-                    let read = coordination.lease(b).map_or(0, |l| l.expires_at);
+                    let read = coordination
+                        .lease(b)
+                        .map_or(ReadExpiry::from(0), LeaseRecord::read_expiry);
                     async move {
-                        if times.new_expiry <= read {
+                        if times.new_expiry <= read.ticks {
                             return Ok::<_, Error>((
                                 b,
                                 Renewal::ClockBehind {
-                                    stored_expiry: read,
+                                    stored_expiry: read.ticks,
                                 },
                             ));
                         }
-                        let unlapsed = (read > times.now).then_some(times.now);
+                        // A lease without a usable expiry reads as lapsed: retaken.
+                        let unlapsed = (read.ticks > times.now).then_some(times.now);
                         let ok = self
                             .store
                             .renew(b, me, read, times.new_expiry, unlapsed)
@@ -287,7 +290,9 @@ impl<P: Publisher> Relay<P> {
             plan.release
                 .iter()
                 .map(|&b| {
-                    let read = coordination.lease(b).map_or(0, |l| l.expires_at);
+                    let read = coordination
+                        .lease(b)
+                        .map_or(ReadExpiry::from(0), LeaseRecord::read_expiry);
                     async move { self.store.release(b, me, Some(read)).await }
                 })
                 .collect::<Vec<_>>(),

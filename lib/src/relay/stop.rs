@@ -33,7 +33,7 @@ impl<P: Publisher> Relay<P> {
             for _ in 0..5 {
                 let releases: Vec<Result<bool>> = stream::iter(
                     held.iter()
-                        .map(|&b| self.store.release(b, me, None))
+                        .map(|&b| self.store.release(b, me, None::<i64>))
                         .collect::<Vec<_>>(),
                 )
                 .buffer_unordered(self.store.options().max_concurrency)

@@ -11,7 +11,7 @@ use tracing::{debug, instrument, warn};
 
 use super::{DynamoDbOutboxStore, WriteKind};
 use crate::clock::duration_to_ticks;
-use crate::coordination::{self, Coordination, LeaseRecord, RelayRecord};
+use crate::coordination::{self, Coordination, LeaseRecord, ReadExpiry, RelayRecord};
 use crate::error::{from_sdk, Error, Result};
 use crate::options::RelayOptions;
 use crate::schema::{self, attr, get_n, get_s};
@@ -215,14 +215,17 @@ impl DynamoDbOutboxStore {
                 .map_err(|e| from_sdk("Query", e))?;
             for item in out.items() {
                 let (_, sk) = self.keys.key_of(item);
+                let number = |name: &str| item.get(name).and_then(|v| v.as_n().ok());
                 if let Some(bucket) = schema::parse_lease_sk(sk) {
+                    let (expires_at, expiry_exact) =
+                        coordination::read_ticks(number(attr::EXPIRES_AT).map(String::as_str));
                     coordination.leases.push(LeaseRecord {
                         bucket,
                         owner: get_s(item, attr::OWNER).map(str::to_string),
-                        expires_at: get_n(item, attr::EXPIRES_AT).unwrap_or(0),
+                        expires_at,
+                        expiry_exact,
                     });
                 } else if let Some(relay_id) = sk.strip_prefix(schema::RELAY_SK_PREFIX) {
-                    let number = |name: &str| item.get(name).and_then(|v| v.as_n().ok());
                     coordination.relays.push(RelayRecord {
                         relay_id: relay_id.to_string(),
                         last_seen: coordination::read_ticks(
@@ -244,27 +247,28 @@ impl DynamoDbOutboxStore {
     }
 
     /// Renews a held lease to `new_expires`, conditional on the owner and on the expiry
-    /// this round read. With `unlapsed_at`, also only while the lease has not lapsed at that
-    /// time (an in-flight renewal never revives a lapsed lease); without it, this retakes
-    /// the relay's own lapsed lease under the owner condition.
+    /// this round read ([`ReadExpiry`]; an `i64` is an exact read). With `unlapsed_at`,
+    /// also only while the lease has not lapsed at that time (an in-flight renewal never
+    /// revives a lapsed lease); without it, this retakes the relay's own lapsed lease under
+    /// the owner condition, also one left without a usable expiry.
     pub async fn renew(
         &self,
         bucket: u32,
         relay_id: &str,
-        read_expires: i64,
+        read_expires: impl Into<ReadExpiry>,
         new_expires: i64,
         unlapsed_at: Option<i64>,
     ) -> Result<bool> {
+        let read = read_expires.into();
         debug_assert!(
-            new_expires > read_expires,
+            new_expires > read.ticks,
             "a renewal never moves an expiry backwards"
         );
-        let mut condition = "#owner = :me AND #exp = :read".to_string();
         let mut values = vec![
             (":me".to_string(), schema::s(relay_id)),
-            (":read".to_string(), schema::n(read_expires)),
             (":new".to_string(), schema::n(new_expires)),
         ];
+        let mut condition = format!("#owner = :me AND {}", expiry_as_read(read, &mut values));
         if let Some(now) = unlapsed_at {
             condition.push_str(" AND #exp > :now");
             values.push((":now".to_string(), schema::n(now)));
@@ -292,18 +296,20 @@ impl DynamoDbOutboxStore {
     }
 
     /// Hands a lease back: removes the owner, conditional on the owner and, when given,
-    /// on the expiry this round read (a stopping relay releases guarded by owner alone).
+    /// on the expiry this round read ([`ReadExpiry`]; an `i64` is an exact read). A
+    /// stopping relay releases guarded by owner alone.
     pub async fn release(
         &self,
         bucket: u32,
         relay_id: &str,
-        read_expires: Option<i64>,
+        read_expires: Option<impl Into<ReadExpiry>>,
     ) -> Result<bool> {
+        let read_expires: Option<ReadExpiry> = read_expires.map(Into::into);
         let mut values = vec![(":me".to_string(), schema::s(relay_id))];
         let mut condition = "#owner = :me".to_string();
         if let Some(read) = read_expires {
-            condition.push_str(" AND #exp = :read");
-            values.push((":read".to_string(), schema::n(read)));
+            condition.push_str(" AND ");
+            condition.push_str(expiry_as_read(read, &mut values));
         }
         let mut request = self
             .client
@@ -325,11 +331,16 @@ impl DynamoDbOutboxStore {
         // Only the owner releases: no owner left, at the expiry it released, is this release.
         self.update_outcome(WriteKind::Release, relay_id, Some(bucket), result, |old| {
             !old.contains_key(attr::OWNER)
-                && read_expires.is_none_or(|r| get_n::<i64>(old, attr::EXPIRES_AT) == Some(r))
+                && read_expires.is_none_or(|r| {
+                    !r.exact || get_n::<i64>(old, attr::EXPIRES_AT) == Some(r.ticks)
+                })
         })
     }
 
     /// Claims a lease read as free (absent, no owner, or lapsed at `now`) until `new_expires`.
+    /// As in the reference implementation, a lease whose item has no `ExpiresAtUtc` is
+    /// claimable, and so is one whose `ExpiresAtUtc` is not a number: the read takes both
+    /// as lapsed ([`coordination::read_ticks`]), and the condition agrees.
     pub async fn claim(
         &self,
         bucket: u32,
@@ -346,9 +357,13 @@ impl DynamoDbOutboxStore {
                     .key(self.keys.coordination_pk(), schema::lease_sk(bucket)),
             ))
             .update_expression("SET #owner = :me, #exp = :new")
-            .condition_expression("attribute_not_exists(#owner) OR #exp <= :now")
+            .condition_expression(
+                "attribute_not_exists(#owner) OR attribute_not_exists(#exp) \
+                 OR NOT attribute_type(#exp, :number) OR #exp <= :now",
+            )
             .expression_attribute_names("#owner", attr::OWNER)
             .expression_attribute_names("#exp", attr::EXPIRES_AT)
+            .expression_attribute_values(":number", schema::s("N"))
             .expression_attribute_values(":me", schema::s(relay_id))
             .expression_attribute_values(":now", schema::n(now))
             .expression_attribute_values(":new", schema::n(new_expires))
@@ -396,5 +411,21 @@ impl DynamoDbOutboxStore {
             .send()
             .await;
         self.outcome(WriteKind::Cleanup, "DeleteItem", cleaner, None, result)
+    }
+}
+
+/// The condition "`#exp` is as this round read it" (adds its values): equal to the ticks
+/// read, or, for an expiry read inexactly ([`ReadExpiry`]), missing, not a number, or at
+/// most the ticks read.
+fn expiry_as_read(
+    read: ReadExpiry,
+    values: &mut Vec<(String, aws_sdk_dynamodb::types::AttributeValue)>,
+) -> &'static str {
+    values.push((":read".to_string(), schema::n(read.ticks)));
+    if read.exact {
+        "#exp = :read"
+    } else {
+        values.push((":number".to_string(), schema::s("N")));
+        "(attribute_not_exists(#exp) OR NOT attribute_type(#exp, :number) OR #exp <= :read)"
     }
 }
