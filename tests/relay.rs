@@ -1200,9 +1200,11 @@ async fn a_record_the_broker_rejects_for_good_stops_only_its_bucket() {
 }
 
 /// Issue 12, the lease round's edges: odd heartbeat records and a retried cleanup (item 2),
-/// leases with an owner but no numeric expiry (item 3).
+/// leases with an owner but no numeric expiry (item 3), a slow handover after the stop
+/// stamp (item 7).
 mod lease_edges {
     use std::collections::BTreeSet;
+    use std::sync::Mutex;
 
     use aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextMut;
     use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
@@ -1466,5 +1468,279 @@ mod lease_edges {
             .assert_exactly_once(&id_set(&messages));
         assert_eq!(report.refused_total(), 0, "{report:?}");
         assert_no_refusal_on_the_wire(&wire, "leases without a numeric expiry");
+    }
+
+    /// The relay id of a graceful stop's release (an `UpdateItem` that removes the owner
+    /// guarded by the owner alone; a round's releases also carry the expiry read), from a
+    /// request body.
+    fn stop_release_of(body: &[u8]) -> Option<String> {
+        let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+        let values = &json["ExpressionAttributeValues"];
+        (json["UpdateExpression"] == "REMOVE #owner" && values.get(":read").is_none())
+            .then(|| values[":me"]["S"].as_str().map(String::from))
+            .flatten()
+    }
+
+    /// Reads one HTTP/1.1 message (head and body, by Content-Length or chunked), raw, and
+    /// the offset of its body.
+    fn read_message(r: &mut impl std::io::BufRead) -> std::io::Result<Option<(Vec<u8>, usize)>> {
+        let (mut raw, mut length, mut chunked) = (Vec::new(), 0usize, false);
+        loop {
+            let mut line = Vec::new();
+            if r.read_until(b'\n', &mut line)? == 0 {
+                return Ok(None);
+            }
+            raw.extend_from_slice(&line);
+            let text = String::from_utf8_lossy(&line).to_ascii_lowercase();
+            let text = text.trim_end();
+            if text.is_empty() {
+                break;
+            }
+            if let Some(v) = text.strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap_or(0);
+            } else if let Some(v) = text.strip_prefix("transfer-encoding:") {
+                chunked = v.contains("chunked");
+            }
+        }
+        let body_at = raw.len();
+        if chunked {
+            loop {
+                let mut size_line = Vec::new();
+                r.read_until(b'\n', &mut size_line)?;
+                raw.extend_from_slice(&size_line);
+                let size = usize::from_str_radix(
+                    String::from_utf8_lossy(&size_line)
+                        .trim()
+                        .split(';')
+                        .next()
+                        .unwrap_or("0"),
+                    16,
+                )
+                .unwrap_or(0);
+                let mut chunk = vec![0; size + 2];
+                r.read_exact(&mut chunk)?;
+                raw.extend_from_slice(&chunk);
+                if size == 0 {
+                    break;
+                }
+            }
+        } else {
+            let mut body = vec![0; length];
+            r.read_exact(&mut body)?;
+            raw.extend_from_slice(&body);
+        }
+        Ok(Some((raw, body_at)))
+    }
+
+    /// How long the proxy holds the `k`-th stop release (from 0) of a relay.
+    type HoldPolicy = dyn Fn(&str, usize) -> Duration + Send + Sync;
+
+    /// A forwarding HTTP/1.1 proxy in front of DynamoDB Local (loopback, a thread per
+    /// connection) that holds every release of a graceful stop for the time `hold` gives
+    /// it before forwarding it, and forwards everything else at once. A stop sends its
+    /// releases concurrently, each on a connection of its own, so held releases land in
+    /// the order their holds make, and nothing else waits for them.
+    struct HoldingProxy {
+        url: String,
+        /// Stop releases held so far, by relay id.
+        held: Arc<Mutex<BTreeMap<String, usize>>>,
+    }
+
+    impl HoldingProxy {
+        fn start(hold: Arc<HoldPolicy>) -> Self {
+            let upstream = stack_var("AWS_ENDPOINT_URL_DYNAMODB")
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_string();
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            let held: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
+            let counts = held.clone();
+            std::thread::spawn(move || {
+                for client in listener.incoming().flatten() {
+                    let (upstream, hold, counts) = (upstream.clone(), hold.clone(), counts.clone());
+                    std::thread::spawn(move || {
+                        let _ = Self::serve(client, &upstream, &*hold, &counts);
+                    });
+                }
+            });
+            HoldingProxy { url, held }
+        }
+
+        fn serve(
+            client: std::net::TcpStream,
+            upstream: &str,
+            hold: &HoldPolicy,
+            counts: &Mutex<BTreeMap<String, usize>>,
+        ) -> std::io::Result<()> {
+            use std::io::Write;
+            client.set_nodelay(true)?;
+            let mut from_client = std::io::BufReader::new(client.try_clone()?);
+            let mut to_client = client;
+            let up = std::net::TcpStream::connect(upstream)?;
+            up.set_nodelay(true)?;
+            let mut from_up = std::io::BufReader::new(up.try_clone()?);
+            let mut to_up = up;
+            while let Some((request, body_at)) = read_message(&mut from_client)? {
+                if let Some(relay) = stop_release_of(&request[body_at..]) {
+                    let k = {
+                        let mut counts = counts.lock().unwrap();
+                        let k = counts.entry(relay.clone()).or_default();
+                        *k += 1;
+                        *k - 1
+                    };
+                    std::thread::sleep(hold(&relay, k));
+                }
+                to_up.write_all(&request)?;
+                let Some((response, _)) = read_message(&mut from_up)? else {
+                    return Ok(());
+                };
+                to_client.write_all(&response)?;
+            }
+            Ok(())
+        }
+
+        /// Stop releases of `relay` seen so far.
+        fn of(&self, relay: &str) -> usize {
+            self.held.lock().unwrap().get(relay).copied().unwrap_or(0)
+        }
+
+        /// A client through the proxy, with the wire counter.
+        async fn client(&self, counter: &RequestCounter) -> aws_sdk_dynamodb::Client {
+            let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+            aws_sdk_dynamodb::Client::from_conf(
+                aws_sdk_dynamodb::config::Builder::from(&config)
+                    .endpoint_url(&self.url)
+                    .interceptor(counter.clone())
+                    .build(),
+            )
+        }
+    }
+
+    /// Samples lease ownership every 50 ms until `done`; every stretch in which a bucket
+    /// that had been owned was unowned, as (start, length), stretches still open at the
+    /// end included.
+    fn sample_unowned(
+        client: aws_sdk_dynamodb::Client,
+        options: OutboxOptions,
+        done: Arc<AtomicBool>,
+    ) -> JoinHandle<Vec<(Instant, Duration)>> {
+        tokio::spawn(async move {
+            let n = options.bucket_count as usize;
+            let mut owned_once = vec![false; n];
+            let mut since: Vec<Option<Instant>> = vec![None; n];
+            let mut stretches = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                let owners = lease_owners(&client, &options).await;
+                let now = Instant::now();
+                for (b, owner) in owners.iter().enumerate() {
+                    match (owner, since[b]) {
+                        (Some(_), Some(s)) => {
+                            stretches.push((s, now - s));
+                            since[b] = None;
+                        }
+                        (Some(_), None) => owned_once[b] = true,
+                        (None, None) if owned_once[b] => since[b] = Some(now),
+                        _ => {}
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let now = Instant::now();
+            stretches.extend(since.into_iter().flatten().map(|s| (s, now - s)));
+            stretches
+        })
+    }
+
+    /// Item 7: a peer that reads after the leaver stamped its stop but before its releases
+    /// landed keeps watching, and takes the buckets within a few handover steps of the
+    /// releases, not at its next regular round (a renew interval later). Two consecutive
+    /// runs with deadlines (renew interval 5 s); the leaver's releases are held 1.5 s, so
+    /// the successor's re-read after the announced stop finds the stamp and every lease
+    /// still held.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_peer_that_reads_between_the_stamp_and_the_releases_keeps_watching() {
+        let client = dynamodb().await;
+        let options = fresh_table(&client, 4).await;
+        let publisher = kafka_publisher().await;
+        let wire = RequestCounter::default();
+        let hold_for = Duration::from_millis(1500);
+        let proxy = HoldingProxy::start(Arc::new(move |relay: &str, _| {
+            if relay == "leaver" {
+                hold_for
+            } else {
+                Duration::ZERO
+            }
+        }));
+        let through = proxy.client(&wire).await;
+        let timings = |id: &str| {
+            let mut o = fast_relay_options(id, 4);
+            o.lease_renew_interval = Duration::from_secs(5);
+            o.lease_duration = Duration::from_secs(15);
+            o
+        };
+        let renew = timings("x").lease_renew_interval;
+        let t0 = Instant::now();
+        let first = relay_with(&through, &options, publisher.clone(), timings("leaver")).await;
+        let first = tokio::spawn(async move { first.run_until(t0 + Duration::from_secs(7)).await });
+        wait_until(
+            "the leaver owns every bucket",
+            Duration::from_secs(5),
+            || async {
+                lease_owners(&client, &options)
+                    .await
+                    .iter()
+                    .all(|o| o.as_deref() == Some("leaver"))
+            },
+        )
+        .await;
+        let done = Arc::new(AtomicBool::new(false));
+        let sampler = sample_unowned(client.clone(), options.clone(), done.clone());
+        tokio::time::sleep_until(t0 + Duration::from_secs(3)).await;
+        let second = relay_with(&through, &options, publisher.clone(), timings("successor")).await;
+        let second =
+            tokio::spawn(async move { second.run_until(t0 + Duration::from_secs(14)).await });
+        let first = first.await.unwrap().unwrap();
+        // Bounded by the successor's next regular round (a renew interval) and more.
+        let until = Instant::now() + renew * 2;
+        while Instant::now() < until
+            && !lease_owners(&client, &options)
+                .await
+                .iter()
+                .all(|o| o.as_deref() == Some("successor"))
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        done.store(true, Ordering::SeqCst);
+        let longest = sampler
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(_, d)| d)
+            .max()
+            .unwrap_or_default();
+        let second = second.await.unwrap().unwrap();
+        println!(
+            "slow handover after the stamp (releases held {hold_for:?}, renew interval {renew:?}): longest unowned {longest:?}"
+        );
+        assert!(
+            first.released && first.stop_reason == StopReason::Deadline,
+            "{first:?}"
+        );
+        assert_eq!(
+            proxy.of("leaver"),
+            4,
+            "the leaver's four releases were held"
+        );
+        assert_eq!(
+            first.refused_total() + second.refused_total(),
+            0,
+            "{first:?} {second:?}"
+        );
+        assert_no_refusal_on_the_wire(&wire, "a slow handover after the stamp");
+        assert!(
+            longest < renew / 2,
+            "buckets unowned for {longest:?} after a slow release (renew interval {renew:?})"
+        );
     }
 }

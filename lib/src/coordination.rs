@@ -181,10 +181,16 @@ impl Coordination {
             .collect()
     }
 
-    /// When `me` should run an extra acquisition for a peer that announced its stop
-    /// (`StopsAtUtc`) and still holds buckets: `step` past the announced time, and again
-    /// every `step` while the peer has not stamped its stop, at most `watch` past the
-    /// announced time. UTC ticks; `None` when no such peer.
+    /// When `me` should run an extra acquisition for a peer that is handing buckets over:
+    /// - a peer that announced its stop (`StopsAtUtc`) and still holds buckets: `step`
+    ///   past the announced time, and again every `step` while it has not stamped its stop,
+    ///   at most `watch` past the announced time;
+    /// - a peer that has stamped its stop and still holds unlapsed leases
+    ///   ([`Self::releasing`]): `step` from now, so every `step` until its releases have
+    ///   landed, at most `watch` past the stamp. A relay that read the stamp before the
+    ///   releases keeps watching instead of waiting a renew interval for its next round.
+    ///
+    /// UTC ticks; `None` when no such peer.
     pub fn handover_at(
         &self,
         me: &str,
@@ -193,14 +199,46 @@ impl Coordination {
         step: i64,
         watch: i64,
     ) -> Option<i64> {
-        self.relays
+        let announced = self
+            .relays
             .iter()
             .filter(|r| r.relay_id != me && r.stopped_at.is_none())
             .filter(|r| !self.held_by(&r.relay_id, bucket_count).is_empty())
             .filter_map(|r| r.stops_at)
             .filter(|&at| now < at.saturating_add(watch))
             .map(|at| at.saturating_add(step).max(now.saturating_add(step)))
-            .min()
+            .min();
+        let releasing = (!self.releasing(me, bucket_count, now, watch).is_empty())
+            .then(|| now.saturating_add(step));
+        announced.into_iter().chain(releasing).min()
+    }
+
+    /// The relays other than `me` whose graceful stop is still releasing at `now`: stamped
+    /// stopped no more than `watch` ago, and still named by an unlapsed lease of a bucket
+    /// below `bucket_count`. (A stop whose releases did not land within `watch` has failed:
+    /// its leases lapse, as after a crash.)
+    pub fn releasing(
+        &self,
+        me: &str,
+        bucket_count: u32,
+        now: i64,
+        watch: i64,
+    ) -> Vec<&RelayRecord> {
+        self.relays
+            .iter()
+            .filter(|r| r.relay_id != me)
+            .filter(|r| {
+                r.stopped_at
+                    .is_some_and(|at| now.saturating_sub(at) < watch)
+            })
+            .filter(|r| {
+                self.leases.iter().any(|l| {
+                    l.bucket < bucket_count
+                        && l.expires_at > now
+                        && l.owner.as_deref() == Some(r.relay_id.as_str())
+                })
+            })
+            .collect()
     }
 
     /// The heartbeat records that `me` deletes at `now`: only the first active relay in id
@@ -256,9 +294,9 @@ impl Coordination {
     /// A relay counts when it is active and announces no stop within `t.soon`. Takers:
     /// - a bucket held by a relay leaving now (its announced stop no more than `t.watch`
     ///   ago or within `t.soon`), while another relay counts: that successor re-reads
-    ///   `t.step` after the announced stop and every `t.step` until the stamp
-    ///   ([`Self::handover_at`]), so the bucket is taken `2 × t.step` after the later of the
-    ///   announced stop, the stamp and `now`;
+    ///   `t.step` after the announced stop and every `t.step` until the stamp and its
+    ///   releases have landed ([`Self::handover_at`]), so the bucket is taken `2 × t.step`
+    ///   after the later of the announced stop, the stamp and `now`;
     /// - a bucket that a counting relay's plan, computed from this read, claims: at that
     ///   relay's next round (`t.renew` after its heartbeat, or `t.step` after a recent
     ///   announced stop it watches), plus `t.step` for the round itself.
@@ -643,14 +681,42 @@ mod tests {
             relays: vec![leaving.clone()],
         };
         assert_eq!(idle.handover_at("me", 4, NOW, STEP, WATCH), None);
-        let stamped = Coordination {
-            leases: vec![lease(0, "leaving", NOW + 20)],
-            relays: vec![RelayRecord {
-                stopped_at: Some(NOW),
-                ..leaving
-            }],
+        assert_eq!(c.handover_at("leaving", 4, NOW, STEP, WATCH), None);
+    }
+
+    #[test]
+    fn a_stamped_peer_still_holding_leases_is_watched_every_step_until_its_releases_land() {
+        const STEP: i64 = 3;
+        const WATCH: i64 = 50;
+        let stamped = RelayRecord {
+            stops_at: Some(NOW - 5),
+            stopped_at: Some(NOW - 4),
+            ..relay("leaving", NOW - 4)
         };
-        assert_eq!(stamped.handover_at("me", 4, NOW, STEP, WATCH), None);
+        // Stamped, its releases not landed yet: every step from now on...
+        let c = Coordination {
+            leases: vec![lease(0, "leaving", NOW + 20), lease(1, "me", NOW + 20)],
+            relays: vec![stamped.clone(), relay("me", NOW - 1)],
+        };
+        assert_eq!(c.handover_at("me", 4, NOW, STEP, WATCH), Some(NOW + STEP));
+        assert_eq!(c.releasing("me", 4, NOW, WATCH).len(), 1);
+        // ...up to the watch past the stamp (a stop that failed: the leases lapse)...
+        assert_eq!(c.handover_at("me", 4, NOW - 4 + WATCH, STEP, WATCH), None);
+        // ...and not once every release landed, nor for leases that lapsed, nor for buckets
+        // beyond the count, nor for itself.
+        let released = Coordination {
+            leases: vec![
+                LeaseRecord {
+                    owner: None,
+                    ..lease(0, "leaving", NOW + 20)
+                },
+                lease(2, "leaving", NOW),
+                lease(7, "leaving", NOW + 20),
+            ],
+            relays: vec![stamped.clone()],
+        };
+        assert_eq!(released.handover_at("me", 4, NOW, STEP, WATCH), None);
+        assert!(released.releasing("me", 4, NOW, WATCH).is_empty());
         assert_eq!(c.handover_at("leaving", 4, NOW, STEP, WATCH), None);
     }
 
