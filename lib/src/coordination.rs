@@ -217,6 +217,15 @@ impl Coordination {
     /// stopped no more than `watch` ago, and still named by an unlapsed lease of a bucket
     /// below `bucket_count`. (A stop whose releases did not land within `watch` has failed:
     /// its leases lapse, as after a crash.)
+    ///
+    /// A read that finds one is half a handover: the leaver's releases are one request per
+    /// bucket and land in any order, so two relays that read at nearly the same time (as
+    /// the `StopsAtUtc` re-read makes them) can see different halves and plan to claim the
+    /// same freed bucket. The relay claims nothing from such a read and reads again a
+    /// handover step later ([`Self::handover_at`]). Every claim of the handover is then
+    /// planned from a read with all of it; such reads differ at most by claims of peers that
+    /// have landed, and a claim that landed takes nothing that another plan of the same
+    /// state gives away (`the_claims_of_a_whole_handover_agree_whatever_landed_of_them`).
     pub fn releasing(
         &self,
         me: &str,
@@ -935,5 +944,117 @@ mod tests {
             .map(|r| r.relay_id.as_str())
             .collect();
         assert_eq!(stale, ["other", "bare"]);
+    }
+
+    /// Issue 12's worked example: 6 buckets, p holds 0-1, q holds 2-3, s held 4-5 and has
+    /// stamped its stop. q reads after only bucket 5's release landed, p after both.
+    #[test]
+    fn plans_from_two_halves_of_a_handover_collide_so_half_a_handover_claims_nothing() {
+        const WATCH: i64 = 50;
+        let s = RelayRecord {
+            stopped_at: Some(NOW - 1),
+            ..relay("s", NOW - 1)
+        };
+        let read = |released: &[u32]| Coordination {
+            leases: (0..6)
+                .map(|b| {
+                    let owner = ["p", "p", "q", "q", "s", "s"][b as usize];
+                    LeaseRecord {
+                        owner: (!released.contains(&b)).then(|| owner.to_string()),
+                        ..lease(b, owner, NOW + 20)
+                    }
+                })
+                .collect(),
+            relays: vec![relay("p", NOW - 1), relay("q", NOW - 1), s.clone()],
+        };
+        let claims = |c: &Coordination, me: &str| {
+            plan::compute(&PlanInput {
+                bucket_count: 6,
+                me,
+                active_relays: &c.active_relays(NOW, LEASE),
+                leases: &c.lease_views(NOW),
+            })
+            .claim
+        };
+        let (half, whole) = (read(&[5]), read(&[4, 5]));
+        assert_eq!(
+            claims(&half, "q"),
+            [5],
+            "q takes 5, the free bucket of its range"
+        );
+        assert_eq!(claims(&whole, "q"), [4]);
+        assert_eq!(
+            claims(&whole, "p"),
+            [5],
+            "p takes 5 in the second pass: both claim 5"
+        );
+        // The rule that prevents it: q's read is half a handover, p's is the whole.
+        let ids = |c: &Coordination, me: &str| -> Vec<String> {
+            c.releasing(me, 6, NOW, WATCH)
+                .iter()
+                .map(|r| r.relay_id.clone())
+                .collect()
+        };
+        assert_eq!(ids(&half, "q"), ["s"]);
+        assert!(ids(&whole, "p").is_empty());
+        // Before any release landed, too (the leases still name s): nothing to claim anyway.
+        assert_eq!(ids(&read(&[]), "p"), ["s"]);
+    }
+
+    use proptest::prelude::*;
+
+    const POOL: [&str; 7] = ["a", "b", "c", "d", "m", "pod-1", "z"];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// The reads a relay plans claims from after a complete handover differ only by the
+        /// claims of peers that have landed (membership is settled: the leaver is stamped,
+        /// nobody else changes). Whatever subset of the fleet's claims landed, every relay's
+        /// plan from the later read claims exactly what its plan from the earlier one did,
+        /// minus what of it landed: no two claims collide.
+        #[test]
+        fn the_claims_of_a_whole_handover_agree_whatever_landed_of_them(
+            n in 1u32..=24,
+            members in prop::sample::subsequence(POOL.to_vec(), 2..=6),
+            slots in prop::collection::vec(0usize..10, 24),
+            landed in prop::collection::vec(any::<bool>(), 24),
+        ) {
+            // Per bucket: no item, an item without owner, or a member's live lease.
+            let leases: Vec<LeaseRecord> = (0..n)
+                .filter_map(|b| match slots[b as usize] {
+                    0 => None,
+                    1 => Some(LeaseRecord { owner: None, ..lease(b, "x", NOW + 20) }),
+                    k => Some(lease(b, members[(k - 2) % members.len()], NOW + 20)),
+                })
+                .collect();
+            let before = Coordination {
+                leases,
+                relays: members.iter().map(|m| relay(m, NOW - 1)).collect(),
+            };
+            let claims = |c: &Coordination, me: &str| {
+                plan::compute(&PlanInput {
+                    bucket_count: n,
+                    me,
+                    active_relays: &c.active_relays(NOW, LEASE),
+                    leases: &c.lease_views(NOW),
+                })
+                .claim
+            };
+            let planned: Vec<(&str, Vec<u32>)> =
+                members.iter().map(|m| (*m, claims(&before, m))).collect();
+            let mut after = before.clone();
+            for (me, buckets) in &planned {
+                for &b in buckets.iter().filter(|b| landed[**b as usize]) {
+                    after.leases.retain(|l| l.bucket != b);
+                    after.leases.push(lease(b, me, NOW + 20));
+                }
+            }
+            for (me, buckets) in &planned {
+                let rest: Vec<u32> =
+                    buckets.iter().copied().filter(|b| !landed[*b as usize]).collect();
+                prop_assert_eq!(claims(&after, me), rest, "{} after {:?}", me, after.leases);
+            }
+        }
     }
 }

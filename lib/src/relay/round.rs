@@ -122,8 +122,28 @@ impl<P: Publisher> Relay<P> {
         self.renew_kept(state, &plan, &coordination, times).await;
         self.release_excess(state, &plan, &coordination, &mut owned_before)
             .await;
+        // A peer that stamped its stop and still holds leases is releasing them, one request
+        // per bucket, landing in any order: a plan made from this read may have seen some
+        // releases and a peer's plan others, and two plans from different halves of one
+        // handover can claim the same bucket. Claim nothing; the handover time below reads
+        // again a step later, and every claim of the handover is planned from all of it.
+        let releasing: Vec<&str> = coordination
+            .releasing(
+                me,
+                self.options.bucket_count,
+                now,
+                duration_to_ticks(HANDOVER_WATCH),
+            )
+            .into_iter()
+            .map(|r| r.relay_id.as_str())
+            .collect();
         if !heartbeat_ok && !plan.claim.is_empty() {
             warn!("heartbeat refused: claiming nothing this round");
+        } else if !releasing.is_empty() && !plan.claim.is_empty() {
+            info!(
+                stopping = ?releasing,
+                "a stopped peer's releases are still landing: claiming nothing, reading again in a handover step"
+            );
         } else {
             self.claim_planned(state, &plan, times).await;
         }
