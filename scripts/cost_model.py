@@ -865,8 +865,8 @@ def main() -> int:
     p.add_argument("--stream-max-retries", type=int, default=-1,
                    help="streams.py poll --max-retries (default -1: a throttled batch is "
                         "retried until it goes through)")
-    p.add_argument("--stream-window", type=float, default=1.0,
-                   help="the poller's batching window in mode c (default 1 s, the template's "
+    p.add_argument("--stream-window", type=float, default=0.0,
+                   help="the poller's batching window in mode c (default 0 s, the template's "
                         "MaximumBatchingWindowInSeconds)")
     p.add_argument("--stationary-loads", default="steady",
                    help="loads that run from the warm-up until the window's invocations have "

@@ -443,8 +443,10 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
     let number = |key: &str| -> u32 { value(&mapping, key).parse().unwrap() };
     let batch = number("BatchSize");
     assert!((1..=10).contains(&batch), "BatchSize {batch}");
+    // No batching window: it adds its length to every doorbell's latency (issue 10's
+    // trickle goal, p50 <= 1.5 s, was missed with 1 s and met with 0 s).
     let window = number("MaximumBatchingWindowInSeconds");
-    assert!(window <= 1, "MaximumBatchingWindowInSeconds {window}");
+    assert_eq!(window, 0, "MaximumBatchingWindowInSeconds {window}");
 
     // One filter: inserts whose partition key is a message partition of this outbox.
     assert_eq!(mapping.matches("- Pattern:").count(), 1, "{mapping}");
