@@ -410,3 +410,170 @@ async fn two_overlapping_idle_runs_neither_ping_pong_nor_stop_each_other() {
         .iter()
         .all(Option::is_none));
 }
+
+/// Waits until `relay_id` holds every bucket of the table.
+async fn wait_until_holds_all(
+    client: &aws_sdk_dynamodb::Client,
+    options: &OutboxOptions,
+    relay_id: &str,
+) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while lease_owners(client, options)
+        .await
+        .iter()
+        .any(|o| o.as_deref() != Some(relay_id))
+    {
+        assert!(Instant::now() < until, "{relay_id} never held every bucket");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A scheduled relay's successor starts while the relay it succeeds still holds every
+/// bucket and leaves first (its deadline is nearer): the successor must not stop for
+/// idleness meanwhile, or the buckets are left with nobody to take them at the leaver's
+/// stop, and commits wait for the next tick (the cost model's `WakeOn=schedule` at a
+/// steady load: p99 54 s). It waits, takes the buckets over at the leaver's stop, publishes
+/// what is committed after it, and only then stops idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_successor_does_not_idle_out_while_the_relay_it_succeeds_is_about_to_leave() {
+    let counter = RequestCounter::default();
+    let client = client_with(None, &counter).await;
+    let options = fresh_table(&client, 1).await;
+    let topic = random_name("successor");
+    create_topic(&topic, 1);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+
+    // The leaver ranks first by id and holds the one bucket; it stops at its deadline.
+    let leaver = relay(&client, &options, fast_relay_options("a-leaver", 1)).await;
+    let leaver_deadline = Instant::now() + Duration::from_secs(12);
+    let leaver = tokio::spawn(async move { leaver.run_until(leaver_deadline).await });
+    wait_until_holds_all(&client, &options, "a-leaver").await;
+
+    // The successor has a later deadline and an idle stop (1 s) far shorter than the time
+    // the leaver has left.
+    let successor = relay(
+        &client,
+        &options,
+        idle_options("b-successor", 1, Duration::from_secs(1)),
+    )
+    .await;
+    let successor_deadline = Instant::now() + Duration::from_secs(120);
+    let successor = tokio::spawn(async move { successor.run_until(successor_deadline).await });
+
+    let left = leaver.await.unwrap().unwrap();
+    assert_eq!(left.stop_reason, StopReason::Deadline, "{left:?}");
+    assert!(left.released, "{left:?}");
+    // Committed after the leaver left: only the successor can publish these.
+    let written = enqueue(&writer, &topic, &["a", "b", "c"]).await;
+    wait_for_ids(&topic, &written, Duration::from_secs(30))
+        .await
+        .assert_exactly_once(&written);
+
+    let succeeded = successor.await.unwrap().unwrap();
+    assert_eq!(succeeded.stop_reason, StopReason::Idle, "{succeeded:?}");
+    assert_eq!(succeeded.published, 3, "{succeeded:?}");
+    assert_eq!(
+        (
+            succeeded.leases_acquired,
+            succeeded.leases_lost,
+            left.leases_lost
+        ),
+        (1, 0, 0),
+        "{succeeded:?} {left:?}"
+    );
+    assert!(succeeded.released, "{succeeded:?}");
+    assert_eq!(succeeded.refused_total() + left.refused_total(), 0);
+    assert_no_refusal_on_the_wire(&counter, "a leaver and its successor");
+}
+
+/// The idle decision is taken on the read of the relay's last round, up to a renew
+/// interval old. A newcomer whose holder hands it its share after that read must claim the
+/// bucket, not stop for idleness with it unheld (the cost model's doorbell mode at a
+/// steady load: 4 buckets unowned for about 10 s). Here the newcomer joins just after a
+/// round of the holder (rounds 2 s apart), its own rounds are 30 s apart and its idle stop
+/// is 4 s: the hand-over lands between its first round and its idle decision, and only a
+/// fresh read at the decision sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_about_to_idle_out_takes_the_buckets_handed_over_since_its_last_round() {
+    let counter = RequestCounter::default();
+    let client = client_with(None, &counter).await;
+    let options = fresh_table(&client, 2).await;
+    let slow_rounds = |id: &str, renew: Duration| RelayOptions {
+        lease_duration: Duration::from_secs(60),
+        lease_renew_interval: renew,
+        ..fast_relay_options(id, 2)
+    };
+    // The holder runs until shut down (it announces no stop).
+    let holder = relay(
+        &client,
+        &options,
+        slow_rounds("a-holder", Duration::from_secs(2)),
+    )
+    .await;
+    let (stop_holder, stopped) = tokio::sync::oneshot::channel::<()>();
+    let holder = tokio::spawn(async move {
+        holder
+            .run_until_shutdown(
+                async move {
+                    let _ = stopped.await;
+                },
+                Duration::from_secs(10),
+            )
+            .await
+    });
+    wait_until_holds_all(&client, &options, "a-holder").await;
+
+    // Join right after one of the holder's rounds: the newcomer's first read comes well
+    // before the holder's next round, which hands it its share.
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let last_seen = || async {
+        let c = store.read_coordination().await.unwrap();
+        c.relays
+            .iter()
+            .find(|r| r.relay_id == "a-holder")
+            .map(|r| r.last_seen)
+    };
+    let seen = last_seen().await;
+    let until = Instant::now() + Duration::from_secs(30);
+    while last_seen().await == seen {
+        assert!(Instant::now() < until, "the holder ran no round");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let newcomer = relay(
+        &client,
+        &options,
+        RelayOptions {
+            idle_stop: Some(Duration::from_secs(4)),
+            ..slow_rounds("b-newcomer", Duration::from_secs(30))
+        },
+    )
+    .await;
+    let started = Instant::now();
+    let report = newcomer
+        .run_until(started + Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(report.stop_reason, StopReason::Idle, "{report:?}");
+    // It took the share handed to it and ran on with it until that too was idle; it
+    // stopped before its next scheduled round (30 s).
+    assert_eq!(
+        (report.leases_acquired, report.max_owned, report.leases_lost),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(report.released, "{report:?}");
+
+    let _ = stop_holder.send(());
+    let held = holder.await.unwrap().unwrap();
+    assert_eq!(held.leases_lost, 0, "{held:?}");
+    assert_eq!(held.refused_total() + report.refused_total(), 0);
+    assert_no_refusal_on_the_wire(
+        &counter,
+        "a holder handing over to a newcomer about to idle out",
+    );
+}

@@ -271,7 +271,14 @@ impl Coordination {
     }
 
     /// Whether relays other than `me` that are live at `now` (active, no stop announced
-    /// within `soon_ticks`) hold unlapsed leases of every one of `buckets`.
+    /// within `soon_ticks`) and stay at least as long as `me` hold unlapsed leases of every
+    /// one of `buckets`: the idle stop's "peers hold the rest".
+    ///
+    /// `my_stop` is the stop `me` announces (`None`: it runs until shut down). A peer that
+    /// announces an earlier stop does not count: it is about to hand its buckets over, and
+    /// if `me` left now, nobody would be there to take them until the next wake (a
+    /// scheduled relay's successor starts before it leaves, and once idled out would leave
+    /// the buckets with work in them for a whole period).
     pub fn peers_hold(
         &self,
         me: &str,
@@ -279,14 +286,16 @@ impl Coordination {
         now: i64,
         lease_ticks: i64,
         soon_ticks: i64,
+        my_stop: Option<i64>,
     ) -> bool {
+        let stays = |stops_at: Option<i64>| match stops_at {
+            None => true,
+            Some(s) => s > now.saturating_add(soon_ticks) && my_stop.is_some_and(|m| s >= m),
+        };
         let live_peer = |owner: &str| {
             owner != me
                 && self.relays.iter().any(|r| {
-                    r.relay_id == owner
-                        && r.is_active(now, lease_ticks)
-                        && r.stops_at
-                            .is_none_or(|s| s > now.saturating_add(soon_ticks))
+                    r.relay_id == owner && r.is_active(now, lease_ticks) && stays(r.stops_at)
                 })
         };
         buckets.into_iter().all(|b| {
@@ -744,13 +753,46 @@ mod tests {
             ],
             relays: vec![relay("me", NOW - 1), relay("b", NOW - 1), leaving],
         };
-        let holds = |buckets: &[u32]| c.peers_hold("me", buckets.iter().copied(), NOW, LEASE, SOON);
+        let holds =
+            |buckets: &[u32]| c.peers_hold("me", buckets.iter().copied(), NOW, LEASE, SOON, None);
         assert!(holds(&[1]));
         assert!(holds(&[]));
         assert!(!holds(&[0]), "its own lease is not a peer's");
         assert!(!holds(&[2]), "lapsed");
         assert!(!holds(&[3]), "its holder announced a stop");
         assert!(!holds(&[1, 5]), "no lease item");
+    }
+
+    #[test]
+    fn a_peer_that_leaves_before_me_does_not_hold_the_rest() {
+        let with_stop = |id: &str, stops_at: Option<i64>| RelayRecord {
+            stops_at,
+            ..relay(id, NOW - 1)
+        };
+        let c = Coordination {
+            leases: vec![
+                lease(0, "early", NOW + 20),
+                lease(1, "late", NOW + 20),
+                lease(2, "forever", NOW + 20),
+            ],
+            relays: vec![
+                with_stop("me", None),
+                with_stop("early", Some(NOW + 40)),
+                with_stop("late", Some(NOW + 60)),
+                with_stop("forever", None),
+            ],
+        };
+        let holds = |bucket: u32, my_stop: Option<i64>| {
+            c.peers_hold("me", [bucket], NOW, LEASE, SOON, my_stop)
+        };
+        // I stop at NOW + 50: the peer leaving at NOW + 40 hands over to nobody if I go.
+        assert!(!holds(0, Some(NOW + 50)), "leaves before me");
+        assert!(holds(1, Some(NOW + 50)), "leaves after me");
+        assert!(holds(1, Some(NOW + 60)), "leaves with me");
+        assert!(holds(2, Some(NOW + 50)), "announces no stop");
+        // I run until shut down: only a peer that does too stays as long.
+        assert!(!holds(1, None));
+        assert!(holds(2, None));
     }
 
     const TAKEOVER: TakeoverTicks = TakeoverTicks {

@@ -217,7 +217,8 @@ pub struct RelayOptions {
     /// Name under which the relay reports metrics (`outbox`), to tell outboxes apart.
     pub metrics_name: String,
     /// Stop a run early once every bucket it owns has been empty for this long (no
-    /// message fetched, nothing notified) and live peers hold every other bucket; `None`
+    /// message fetched, nothing notified) and live peers that announce no earlier stop than
+    /// this run's hold every other bucket; `None`
     /// (the default) never stops early. The stop is graceful; the run reports
     /// [`StopReason::Idle`](crate::StopReason::Idle).
     pub idle_stop: Option<Duration>,

@@ -9,6 +9,13 @@
 //! it owns once more, strongly consistent, so that a commit acknowledged before the
 //! announcement is seen. A probe that finds a message takes the announcement back and the
 //! run goes on. Either way the commit is published: by a relay that joins, or by this one.
+//!
+//! The idle decision is taken on the coordination read of the last round, up to a renew
+//! interval old; in the meantime a peer may have handed this relay buckets (its share, or
+//! everything at the peer's stop). So the confirmation reads the partition again after the
+//! announcement: unless live peers that stay at least as long as this relay still hold
+//! every bucket it does not own, the announcement is taken back and the next round, at
+//! once, claims what was handed over.
 
 use futures::stream::{self, StreamExt};
 use tokio::time::Instant;
@@ -16,6 +23,7 @@ use tracing::{info, warn};
 
 use super::state::RunState;
 use super::Relay;
+use crate::clock::duration_to_ticks;
 use crate::error::Result;
 use crate::publish::Publisher;
 
@@ -30,6 +38,13 @@ impl<P: Publisher> Relay<P> {
             return Ok(false);
         }
         state.last_heartbeat = Some(Instant::now());
+        if !self.peers_still_hold_the_rest(state).await {
+            info!("idle: buckets were handed over or left unheld since the last round; running on");
+            state.peers_hold_the_rest = false;
+            state.early_acquire = Some(Instant::now());
+            self.take_back_the_announcement(state).await;
+            return Ok(false);
+        }
         let owned: Vec<u32> = state.owned.keys().copied().collect();
         let probes: Vec<(u32, Result<bool>)> = stream::iter(
             owned
@@ -60,8 +75,38 @@ impl<P: Publisher> Relay<P> {
                 o.dirty = true;
             }
         }
+        self.take_back_the_announcement(state).await;
+        Ok(false)
+    }
+
+    /// A fresh read of the coordination partition: whether live peers that stay at least as
+    /// long as this relay still hold every bucket it does not own. A failed read counts as
+    /// "no": stopping must never leave buckets unheld.
+    async fn peers_still_hold_the_rest(&self, state: &RunState) -> bool {
+        let coordination = match self.store.read_coordination().await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "idle: the coordination read before stopping failed; running on");
+                return false;
+            }
+        };
+        let now = self.store.clock().now_ticks();
+        coordination.peers_hold(
+            self.options.relay_id.as_str(),
+            (0..self.options.bucket_count).filter(|b| !state.owned.contains_key(b)),
+            now,
+            duration_to_ticks(self.options.lease_duration),
+            duration_to_ticks(self.options.poll_interval),
+            self.announced_stop(state, now),
+        )
+    }
+
+    /// Takes the stop announcement back (peers would otherwise wait for a handover) and
+    /// starts the idle time again, so that a relay that keeps finding reasons to run on
+    /// confirms at most once per idle stop.
+    async fn take_back_the_announcement(&self, state: &mut RunState) {
         state.last_activity = Some(Instant::now());
-        // Take the announcement back (peers would otherwise wait for a handover).
+        let me = self.options.relay_id.as_str();
         let beat_at = self.store.clock().now_ticks();
         if let Err(e) = self
             .store
@@ -70,6 +115,5 @@ impl<P: Publisher> Relay<P> {
         {
             warn!(error = %e, "idle: taking the stop announcement back failed; the next round writes it");
         }
-        Ok(false)
     }
 }

@@ -166,6 +166,7 @@ impl<P: Publisher> Relay<P> {
             now,
             d_ticks,
             duration_to_ticks(self.options.poll_interval),
+            self.announced_stop(state, now),
         );
         state.early_acquire = self.handover_time(&coordination, now);
         self.cleanup(&coordination, now, d_ticks).await;
