@@ -353,12 +353,20 @@ async fn large_groups_go_out_in_several_requests_in_order() {
             })
             .collect(),
     );
+    let before = publisher.produce_requests();
     let outcome = publisher.publish(&batch).await;
     assert_eq!(
         (outcome.acknowledged, outcome.error.is_none()),
         (60, true),
         "{:?}",
         outcome.error
+    );
+    // 60 records of over 500 bytes in requests of at most 4096: at least 8 requests (at
+    // most 7 records each), where one request per partition would carry them all.
+    let requests = publisher.produce_requests() - before;
+    assert!(
+        requests >= 8,
+        "{requests} produce requests for 60 x 500 bytes"
     );
 
     let mut records = read_topic(&topic, 60);

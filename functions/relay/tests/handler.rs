@@ -11,7 +11,9 @@ use dynamo_outbox::notification::{CommitNotification, DETAIL_TYPE, SOURCE};
 use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions};
 use lambda_runtime::LambdaEvent;
 use outbox_integration_tests::*;
-use outbox_relay_function::{DeadlineSource, RelayFunction, RelaySettings, RelaySummary, Trigger};
+use outbox_relay_function::{
+    notification_jitter, DeadlineSource, RelayFunction, RelaySettings, RelaySummary, Trigger,
+};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -366,15 +368,23 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
     buckets.dedup();
     assert!(!buckets.is_empty());
     // A burst of five notifications to the idle fleet: they spread out by their jitter
-    // and look again, so the first to join covers most of the others.
+    // and look again, so the first to join covers the others. The first looks again at
+    // once; the others after at least 150 ms of jitter, by which time the first one's
+    // heartbeat has landed (notification_jitter: a hash of the request id).
     let (woken_client, woken_wire) = counted_client().await;
     let woken = RelayFunction::new(woken_client, settings(&options, &[])).unwrap();
-    // Request ids whose jitters are 0, 56, 112, 167 and 224 ms (notification_jitter):
-    // 55 ms apart, so that the test does not depend on how fast this machine writes the
-    // first joiner's heartbeat.
-    let burst = futures::future::join_all([150, 119, 53, 108, 144].map(|i| {
+    let first = (0..10_000)
+        .map(|i| format!("wake-{i}"))
+        .find(|id| notification_jitter(id) < Duration::from_millis(10))
+        .unwrap();
+    let later: Vec<String> = (0..10_000)
+        .map(|i| format!("wake-late-{i}"))
+        .filter(|id| notification_jitter(id) >= Duration::from_millis(150))
+        .take(4)
+        .collect();
+    let burst = futures::future::join_all(std::iter::once(first).chain(later).map(|id| {
         woken.handle(event_with(
-            &format!("wake-{i}"),
+            &id,
             in_ms(Duration::from_secs(7)),
             notification(&options, &buckets),
         ))
@@ -388,15 +398,10 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
         .iter()
         .filter(|s| !matches!(s.stop_reason.as_str(), "covered" | "empty"))
         .collect();
-    println!(
-        "idle fleet, 5 notifications: {} joined: {joined:?}",
-        joined.len()
-    );
-    // One joins; the jitter keeps the others out once its heartbeat is visible (within
-    // 55 ms here; up to 3 may join on a machine that takes longer than 110 ms for it).
-    assert!(
-        (1..=3).contains(&joined.len()),
-        "one joins, the jitter keeps most others out: {burst:?}"
+    assert_eq!(
+        joined.len(),
+        1,
+        "exactly one notification of the burst starts a relay: {burst:?}"
     );
     for s in &joined {
         assert_eq!(s.trigger, Trigger::Notification);

@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -53,6 +53,8 @@ struct Inner {
     sticky: AtomicU32,
     /// Whether the header mapping's losses were already logged at `warn`.
     warned_header_loss: AtomicBool,
+    /// Produce requests sent (every attempt), for [`KafkaPublisher::produce_requests`].
+    produce_requests: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -128,8 +130,16 @@ impl KafkaPublisher {
                 partitions: Mutex::new(HashMap::new()),
                 sticky: AtomicU32::new(rand::random()),
                 warned_header_loss: AtomicBool::new(false),
+                produce_requests: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// How many produce requests this publisher has sent (every attempt counts; a request
+    /// carries the records of one partition, at most
+    /// [`KafkaConfig::max_request_bytes`] of them unless a single record is larger).
+    pub fn produce_requests(&self) -> u64 {
+        self.inner.produce_requests.load(Ordering::Relaxed)
     }
 
     /// The options this publisher runs with.
@@ -363,6 +373,7 @@ impl KafkaPublisher {
         loop {
             let result = tokio::time::timeout_at(deadline, async {
                 let client = self.partition_client(topic, partition).await?;
+                self.inner.produce_requests.fetch_add(1, Ordering::Relaxed);
                 client
                     .produce(records.clone(), Compression::NoCompression)
                     .await
