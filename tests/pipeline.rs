@@ -224,3 +224,125 @@ async fn slow_deletes_near_the_deadline_still_leave_the_stop_its_time() {
         "a message is neither in Kafka nor in the table"
     );
 }
+
+/// Stalls the first `Query` sent after it is armed for `stall`, blocking the thread that
+/// sends it (as a request stuck in a kernel buffer would, out of the relay's reach).
+#[derive(Debug)]
+struct StallOnce {
+    armed: Arc<std::sync::atomic::AtomicBool>,
+    stall: Duration,
+}
+
+impl aws_sdk_dynamodb::config::Intercept for StallOnce {
+    fn name(&self) -> &'static str {
+        "StallOnce"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_sdk_dynamodb::config::RuntimeComponents,
+        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let query = cfg
+            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
+            .is_some_and(|m| m.name() == "Query");
+        if query && self.armed.swap(false, Ordering::SeqCst) {
+            std::thread::sleep(self.stall);
+        }
+        Ok(())
+    }
+}
+
+/// Work still in flight at the hard deadline releases nothing: the run reports
+/// `DeadlineMissed` with `released: false`, its lease still names it, and it is left to
+/// lapse, as after a crash; a relay that comes later takes the bucket once it has lapsed
+/// and publishes everything, with no refused write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn work_in_flight_at_the_hard_deadline_releases_nothing() {
+    let (plain, wire) = counted_client().await;
+    let options = fresh_table(&plain, 1).await;
+    let topic = random_name("missed");
+    create_topic(&topic, 1);
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let stalling = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(StallOnce {
+                armed: Arc::clone(&armed),
+                stall: Duration::from_secs(8),
+            })
+            .build(),
+    );
+    let stuck = Relay::new(
+        DynamoDbOutboxStore::new(stalling, options.clone()).unwrap(),
+        kafka_publisher().await,
+        fast_relay_options("stuck", 1),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let stuck = tokio::spawn(async move { stuck.run_until(deadline).await });
+    let until = Instant::now() + Duration::from_secs(30);
+    while lease_owners(&plain, &options).await != [Some("stuck".to_string())] {
+        assert!(Instant::now() < until, "the relay never held the bucket");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Its next Query (a probe, a fetch or its round's read) stalls past the deadline.
+    armed.store(true, Ordering::SeqCst);
+    let writer = DynamoDbOutboxWriter::new(plain.clone(), options.clone()).unwrap();
+    let batch: Vec<_> = (0..3)
+        .map(|i| {
+            writer
+                .message(&topic)
+                .with_key("k")
+                .with_value(format!("v{i}"))
+        })
+        .collect();
+    writer.enqueue(&batch).await.unwrap();
+    let written = id_set(&batch);
+
+    let report = stuck.await.unwrap().unwrap();
+    assert_eq!(
+        report.stop_reason,
+        dynamo_outbox::StopReason::DeadlineMissed,
+        "{report:?}"
+    );
+    assert!(!report.released, "{report:?}");
+    assert!(!armed.load(Ordering::SeqCst), "the stall never ran");
+    assert_eq!(
+        lease_owners_including_lapsed(&plain, &options).await,
+        [Some("stuck".to_string())],
+        "the lease was not released"
+    );
+
+    // A later relay takes the bucket once the lease has lapsed and publishes all of it.
+    let next = Relay::new(
+        DynamoDbOutboxStore::new(plain.clone(), options.clone()).unwrap(),
+        kafka_publisher().await,
+        fast_relay_options("next", 1),
+    )
+    .unwrap();
+    let next = tokio::spawn(async move {
+        next.run_until(Instant::now() + Duration::from_secs(20))
+            .await
+    });
+    wait_for_ids(&topic, &written, Duration::from_secs(30))
+        .await
+        .assert_exactly_once(&written);
+    let next = next.await.unwrap().unwrap();
+    assert_eq!((next.published, next.leases_acquired), (3, 1), "{next:?}");
+    assert_eq!(next.refused_total(), 0, "{next:?}");
+    assert_no_refusal_on_the_wire(&wire, "a relay taking over a lapsed lease");
+}
+
+/// Every bucket's lease owner as stored, lapsed or not.
+async fn lease_owners_including_lapsed(
+    client: &aws_sdk_dynamodb::Client,
+    options: &dynamo_outbox::OutboxOptions,
+) -> Vec<Option<String>> {
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let c = store.read_coordination().await.unwrap();
+    (0..options.bucket_count)
+        .map(|b| c.lease(b).and_then(|l| l.owner.clone()))
+        .collect()
+}

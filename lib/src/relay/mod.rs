@@ -226,7 +226,21 @@ impl<P: Publisher> Relay<P> {
             }
         };
         let owned_at_end = state.owned.len();
-        let released = self.stop(&mut state, shutdown.hard_deadline()).await;
+        // A step that overran the hard deadline and still returned (a request stuck out of
+        // the runtime's reach, then timed out) leaves no time for the stop: that is a
+        // missed deadline too, and nothing is released (the leases lapse).
+        let missed = shutdown
+            .hard_deadline()
+            .is_some_and(|d| Instant::now() >= d);
+        let (reason, released) = if missed {
+            warn!("the hard deadline passed before the stop: leases are left to lapse");
+            (StopReason::DeadlineMissed, false)
+        } else {
+            (
+                reason,
+                self.stop(&mut state, shutdown.hard_deadline()).await,
+            )
+        };
         let mut report = state.report(
             &self.options.relay_id,
             self.refused_since(&refused_before),
