@@ -118,12 +118,23 @@ async fn enqueue_reserves_in_list_order_per_bucket() {
     let options = fresh_table(&client, 8).await;
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
     let keys = Keys::new(&options);
-    // Three keys, interleaved: each bucket's sequence follows the list order.
+    // Three keys of one bucket and one of another, interleaved: each bucket's sequence
+    // follows the list order, across keys too.
+    let bucket_of = |k: &str| writer.message("orders").with_key(k).bucket();
+    let names: Vec<String> = (0..10_000).map(|n| format!("key-{n}")).collect();
+    let shared = bucket_of(&names[0]);
+    let mut chosen: Vec<&str> = names
+        .iter()
+        .filter(|k| bucket_of(k) == shared)
+        .take(3)
+        .map(String::as_str)
+        .collect();
+    chosen.push(names.iter().find(|k| bucket_of(k) != shared).unwrap());
     let messages: Vec<OutboxMessage> = (0..12)
         .map(|i| {
             writer
                 .message("orders")
-                .with_key(format!("key-{}", i % 3))
+                .with_key(chosen[i % 4])
                 .with_value(format!("v{i}"))
                 .with_header(Header::new("n", i.to_string()))
         })
@@ -154,6 +165,8 @@ async fn enqueue_reserves_in_list_order_per_bucket() {
             "consecutive in list order: {seqs:?}"
         );
     }
+    assert_eq!(per_bucket.len(), 2, "{per_bucket:?}");
+    assert_eq!(per_bucket[&shared].len(), 9, "three keys share a bucket");
     // Each bucket's later enqueue continues after the earlier one.
     for r in &second {
         let max_first = first
@@ -173,6 +186,17 @@ async fn enqueue_reserves_in_list_order_per_bucket() {
             .collect();
         let bodies: Vec<_> = stored.iter().map(|s| s.sequence).collect();
         assert!(bodies.starts_with(seqs));
+        // In sequence order the bucket holds the messages in list order, keys interleaved.
+        let listed: Vec<uuid::Uuid> = messages
+            .iter()
+            .filter(|m| m.bucket() == bucket)
+            .map(|m| m.message_id)
+            .collect();
+        let in_order: Vec<uuid::Uuid> = stored[..seqs.len()]
+            .iter()
+            .map(|s| s.message.message_id)
+            .collect();
+        assert_eq!(in_order, listed, "bucket {bucket}");
         for s in &stored[..seqs.len()] {
             let original = messages
                 .iter()
