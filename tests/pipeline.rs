@@ -346,3 +346,138 @@ async fn lease_owners_including_lapsed(
         .map(|b| c.lease(b).and_then(|l| l.owner.clone()))
         .collect()
 }
+
+/// A one-bucket outbox holding 21 messages of one key with every even sequence number
+/// deleted: ten one-number gaps (2, 4, ..., 20) between the odd ones.
+async fn bucket_with_ten_gaps(
+    client: &aws_sdk_dynamodb::Client,
+) -> (dynamo_outbox::OutboxOptions, Vec<u64>) {
+    let options = fresh_table(client, 1).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let batch: Vec<_> = (1..=21)
+        .map(|i| {
+            writer
+                .message("gaps")
+                .with_key("k")
+                .with_value(format!("v{i}"))
+        })
+        .collect();
+    let enqueued = writer.enqueue(&batch).await.unwrap();
+    assert_eq!(
+        enqueued.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+        (1..=21).collect::<Vec<u64>>()
+    );
+    let keys = dynamo_outbox::schema::Keys::new(&options);
+    for seq in (2..=20).step_by(2) {
+        client
+            .delete_item()
+            .table_name(&options.table_name)
+            .set_key(Some(
+                keys.key(keys.message_pk(0), dynamo_outbox::schema::message_sk(seq)),
+            ))
+            .send()
+            .await
+            .unwrap();
+    }
+    (options, (1..=21).step_by(2).collect())
+}
+
+/// More gaps in one fetch than the relay probes: it probes eight, none filled, and the
+/// batch stops before the ninth (at 18), publishing nothing past a gap nobody looked into.
+#[tokio::test]
+async fn more_than_eight_gaps_in_one_fetch_stop_the_batch_before_the_ninth() {
+    let client = dynamodb().await;
+    let (options, present) = bucket_with_ten_gaps(&client).await;
+    let store = DynamoDbOutboxStore::new(client.clone(), options).unwrap();
+    let fetched = store.fetch(0, None, 100).await.unwrap();
+    let sequences: Vec<u64> = fetched.messages.iter().map(|m| m.sequence).collect();
+    let before_the_ninth: Vec<u64> = present.iter().copied().filter(|&s| s < 18).collect();
+    assert_eq!(sequences, before_the_ninth);
+    assert_eq!(
+        (fetched.gap_probes, fetched.fetches),
+        (dynamo_outbox::store::fetch::MAX_GAP_PROBES as u32, 1)
+    );
+}
+
+/// Answers every gap probe (a strongly consistent COUNT query) as if the gap had filled
+/// meanwhile, by widening its range down to the bucket's first message.
+#[derive(Debug, Default)]
+struct EveryGapFills {
+    probes: AtomicUsize,
+}
+
+impl aws_sdk_dynamodb::config::Intercept for EveryGapFills {
+    fn name(&self) -> &'static str {
+        "EveryGapFills"
+    }
+
+    fn modify_before_serialization(
+        &self,
+        context: &mut aws_sdk_dynamodb::config::interceptors::BeforeSerializationInterceptorContextMut<'_>,
+        _: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        use aws_sdk_dynamodb::operation::query::QueryInput;
+        use aws_sdk_dynamodb::types::{AttributeValue, Select};
+        if let Some(q) = context.input_mut().downcast_mut::<QueryInput>() {
+            if q.select == Some(Select::Count) {
+                if let Some(values) = q.expression_attribute_values.as_mut() {
+                    values.insert(
+                        ":from".into(),
+                        AttributeValue::S(dynamo_outbox::schema::message_sk(1)),
+                    );
+                    self.probes.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A gap that is found filled on every fetch: the relay fetches again, at most
+/// `MAX_REFETCHES` times, and then stops the batch before that gap (here: only the
+/// message before the first gap), never past it.
+#[tokio::test]
+async fn a_gap_that_fills_on_every_refetch_stops_at_the_refetch_bound() {
+    let plain = dynamodb().await;
+    let (options, _) = bucket_with_ten_gaps(&plain).await;
+    let filling = Arc::new(EveryGapFills::default());
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let client = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(SharedIntercept(Arc::clone(&filling)))
+            .build(),
+    );
+    let store = DynamoDbOutboxStore::new(client, options).unwrap();
+    let fetched = store.fetch(0, None, 100).await.unwrap();
+    let sequences: Vec<u64> = fetched.messages.iter().map(|m| m.sequence).collect();
+    assert_eq!(sequences, [1], "nothing past the gap at 2");
+    let bound = dynamo_outbox::store::fetch::MAX_REFETCHES;
+    assert_eq!(
+        (fetched.fetches, fetched.gap_probes),
+        (1 + bound, 1 + bound),
+        "one probe per fetch, each found filled"
+    );
+    assert_eq!(filling.probes.load(Ordering::SeqCst), 1 + bound as usize);
+}
+
+/// An interceptor shared with the test, which reads its counters.
+#[derive(Debug)]
+struct SharedIntercept<T>(Arc<T>);
+
+impl<T: aws_sdk_dynamodb::config::Intercept> aws_sdk_dynamodb::config::Intercept
+    for SharedIntercept<T>
+{
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn modify_before_serialization(
+        &self,
+        context: &mut aws_sdk_dynamodb::config::interceptors::BeforeSerializationInterceptorContextMut<'_>,
+        rc: &aws_sdk_dynamodb::config::RuntimeComponents,
+        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        self.0.modify_before_serialization(context, rc, cfg)
+    }
+}
