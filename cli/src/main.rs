@@ -67,9 +67,9 @@ enum Command {
     /// bytes. 1 to 100 messages, written in one transaction, all or nothing. A request
     /// with an idempotency_key (at most 99 messages) that was already written within
     /// OUTBOX_IDEMPOTENCY_RETENTION (24h) writes nothing and answers the first call's
-    /// response. It runs the enqueue function's own handler: prints its JSON response
-    /// (each message's id, bucket and sequence). A rejected request writes nothing, prints
-    /// the function's errorType and error text and exits 2.
+    /// response. It runs the library's enqueue service, as the enqueue function does:
+    /// prints its JSON response (each message's id, bucket and sequence). A rejected
+    /// request writes nothing, prints the function's errorType and error text and exits 2.
     #[command(verbatim_doc_comment)]
     Enqueue(enqueue::Args),
     /// Run a long-lived relay: SIGTERM or SIGINT stops it gracefully (leases released).

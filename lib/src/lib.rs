@@ -19,6 +19,8 @@
 //! - [`writer`]: sequence reservations, transaction items, `enqueue`, commit notification.
 //! - [`enqueue_api`]: the enqueue request and response as JSON, shared by the enqueue
 //!   function and `outboxctl enqueue`, and the `errorType` of each error.
+//! - [`enqueue`]: the enqueue service both of them run: parse, check, one transaction
+//!   (with the idempotency marker), commit notification.
 //! - [`coordination`]: the snapshot of the coordination partition (leases, heartbeats),
 //!   who is active, coverage of notified buckets, handovers, stale records; pure.
 //! - [`plan`]: the lease plan, a pure function of one read of the coordination partition.
@@ -50,6 +52,7 @@ pub mod attr;
 pub mod client;
 pub mod clock;
 pub mod coordination;
+pub mod enqueue;
 pub mod enqueue_api;
 pub mod error;
 pub mod headers;

@@ -28,15 +28,15 @@ use crate::schema::{self, attr, Item, Keys};
 
 /// A message with its reserved place, ready to join a transaction.
 #[derive(Debug, Clone)]
-pub struct Reserved {
+pub(crate) struct Reserved {
     /// The message's id.
-    pub message_id: Uuid,
+    pub(crate) message_id: Uuid,
     /// Its bucket.
-    pub bucket: u32,
+    pub(crate) bucket: u32,
     /// Its sequence number within the bucket.
-    pub sequence: u64,
+    pub(crate) sequence: u64,
     /// The item to put (guarded by `attribute_not_exists`).
-    pub item: Item,
+    item: Item,
     table_name: String,
     sk_attribute: String,
 }
@@ -44,7 +44,7 @@ pub struct Reserved {
 impl Reserved {
     /// The `Put` for a `TransactWriteItems` request. The `attribute_not_exists` condition
     /// makes a reset counter fail the transaction instead of overwriting a pending message.
-    pub fn transact_write_item(&self) -> Result<TransactWriteItem> {
+    pub(crate) fn transact_write_item(&self) -> Result<TransactWriteItem> {
         let put = Put::builder()
             .table_name(&self.table_name)
             .set_item(Some(self.item.clone()))
@@ -174,7 +174,7 @@ impl DynamoDbOutboxWriter {
 
     /// Reserves sequence numbers and builds the items, in the order of `messages`.
     #[instrument(skip_all, fields(messages = messages.len()))]
-    pub async fn reserve(&self, messages: &[OutboxMessage]) -> Result<Vec<Reserved>> {
+    pub(crate) async fn reserve(&self, messages: &[OutboxMessage]) -> Result<Vec<Reserved>> {
         self.check(messages)?;
         let mut by_bucket: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for (i, m) in messages.iter().enumerate() {
@@ -333,7 +333,7 @@ impl DynamoDbOutboxWriter {
     }
 
     /// The DynamoDB client of this writer.
-    pub fn client(&self) -> &Client {
+    pub(crate) fn client(&self) -> &Client {
         &self.client
     }
 }

@@ -1,5 +1,6 @@
-//! Lambda entry point of the enqueue function: the writer (and the EventBridge notifier,
-//! when configured) is built once per execution environment, then every invocation enqueues one request (see the library half).
+//! Lambda entry point of the enqueue function: the library's enqueue service (its writer
+//! and, when configured, the EventBridge notifier) is built once per execution
+//! environment, then every invocation enqueues one request (see the library half).
 
 use std::sync::Arc;
 
