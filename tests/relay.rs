@@ -1884,3 +1884,56 @@ mod lease_edges {
         assert_no_refusal_on_the_wire(&wire, "graceful stops with releases in any order");
     }
 }
+
+/// Lease writes against DynamoDB itself, with explicit times: a claim of a live lease, a
+/// renewal from a stale read and a release after a takeover are refused by DynamoDB (the
+/// wire sees each refusal, the store counts it); an SDK retry of each applied write (the
+/// same request sent again after it landed) is refused by DynamoDB too, but recognised
+/// from the old item as this very write: a success, not counted as a refusal.
+#[tokio::test]
+async fn lease_writes_are_refused_when_stale_and_their_own_retries_are_successes() {
+    use dynamo_outbox::store::WriteKind;
+    let (client, wire) = counted_client().await;
+    let options = fresh_table(&client, 1).await;
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let counted = |kind| store.refused_writes().get(kind);
+    let wire_refused = || wire.refused("UpdateItem").total();
+    let t0: i64 = 1_000_000_000;
+    let d: i64 = 30 * TICKS_PER_SECOND;
+
+    // A claims the free bucket; its retry of the applied claim is a success.
+    assert!(store.claim(0, "a", t0, t0 + d).await.unwrap());
+    assert!(
+        store.claim(0, "a", t0, t0 + d).await.unwrap(),
+        "a retried claim"
+    );
+    assert_eq!((wire_refused(), counted(WriteKind::Claim)), (1, 0));
+    // B's claim of the live lease is refused.
+    assert!(!store.claim(0, "b", t0 + 1, t0 + 1 + d).await.unwrap());
+    assert_eq!((wire_refused(), counted(WriteKind::Claim)), (2, 1));
+
+    // A renews from its read; the retry of that renewal is a success.
+    assert!(store.renew(0, "a", t0 + d, t0 + 2 * d, None).await.unwrap());
+    assert!(
+        store.renew(0, "a", t0 + d, t0 + 2 * d, None).await.unwrap(),
+        "a retried renewal"
+    );
+    assert_eq!((wire_refused(), counted(WriteKind::Renew)), (3, 0));
+    // A renewal from a stale read (the expiry before that renewal) is refused.
+    assert!(!store.renew(0, "a", t0 + d, t0 + 3 * d, None).await.unwrap());
+    assert_eq!((wire_refused(), counted(WriteKind::Renew)), (4, 1));
+
+    // The lease lapses and B takes it over; A's release (of the expiry it read) is refused.
+    let lapsed = t0 + 2 * d + 1;
+    assert!(store.claim(0, "b", lapsed, lapsed + d).await.unwrap());
+    assert!(!store.release(0, "a", Some(t0 + 2 * d)).await.unwrap());
+    assert_eq!((wire_refused(), counted(WriteKind::Release)), (5, 1));
+    // B releases what it read; the retry of that release is a success.
+    assert!(store.release(0, "b", Some(lapsed + d)).await.unwrap());
+    assert!(
+        store.release(0, "b", Some(lapsed + d)).await.unwrap(),
+        "a retried release"
+    );
+    assert_eq!((wire_refused(), counted(WriteKind::Release)), (6, 1));
+    assert_eq!(lease_owners(&client, &options).await, vec![None]);
+}
