@@ -1937,3 +1937,62 @@ async fn lease_writes_are_refused_when_stale_and_their_own_retries_are_successes
     assert_eq!((wire_refused(), counted(WriteKind::Release)), (6, 1));
     assert_eq!(lease_owners(&client, &options).await, vec![None]);
 }
+
+/// A running relay deletes the heartbeat records of relays silent for ten lease durations
+/// and of relays stopped a lease duration ago, and keeps a record silent for less (it may
+/// be a relay paused for a while that comes back).
+#[tokio::test]
+async fn a_relay_cleans_up_records_of_relays_silent_for_ten_lease_durations() {
+    let (client, wire) = counted_client().await;
+    let options = fresh_table(&client, 1).await;
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let relay_options = fast_relay_options("a-cleaner", 1);
+    let lease = relay_options.lease_duration.as_secs() as i64 * TICKS_PER_SECOND;
+    let now = store.clock().now_ticks();
+    assert!(store
+        .heartbeat("silent-11", now - 11 * lease, None)
+        .await
+        .unwrap());
+    assert!(store
+        .heartbeat("silent-9", now - 9 * lease, None)
+        .await
+        .unwrap());
+    assert!(store
+        .heartbeat("stopped", now - 3 * lease, None)
+        .await
+        .unwrap());
+    assert!(store
+        .stamp_stopped("stopped", now - 2 * lease)
+        .await
+        .unwrap());
+    let records = |c: dynamo_outbox::coordination::Coordination| -> Vec<String> {
+        c.relays.into_iter().map(|r| r.relay_id).collect()
+    };
+    assert_eq!(
+        records(store.read_coordination().await.unwrap()),
+        ["silent-11", "silent-9", "stopped"]
+    );
+
+    let relay = Relay::new(
+        DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap(),
+        kafka_publisher().await,
+        relay_options,
+    )
+    .unwrap();
+    let running = tokio::spawn(async move {
+        relay
+            .run_until(Instant::now() + Duration::from_secs(30))
+            .await
+    });
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = records(store.read_coordination().await.unwrap());
+        if left == ["a-cleaner", "silent-9"] {
+            break;
+        }
+        assert!(Instant::now() < until, "records left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    running.abort();
+    assert_no_refusal_on_the_wire(&wire, "the cleanup");
+}
