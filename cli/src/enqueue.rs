@@ -12,7 +12,7 @@ use dynamo_outbox::enqueue_api::{error_type, parse_request_str};
 use dynamo_outbox::notification::{EventBridgeNotifier, NOTIFY_EVENT_BUS};
 use dynamo_outbox::Error;
 
-use crate::{dynamodb, error_text, failure, outbox_options, usage, Cli, Failure};
+use crate::{dynamodb, error_text, exit_code, failure, outbox_options, usage, Cli, Failure};
 
 /// Flags of `outboxctl enqueue`.
 #[derive(Debug, clap::Args)]
@@ -23,17 +23,11 @@ pub(crate) struct Args {
 }
 
 /// What the command prints for a rejected or failed request: the function's `errorType`
-/// and error text, with exit code 2 for what the caller must fix (`ValidationError`,
-/// `Misconfiguration`) and 1 otherwise.
-fn rejected(e: Error) -> Failure {
-    let kind = error_type(&e);
-    let code = match kind {
-        "ValidationError" | "Misconfiguration" => 2,
-        _ => 1,
-    };
+/// and error text, with the exit code of every command ([`exit_code`]).
+pub(crate) fn failure_of(e: &Error) -> Failure {
     Failure {
-        code,
-        message: format!("{kind}: {}", error_text(&e)),
+        code: exit_code(e),
+        message: format!("{}: {}", error_type(e), error_text(e)),
     }
 }
 
@@ -46,7 +40,7 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
             .map_err(|e| usage(format!("cannot read {}: {e}", p.display())))?,
     };
     // The library's parser names the problem as the function would.
-    let request = parse_request_str(&text, options.bucket_count).map_err(rejected)?;
+    let request = parse_request_str(&text, options.bucket_count).map_err(|e| failure_of(&e))?;
     let retention = retention_from_lookup(|n| std::env::var(n).ok())?;
     let mut service =
         EnqueueService::new(dynamodb().await, options)?.with_idempotency_retention(retention);
@@ -59,7 +53,10 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
         }
     }
     // No deadline: the SDK's own timeouts bound the write, as in a local emulator.
-    let outcome = service.enqueue(&request, None).await.map_err(rejected)?;
+    let outcome = service
+        .enqueue(&request, None)
+        .await
+        .map_err(|e| failure_of(&e))?;
     let json = serde_json::to_string(&outcome.response)
         .map_err(|e| failure(format!("rendering the response: {e}")))?;
     println!("{json}");

@@ -2,7 +2,8 @@
 //!
 //! Configuration comes from the same environment variables as the Lambda functions
 //! (`OUTBOX_*`, `KAFKA_*`, and the standard AWS ones); flags override them. Exit codes:
-//! 0 ok, 1 operational failure, 2 bad usage or bad input.
+//! 0 ok, 1 operational failure, 2 what the caller must fix (bad usage, bad input, a
+//! misconfiguration); [`exit_code`] decides it from the error's type, for every command.
 
 mod demo;
 mod drain;
@@ -29,8 +30,9 @@ use tokio::time::Instant;
 /// and friends, KAFKA_* for the broker, and the standard AWS variables (AWS_REGION,
 /// AWS_PROFILE, AWS_ENDPOINT_URL_DYNAMODB, ...). Flags override them.
 ///
-/// Exit codes: 0 ok, 1 operational failure (DynamoDB, Kafka, a timeout), 2 bad usage or bad
-/// input (unknown flags, invalid options, a rejected enqueue request).
+/// Exit codes: 0 ok, 1 operational failure (DynamoDB, Kafka, a timeout), 2 what the caller
+/// must fix (unknown flags, invalid options, a rejected enqueue request, a misconfiguration
+/// such as a table whose key schema does not fit the options).
 #[derive(Debug, Parser)]
 #[command(name = "outboxctl", version)]
 struct Cli {
@@ -159,14 +161,25 @@ pub(crate) struct Failure {
 
 impl From<Error> for Failure {
     fn from(e: Error) -> Self {
-        let code = match e {
-            Error::InvalidOption { .. } | Error::InvalidMessage { .. } | Error::Limit { .. } => 2,
-            _ => 1,
-        };
         Failure {
-            code,
+            code: exit_code(&e),
             message: error_text(&e),
         }
+    }
+}
+
+/// The exit code of a command that failed with `e`, the one rule of every command: 2 for
+/// what the caller must fix before a retry can help (an invalid option, message or
+/// request, a limit, a misconfiguration: `errorType` `ValidationError` or
+/// `Misconfiguration` in the functions), 1 for an operational failure (DynamoDB, Kafka, a
+/// deadline, an unreadable item).
+pub(crate) fn exit_code(e: &Error) -> u8 {
+    match e {
+        Error::InvalidOption { .. }
+        | Error::InvalidMessage { .. }
+        | Error::Limit { .. }
+        | Error::Misconfiguration(_) => 2,
+        _ => 1,
     }
 }
 
@@ -439,6 +452,31 @@ mod tests {
         assert_eq!(parse_clock_offset("x", "+2s").unwrap(), 2 * s);
         assert_eq!(parse_clock_offset("x", "1500ms").unwrap(), 15 * s / 10);
         assert_eq!(parse_clock_offset("x", "soon").unwrap_err().code, 2);
+    }
+
+    #[test]
+    fn every_command_takes_the_exit_code_from_the_error_type() {
+        let errors = [
+            Error::Misconfiguration(
+                "table t: partition key is PK, but the options expect id".into(),
+            ),
+            Error::InvalidMessage {
+                field: "messages[0].topic".into(),
+                rule: "must not be empty".into(),
+            },
+            Error::Limit {
+                what: "items in one transaction".into(),
+                actual: 101,
+                limit: 100,
+            },
+            Error::DeadlineExceeded("enqueue"),
+            Error::ConditionFailed { operation: "put" },
+        ];
+        let codes: Vec<(u8, u8)> = errors
+            .into_iter()
+            .map(|e| (enqueue::failure_of(&e).code, Failure::from(e).code))
+            .collect();
+        assert_eq!(codes, [(2, 2), (2, 2), (2, 2), (1, 1), (1, 1)]);
     }
 
     #[test]
