@@ -1996,3 +1996,101 @@ async fn a_relay_cleans_up_records_of_relays_silent_for_ten_lease_durations() {
     running.abort();
     assert_no_refusal_on_the_wire(&wire, "the cleanup");
 }
+
+/// Every bucket's lease owner as stored, lapsed or not.
+async fn raw_owners(store: &DynamoDbOutboxStore, buckets: u32) -> Vec<Option<String>> {
+    let c = store.read_coordination().await.unwrap();
+    (0..buckets)
+        .map(|b| c.lease(b).and_then(|l| l.owner.clone()))
+        .collect()
+}
+
+/// A relay whose clock is set back claims nothing while its heartbeat is refused, even a
+/// bucket a peer has just handed back (a claim would succeed at DynamoDB, written with
+/// an expiry already in the past); once its clock is right again it takes the buckets.
+#[tokio::test]
+async fn a_relay_whose_clock_is_set_back_stops_claiming() {
+    use dynamo_outbox::store::WriteKind;
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 2).await;
+    let (counted, wire) = counted_client().await;
+    let clock = OffsetClock::new(0);
+    let store = DynamoDbOutboxStore::new(counted.clone(), options.clone())
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()));
+    let refused = store.refused_writes().clone();
+    let publisher = kafka_publisher().await;
+    let skewed = spawn(
+        Relay::new(
+            store.clone(),
+            publisher.clone(),
+            fast_relay_options("a-skewed", 2),
+        )
+        .unwrap(),
+    );
+    let peer = spawn(
+        relay_with(
+            &counted,
+            &options,
+            publisher.clone(),
+            fast_relay_options("b-peer", 2),
+        )
+        .await,
+    );
+    let both = vec![Some("a-skewed".to_string()), Some("b-peer".to_string())];
+    wait_until("one bucket each", Duration::from_secs(20), || async {
+        let mut owners = lease_owners(&client, &options).await;
+        owners.sort();
+        owners == both
+    })
+    .await;
+    // 10 s back: its heartbeat is refused until its clock passes the last one it wrote.
+    clock.set_offset_ticks(-10 * TICKS_PER_SECOND);
+    wait_until(
+        "its heartbeat is refused",
+        Duration::from_secs(5),
+        || async { refused.get(WriteKind::Heartbeat) >= 1 },
+    )
+    .await;
+    let peer_report = peer.stop().await;
+    assert!(peer_report.released, "{peer_report:?}");
+    let plain = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let handed_back: Vec<u32> = raw_owners(&plain, 2)
+        .await
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.is_none())
+        .map(|(b, _)| b as u32)
+        .collect();
+    assert!(!handed_back.is_empty(), "the peer handed nothing back");
+    // Three seconds (three rounds) with its clock still behind: nothing claimed.
+    let watch_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < watch_until {
+        let owners = raw_owners(&plain, 2).await;
+        for &b in &handed_back {
+            assert_eq!(owners[b as usize], None, "claimed with its clock set back");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(refused.get(WriteKind::Claim), 0);
+    // Clock right again: it takes every bucket.
+    clock.set_offset_ticks(0);
+    wait_until("it takes both buckets", Duration::from_secs(20), || async {
+        lease_owners(&client, &options)
+            .await
+            .iter()
+            .all(|o| o.as_deref() == Some("a-skewed"))
+    })
+    .await;
+    let report = skewed.stop().await;
+    // The only refusals: its heartbeats while its clock was behind.
+    assert_eq!(
+        (report.refused_total(), wire.refused_total()),
+        (
+            refused.get(WriteKind::Heartbeat),
+            refused.get(WriteKind::Heartbeat)
+        ),
+        "{report:?} {:?}",
+        wire.refusals()
+    );
+}
