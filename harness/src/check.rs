@@ -40,6 +40,9 @@ pub struct Delivery {
     pub message_id: Option<String>,
     /// Record timestamp (the relay's publish time), milliseconds.
     pub timestamp_ms: Option<i64>,
+    /// The value's length, when the reader printed only its head (large values).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value_len: Option<usize>,
 }
 
 /// A relay's belief about one bucket, from its log.
@@ -88,6 +91,9 @@ pub struct History {
     pub left_in_table: Vec<String>,
     /// From the writers' start to the end of the final drain.
     pub window_us: (i64, i64),
+    /// The size of every value written, when the scenario padded them (large items): then
+    /// every record's value must have it.
+    pub value_bytes: Option<usize>,
 }
 
 /// The figures of one scenario.
@@ -101,6 +107,12 @@ pub struct Figures {
     pub records: usize,
     /// Acknowledged messages found neither in Kafka nor in the table.
     pub lost: usize,
+    /// Acknowledged messages without a record in Kafka (lost or never drained): with
+    /// `unacked_records`, the id sets of acknowledged and delivered messages differ by
+    /// these.
+    pub undelivered: usize,
+    /// Records whose value length differs from [`History::value_bytes`].
+    pub wrong_size_values: usize,
     /// Records of messages that were not acknowledged (a failed enqueue that landed).
     pub unacked_records: usize,
     /// Records beyond the first copy of each message.
@@ -282,6 +294,18 @@ pub fn check(h: &History) -> Figures {
             !copies.contains_key(a.message_id.as_str()) && !left.contains(a.message_id.as_str())
         })
         .count();
+    f.undelivered = h
+        .acks
+        .iter()
+        .filter(|a| !copies.contains_key(a.message_id.as_str()))
+        .count();
+    if let Some(bytes) = h.value_bytes {
+        f.wrong_size_values = h
+            .deliveries
+            .iter()
+            .filter(|d| d.value_len != Some(bytes))
+            .count();
+    }
     f.duplicate_rate = if f.acked == 0 {
         0.0
     } else {
@@ -409,6 +433,7 @@ mod tests {
             offset,
             message_id: Some(id.into()),
             timestamp_ms: Some(ts_ms),
+            value_len: None,
         }
     }
 
@@ -444,6 +469,7 @@ mod tests {
         };
         let f = check(&h);
         assert_eq!(f.lost, 1);
+        assert_eq!(f.undelivered, 2, "d lost, e left in the table");
         assert_eq!(f.never_drained, 1);
         assert_eq!(f.duplicates, 1);
         assert_eq!(f.max_copies, 2);

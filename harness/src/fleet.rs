@@ -21,6 +21,9 @@ pub const LEASE_DURATION: &str = "3s";
 pub const LEASE_RENEW_INTERVAL: &str = "1s";
 /// Graceful stop allowed after SIGTERM.
 pub const GRACE: Duration = Duration::from_secs(5);
+/// How long before the end of a `--for` run the relay stops working and hands its buckets
+/// over (the library's default stop reserve).
+pub const STOP_RESERVE: Duration = dynamo_outbox::relay::DEFAULT_STOP_RESERVE;
 
 /// One `outboxctl relay` process.
 #[derive(Debug)]
@@ -29,6 +32,10 @@ pub struct RelayProc {
     pub id: String,
     /// `OUTBOX_TEST_CLOCK_OFFSET`, if any.
     pub clock_offset: Option<String>,
+    /// `--for`: a run with a deadline, which announces its stop (`StopsAtUtc`) and stops on
+    /// its own; it has no signal handler, so [`Fleet::terminate`] waits for it instead of
+    /// signalling it.
+    pub run_for: Option<Duration>,
     child: Child,
     /// When it was started.
     pub started_at_us: i64,
@@ -61,6 +68,9 @@ pub struct Fleet {
     pub kafka_bootstrap: Option<String>,
     /// Every relay started, alive or not.
     pub relays: Vec<RelayProc>,
+    /// More relay settings (variables), set after the harness's own, so they override
+    /// them.
+    pub extra_env: Vec<(String, String)>,
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -85,11 +95,23 @@ impl Fleet {
             dynamodb_endpoint: None,
             kafka_bootstrap: None,
             relays: Vec::new(),
+            extra_env: Vec::new(),
         }
     }
 
     /// Starts one relay; its stderr (the log) and stdout (the exit summary) go to files.
     pub fn start(&mut self, clock_offset: Option<&str>) -> std::io::Result<usize> {
+        self.start_for(clock_offset, None)
+    }
+
+    /// Starts one relay, with `--for run_for` when given (a run with a deadline: it
+    /// announces its stop in its heartbeats and stops on its own `run_for` after its start,
+    /// having stopped working [`STOP_RESERVE`] earlier).
+    pub fn start_for(
+        &mut self,
+        clock_offset: Option<&str>,
+        run_for: Option<Duration>,
+    ) -> std::io::Result<usize> {
         self.next += 1;
         let id = format!("{}-r{:02}", self.prefix, self.next);
         let log = self.dir.join(format!("{id}.log"));
@@ -105,12 +127,20 @@ impl Fleet {
             .env("OUTBOX_LEASE_RENEW_INTERVAL", LEASE_RENEW_INTERVAL)
             .env("OUTBOX_POLL_INTERVAL", "100ms")
             .env("OUTBOX_ERROR_BACKOFF", "200ms")
-            .env("RUST_LOG", "info,aws=warn,rskafka=warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("OUTBOX_HARNESS_RELAY_LOG")
+                    .unwrap_or_else(|_| "info,aws=warn,rskafka=warn".into()),
+            )
             .env("NO_COLOR", "1")
             .env_remove("OUTBOX_TEST_CLOCK_OFFSET")
             .stdin(Stdio::null())
             .stdout(File::create(&out)?)
             .stderr(File::create(&log)?);
+        cmd.envs(self.extra_env.iter().map(|(k, v)| (k, v)));
+        if let Some(d) = run_for {
+            cmd.arg("--for").arg(format!("{}ms", d.as_millis()));
+        }
         if let Some(b) = &self.kafka_bootstrap {
             cmd.env("KAFKA_BOOTSTRAP_SERVERS", b);
         }
@@ -125,6 +155,7 @@ impl Fleet {
         self.relays.push(RelayProc {
             id,
             clock_offset: clock_offset.map(str::to_string),
+            run_for,
             child,
             started_at_us,
             ended_at_us: None,
@@ -193,16 +224,25 @@ impl Fleet {
     }
 
     /// SIGTERM to each relay in `which`, then waits for them (killing any that overstays
-    /// the grace period by more than 5 s, which counts as an unclean stop).
+    /// the grace period by more than 5 s, which counts as an unclean stop). A relay run with
+    /// `--for` is not signalled (it has no handler: SIGTERM would kill it) but waited for,
+    /// up to its run plus 5 s.
     pub async fn terminate(&mut self, which: &[usize]) {
+        let mut wait = GRACE;
         for &i in which {
             self.resume(i);
             let r = &self.relays[i];
             if r.ended_at_us.is_none() {
-                signal(r.child.id(), "TERM");
+                match r.run_for {
+                    None => signal(r.child.id(), "TERM"),
+                    Some(d) => {
+                        let left = (r.started_at_us + d.as_micros() as i64 - now_us()).max(0);
+                        wait = wait.max(Duration::from_micros(left as u64));
+                    }
+                }
             }
         }
-        let deadline = tokio::time::Instant::now() + GRACE + Duration::from_secs(5);
+        let deadline = tokio::time::Instant::now() + wait + Duration::from_secs(5);
         loop {
             self.reap();
             if which.iter().all(|&i| self.relays[i].ended_at_us.is_some()) {
@@ -275,6 +315,23 @@ impl Fleet {
         false
     }
 
+    /// After relay `i` started: waits until it owns a bucket (by its log), then until the
+    /// fleet settled ([`Fleet::wait_settled`]), at most `timeout` in all; `true` when both
+    /// happened. Right after a start the fleet still looks settled (the newcomer has
+    /// logged nothing yet), so settling alone would not wait for the join.
+    pub async fn wait_joined(&mut self, i: usize, quiet: Duration, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let id = self.relays[i].id.clone();
+        while !self.current_owners().values().any(|o| o.contains(&id)) {
+            if tokio::time::Instant::now() >= deadline || !self.alive().contains(&i) {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        self.wait_settled(quiet, left).await
+    }
+
     /// Each relay's history, from its log and exit summary.
     pub fn histories(&self) -> Vec<RelayHistory> {
         self.relays
@@ -342,6 +399,17 @@ impl Fleet {
             }
         }
         out
+    }
+
+    /// Relays that stopped cleanly (exit code 0, neither killed nor over the grace period)
+    /// whose final event says they did not release their leases (`released=false`).
+    pub fn unreleased_stops(&self) -> Vec<String> {
+        self.relays
+            .iter()
+            .filter(|r| !r.killed && !r.unclean_stop && r.exit_code == Some(0))
+            .filter(|r| parse_log(&read(&r.log)).stopped_released == Some(false))
+            .map(|r| r.id.clone())
+            .collect()
     }
 
     /// Lines of the relays' logs at ERROR level, or panics (for the report).
@@ -415,6 +483,8 @@ pub struct ParsedLog {
     /// The refused-write count of the relay's final event (the INFO event with the fields
     /// `stop_reason` and `refused` that a relay logs once its run ended), if it logged one.
     pub stopped_refused: Option<u64>,
+    /// The `released` field of that final event: whether the stop released every lease.
+    pub stopped_released: Option<bool>,
 }
 
 /// The kinds of conditional write a relay makes (`WriteKind::as_str` of the library), the
@@ -487,6 +557,7 @@ pub fn parse_log(text: &str) -> ParsedLog {
             if let Some(n) = field(&line, "refused").and_then(|n| n.parse().ok()) {
                 out.stopped_refused = Some(n);
             }
+            out.stopped_released = field(&line, "released").and_then(|b| b.parse().ok());
         }
     }
     out
@@ -546,6 +617,7 @@ mod tests {
         let p = parse_log(text);
         assert_eq!(p.refused, BTreeMap::from([("heartbeat".to_string(), 2)]));
         assert_eq!(p.stopped_refused, Some(2));
+        assert_eq!(p.stopped_released, Some(false));
         assert_eq!(
             summary_refused(
                 "relay same stopped (deadline): published 0, refused writes 2, leases released: false\n"

@@ -91,6 +91,28 @@ pub enum Fault {
     /// to 3 s cuts every connection, stalls them for 1 to 4 s, or refuses connections for
     /// 1 to 3 s.
     KafkaProxy,
+    /// Graceful stops among three or more relays (issue 12, item 1), while the DynamoDB
+    /// proxy holds every release of a graceful stop for a random time in `hold`, so that
+    /// a leaver's releases land in random order around its peers' re-reads. In a loop, at
+    /// least once each: one stop after another (SIGTERM to the oldest relay, the fleet
+    /// settles, a new relay starts, the fleet settles); two overlapping stops (SIGTERM to
+    /// the two oldest at once); a stop with a deadline overlapping a SIGTERM (a relay run
+    /// with `--for` joins, announces its stop in its heartbeats, and stops on its own within
+    /// 300 ms of a SIGTERM to the oldest relay). Starts happen only in a settled fleet.
+    Stops {
+        /// Range of the hold of each stop release.
+        hold: (Duration, Duration),
+    },
+    /// Relays join and leave gracefully (and, with `kill`, are killed with SIGKILL), one
+    /// change every 1 to 2.5 s after the fleet settled from the last one, never fewer
+    /// than one nor more than four; at least one join and one leave. The relays reach
+    /// DynamoDB through the proxy with `mix`.
+    Churn {
+        /// Also SIGKILL relays.
+        kill: bool,
+        /// The proxy's faults while the writers run.
+        mix: proxy::FaultMix,
+    },
     /// After `after`, a graceful restart of relay `index` (among the initial relays).
     RestartOne {
         /// When.
@@ -99,6 +121,47 @@ pub enum Fault {
         index: usize,
     },
 }
+
+impl Fault {
+    /// The faults the DynamoDB proxy injects into the relays' requests while the writers
+    /// run, if any.
+    fn proxy_mix(&self) -> Option<proxy::FaultMix> {
+        match self {
+            Fault::DynamoProxy(mix) | Fault::Churn { mix, .. } => Some(*mix),
+            Fault::Stops { hold } => Some(proxy::FaultMix {
+                hold_stop_releases: Some(*hold),
+                ..proxy::FaultMix::default()
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The writers' load.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Load {
+    /// Keys per bucket (one writer task each).
+    pub keys_per_bucket: usize,
+    /// Pause between two enqueues of a key.
+    pub pace: Duration,
+    /// Size of each value in bytes (the JSON value padded to exactly this size); 0: the
+    /// unpadded JSON value (about 30 bytes).
+    pub value_bytes: usize,
+    /// Per key, the first messages are enqueued without a pause: a backlog written as fast
+    /// as DynamoDB takes it.
+    pub burst: u64,
+}
+
+/// Two keys per bucket, one enqueue every 60 ms per key, small values.
+const SMALL_VALUES: Load = Load {
+    keys_per_bucket: 2,
+    pace: Duration::from_millis(60),
+    value_bytes: 0,
+    burst: 0,
+};
+
+/// The size of the large items' values: 300 KB (DynamoDB's item limit is 400 KB).
+pub const LARGE_VALUE_BYTES: usize = 300 * 1024;
 
 /// What a scenario must show.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -130,6 +193,10 @@ pub struct Scenario {
     pub fault: Fault,
     /// The targets.
     pub targets: Targets,
+    /// The writers' load.
+    pub load: Load,
+    /// Relay settings of this scenario, over the harness's ([`fleet::Fleet::start`]).
+    pub relay_env: &'static [(&'static str, &'static str)],
 }
 
 /// Pause between starting relays where a scenario is not about a simultaneous start (three
@@ -169,6 +236,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             stagger: Duration::ZERO,
             fault: Fault::None,
             targets: STRICT,
+            load: SMALL_VALUES,
+            relay_env: &[],
         },
         Scenario {
             name: "baseline-3",
@@ -179,6 +248,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             stagger: STAGGER,
             fault: Fault::None,
             targets: STRICT,
+            load: SMALL_VALUES,
+            relay_env: &[],
         },
         Scenario {
             name: "kill-9",
@@ -189,6 +260,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             stagger: Duration::ZERO,
             fault: Fault::Kill9,
             targets: MEASURED_REFUSALS,
+            load: SMALL_VALUES,
+            relay_env: &[],
         },
         Scenario {
             name: "sigstop",
@@ -206,6 +279,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
                 },
             },
             targets: SPEC_ACCEPTS_OVERLAP,
+            load: SMALL_VALUES,
+            relay_env: &[],
         },
         Scenario {
             name: "rolling",
@@ -219,6 +294,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
                 settle: true,
             },
             targets: STRICT,
+            load: SMALL_VALUES,
+            relay_env: &[],
         },
         Scenario {
             name: "rolling-fast",
@@ -232,6 +309,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
                 settle: false,
             },
             targets: MEASURED_REFUSALS,
+            load: SMALL_VALUES,
+            relay_env: &[],
         },
         Scenario {
             name: "herd-20",
@@ -242,6 +321,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             stagger: Duration::ZERO,
             fault: Fault::None,
             targets: MEASURED_REFUSALS,
+            load: SMALL_VALUES,
+            relay_env: &[],
         },
         Scenario {
             name: "dynamodb-faults",
@@ -256,8 +337,11 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
                 drop_response: 0.03,
                 slow: 0.10,
                 max_latency: Duration::from_millis(300),
+                hold_stop_releases: None,
             }),
             targets: MEASURED_REFUSALS,
+            load: SMALL_VALUES,
+            relay_env: &[],
         },
         Scenario {
             name: "kafka-faults",
@@ -268,6 +352,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             stagger: STAGGER,
             fault: Fault::KafkaProxy,
             targets: MEASURED_REFUSALS,
+            load: SMALL_VALUES,
+            relay_env: &[],
         },
         Scenario {
             name: "clock-within",
@@ -281,6 +367,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
                 index: 1,
             },
             targets: MEASURED_REFUSALS,
+            load: SMALL_VALUES,
+            relay_env: &[],
         },
         Scenario {
             name: "clock-ahead-5s",
@@ -291,6 +379,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             stagger: Duration::from_millis(1500),
             fault: Fault::None,
             targets: SPEC_ACCEPTS_OVERLAP,
+            load: SMALL_VALUES,
+            relay_env: &[],
         },
         Scenario {
             name: "clock-behind-5s",
@@ -301,6 +391,60 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             stagger: Duration::from_millis(1500),
             fault: Fault::None,
             targets: SPEC_ACCEPTS_OVERLAP,
+            load: SMALL_VALUES,
+            relay_env: &[],
+        },
+        Scenario {
+            name: "graceful-stops",
+            number: "I2.1",
+            meaning: "graceful stops among five relays on 20 buckets, one after another, two at once, and a deadline stop overlapping a SIGTERM, every stop's releases held 250-450 ms (issue 12, item 1)",
+            bucket_count: 20,
+            relays: vec![None; 5],
+            stagger: STAGGER,
+            fault: Fault::Stops {
+                hold: (Duration::from_millis(250), Duration::from_millis(450)),
+            },
+            targets: STRICT,
+            load: Load {
+                keys_per_bucket: 1,
+                ..SMALL_VALUES
+            },
+            relay_env: &[],
+        },
+        Scenario {
+            name: "large-items",
+            number: "18",
+            meaning: "300 KB values (8 keys): a backlog written as fast as DynamoDB takes it, then one per key every 500 ms, while relays join and leave and 10% of the relays' DynamoDB requests are delayed up to 300 ms; lease 6 s, renew interval 2 s, 8 MiB in flight (1 MiB a batch) (issue 18)",
+            bucket_count: 8,
+            relays: vec![None; 2],
+            stagger: STAGGER,
+            fault: Fault::Churn {
+                kill: false,
+                mix: proxy::FaultMix {
+                    slow: 0.10,
+                    max_latency: Duration::from_millis(300),
+                    ..proxy::FaultMix::default()
+                },
+            },
+            targets: STRICT,
+            load: Load {
+                keys_per_bucket: 1,
+                pace: Duration::from_millis(500),
+                value_bytes: LARGE_VALUE_BYTES,
+                burst: if long { 40 } else { 10 },
+            },
+            // A batch of 300 KB items (up to 4 MiB by default) takes DynamoDB Local and
+            // tansu on this 2-core machine longer than the harness's 1 s renew interval
+            // leaves a produce request (a renew interval before the lease's validity):
+            // twice the harness's timings, still ten times shorter than the defaults.
+            relay_env: &[
+                ("OUTBOX_LEASE_DURATION", "6s"),
+                ("OUTBOX_LEASE_RENEW_INTERVAL", "2s"),
+                // 8 MiB in flight, 1 MiB (three items) a batch. With the default (32 MiB,
+                // 4 MiB a batch) a fetch that outlasts its wave is dropped and retried at
+                // the same size: at a load average of 12 here nothing was published.
+                ("OUTBOX_MAX_IN_FLIGHT_BYTES", "8388608"),
+            ],
         },
     ]
 }
@@ -342,6 +486,16 @@ pub struct Outcome {
     pub fault_expected: bool,
     /// Relays that did not stop within the grace period.
     pub unclean_stops: usize,
+    /// Graceful stops while the writers ran (SIGTERM or a `--for` run's end).
+    pub graceful_stops: usize,
+    /// Relays that stopped gracefully (exit 0, neither killed nor over the grace period)
+    /// but whose final event says `released=false`: their leases lapse instead of being
+    /// handed over.
+    pub unreleased_stops: Vec<String>,
+    /// Releases of graceful stops the DynamoDB proxy held ([`Fault::Stops`]).
+    pub held_stop_releases: u64,
+    /// The scenario holds releases: then `held_stop_releases` must not be zero.
+    pub holds_releases: bool,
     /// Refused writes from the relays' exit summaries (killed relays print none).
     pub summary_refused: u64,
     /// Answers in which DynamoDB refused a condition of a relay's write, counted at the
@@ -404,8 +558,37 @@ impl Outcome {
             ));
         }
         m.extend(self.refusal_disagreements.iter().cloned());
+        if !self.unreleased_stops.is_empty() {
+            m.push(format!(
+                "graceful stops that did not release their leases (released=false): {}",
+                self.unreleased_stops.join(", ")
+            ));
+        }
         if self.fault_expected && self.faults == 0 {
             m.push("its fault was never injected".to_string());
+        }
+        if self.holds_releases && self.held_stop_releases == 0 {
+            m.push("no release of a graceful stop was held".to_string());
+        }
+        // Id sets: every acknowledged message reached Kafka, and nothing else did (no
+        // enqueue failed, so every record is of an acknowledged message).
+        if f.undelivered > 0 {
+            m.push(format!(
+                "{} acknowledged messages never reached Kafka",
+                f.undelivered
+            ));
+        }
+        if f.unacked_records > 0 && f.failed_enqueues == 0 {
+            m.push(format!(
+                "{} records of messages never acknowledged (or without a message id)",
+                f.unacked_records
+            ));
+        }
+        if f.wrong_size_values > 0 {
+            m.push(format!(
+                "{} records whose value is not the size written",
+                f.wrong_size_values
+            ));
         }
         if self.unclean_stops > 0 {
             m.push(format!(
@@ -487,14 +670,28 @@ fn pick_keys(bucket_count: u32, per_bucket: usize) -> Vec<(String, u32)> {
     keys
 }
 
-/// Writers: one task per key, enqueuing one message at a time until `stop`.
+/// The value of message `counter` of `key`: JSON carrying both, padded to exactly
+/// `bytes` bytes when `bytes` is larger.
+fn value_of(key: &str, counter: u64, bytes: usize) -> String {
+    let bare = serde_json::json!({ "key": key, "counter": counter }).to_string();
+    let padded = serde_json::json!({ "key": key, "counter": counter, "pad": "" }).to_string();
+    if bytes <= padded.len() {
+        return bare;
+    }
+    serde_json::json!({ "key": key, "counter": counter, "pad": "x".repeat(bytes - padded.len()) })
+        .to_string()
+}
+
+/// Writers: one task per key, enqueuing one message at a time until `stop` (the first
+/// `load.burst` of each key without a pause).
 async fn write(
     writer: DynamoDbOutboxWriter,
     keys: Vec<(String, String)>,
-    pace: Duration,
+    load: Load,
     stop: Arc<AtomicBool>,
     acks: Arc<Mutex<Vec<Ack>>>,
 ) -> u64 {
+    let pace = load.pace;
     let tasks = keys.into_iter().map(|(key, topic)| {
         let writer = writer.clone();
         let stop = stop.clone();
@@ -503,7 +700,7 @@ async fn write(
             let mut failed = 0u64;
             let mut counter = 0u64;
             while !stop.load(Ordering::SeqCst) {
-                let value = serde_json::json!({ "key": key, "counter": counter }).to_string();
+                let value = value_of(&key, counter, load.value_bytes);
                 let message = writer
                     .message(topic.clone())
                     .with_key(key.clone())
@@ -527,7 +724,9 @@ async fn write(
                     Err(_) => failed += 1,
                 }
                 counter += 1;
-                tokio::time::sleep(pace).await;
+                if counter >= load.burst {
+                    tokio::time::sleep(pace).await;
+                }
             }
             failed
         })
@@ -557,7 +756,7 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
     for t in &topics {
         create_topic(bootstrap.as_deref(), t, 3)?;
     }
-    let keys: Vec<(String, String)> = pick_keys(s.bucket_count, 2)
+    let keys: Vec<(String, String)> = pick_keys(s.bucket_count, s.load.keys_per_bucket)
         .into_iter()
         .enumerate()
         .map(|(i, (k, _))| (k, topics[i % topics.len()].clone()))
@@ -581,10 +780,7 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
             .trim_end_matches('/')
             .parse()
             .map_err(|e| format!("AWS_ENDPOINT_URL_DYNAMODB {endpoint:?}: {e}"))?;
-        let mix = match &s.fault {
-            Fault::DynamoProxy(mix) => *mix,
-            _ => proxy::FaultMix::default(),
-        };
+        let mix = s.fault.proxy_mix().unwrap_or_default();
         let p = proxy::HttpFaultProxy::start(upstream, mix, seed)
             .await
             .map_err(|e| format!("starting the DynamoDB proxy: {e}"))?;
@@ -592,8 +788,13 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
         fleet.dynamodb_endpoint = Some(p.url());
         p
     };
-    let inject_dynamodb_faults = matches!(s.fault, Fault::DynamoProxy(_));
+    let inject_dynamodb_faults = s.fault.proxy_mix().is_some();
     fleet.kafka_bootstrap = bootstrap.clone();
+    fleet.extra_env = s
+        .relay_env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let start = |fleet: &mut Fleet, offset: Option<&str>| {
         fleet
             .start(offset)
@@ -605,8 +806,18 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
         }
         start(&mut fleet, *offset)?;
     }
-    // The writers start once the fleet has settled: every bucket owned, no ownership change
-    // for one and a half renew intervals.
+    // The writers start once the fleet has settled: every relay with the system clock owns
+    // a bucket (when there are buckets enough for every relay: no join is still under way),
+    // every bucket owned, no ownership change for one and a half renew intervals.
+    if s.relays.len() <= s.bucket_count as usize {
+        let settle_by = tokio::time::Instant::now() + Duration::from_secs(20);
+        for (i, offset) in s.relays.iter().enumerate() {
+            let left = settle_by.saturating_duration_since(tokio::time::Instant::now());
+            if offset.is_none() {
+                fleet.wait_joined(i, SETTLE_QUIET, left).await;
+            }
+        }
+    }
     if !fleet
         .wait_settled(SETTLE_QUIET, Duration::from_secs(20))
         .await
@@ -623,13 +834,7 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
     let stop = Arc::new(AtomicBool::new(false));
     let acks = Arc::new(Mutex::new(Vec::new()));
     let writes_started_us = now_us();
-    let writers = tokio::spawn(write(
-        writer,
-        keys,
-        Duration::from_millis(60),
-        stop.clone(),
-        acks.clone(),
-    ));
+    let writers = tokio::spawn(write(writer, keys, s.load, stop.clone(), acks.clone()));
     if inject_dynamodb_faults {
         proxy.set_enabled(true);
     }
@@ -637,6 +842,7 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
     let writes_until = tokio::time::Instant::now() + writes_for;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut faults = 0;
+    let mut graceful_stops = 0;
     let mut initial: Vec<usize> = (0..s.relays.len()).collect();
     match &s.fault {
         Fault::None | Fault::DynamoProxy(_) => tokio::time::sleep_until(writes_until).await,
@@ -702,9 +908,9 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
                 if *settle {
                     fleet.wait_settled(quiet, bound).await;
                 }
-                start(&mut fleet, None)?;
+                let new = start(&mut fleet, None)?;
                 if *settle {
-                    fleet.wait_settled(quiet, bound).await;
+                    fleet.wait_joined(new, quiet, bound).await;
                 }
             }
         },
@@ -734,6 +940,113 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
             }
             proxy.pass();
         }
+        Fault::Stops { .. } => {
+            let quiet = SETTLE_QUIET;
+            let bound = Duration::from_secs(10);
+            // Relays running without a deadline, oldest first.
+            let signalled = |fleet: &mut Fleet| -> Vec<usize> {
+                fleet
+                    .alive()
+                    .into_iter()
+                    .filter(|&i| fleet.relays[i].run_for.is_none())
+                    .collect()
+            };
+            let mut pattern = 0usize;
+            // Every pattern once, then on until the writes' time is up.
+            while pattern < 3 || tokio::time::Instant::now() < writes_until {
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(0..500))).await;
+                let alive = signalled(&mut fleet);
+                match pattern % 3 {
+                    // One stop after another.
+                    0 => {
+                        if let Some(&oldest) = alive.first() {
+                            fleet.terminate(&[oldest]).await;
+                            graceful_stops += 1;
+                            fleet.wait_settled(quiet, bound).await;
+                            let new = start(&mut fleet, None)?;
+                            fleet.wait_joined(new, quiet, bound).await;
+                        }
+                    }
+                    // Two overlapping stops: SIGTERM to both at once.
+                    1 => {
+                        if alive.len() >= 2 {
+                            fleet.terminate(&alive[..2]).await;
+                            graceful_stops += 2;
+                            fleet.wait_settled(quiet, bound).await;
+                            for _ in 0..2 {
+                                let new = start(&mut fleet, None)?;
+                                fleet.wait_joined(new, quiet, bound).await;
+                            }
+                        }
+                    }
+                    // A deadline stop (announced in the heartbeats, so every peer re-reads
+                    // at once) overlapping a SIGTERM to the oldest relay.
+                    _ => {
+                        let run_for = Duration::from_secs(9);
+                        let started_at = tokio::time::Instant::now();
+                        let deadline_run = fleet
+                            .start_for(None, Some(run_for))
+                            .map_err(|e| format!("starting {}: {e}", config.outboxctl.display()))?;
+                        fleet.wait_joined(deadline_run, quiet, bound).await;
+                        let stops_working = started_at + run_for - fleet::STOP_RESERVE;
+                        let jitter = rng.gen_range(0..600);
+                        tokio::time::sleep_until(
+                            stops_working - Duration::from_millis(300)
+                                + Duration::from_millis(jitter),
+                        )
+                        .await;
+                        let mut leavers = vec![deadline_run];
+                        leavers.extend(signalled(&mut fleet).first());
+                        fleet.terminate(&leavers).await;
+                        graceful_stops += leavers.len();
+                        fleet.wait_settled(quiet, bound).await;
+                        if leavers.len() == 2 {
+                            let new = start(&mut fleet, None)?;
+                            fleet.wait_joined(new, quiet, bound).await;
+                        }
+                    }
+                }
+                pattern += 1;
+            }
+            faults += graceful_stops;
+        }
+        Fault::Churn { kill, .. } => {
+            let quiet = SETTLE_QUIET;
+            let bound = Duration::from_secs(10);
+            let mut step = 0usize;
+            // At least a join and a leave, then on until the writes' time is up.
+            while step < 2 || tokio::time::Instant::now() < writes_until {
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(1000..2500))).await;
+                let alive = fleet.alive();
+                // 0 join, 1 graceful leave, 2 kill -9.
+                let action = match (step, alive.len()) {
+                    (_, 0 | 1) | (0, _) => 0,
+                    (1, _) => 1,
+                    (_, n) if n >= 4 => rng.gen_range(1..if *kill { 3 } else { 2 }),
+                    _ => rng.gen_range(0..if *kill { 3 } else { 2 }),
+                };
+                match action {
+                    0 => {
+                        let new = start(&mut fleet, None)?;
+                        fleet.wait_joined(new, quiet, bound).await;
+                    }
+                    1 => {
+                        let victim = alive[rng.gen_range(0..alive.len())];
+                        fleet.terminate(&[victim]).await;
+                        graceful_stops += 1;
+                        faults += 1;
+                    }
+                    _ => {
+                        let victim = alive[rng.gen_range(0..alive.len())];
+                        if fleet.kill9(victim) {
+                            faults += 1;
+                        }
+                    }
+                }
+                fleet.wait_settled(quiet, bound).await;
+                step += 1;
+            }
+        }
         Fault::RestartOne { after, index } => {
             tokio::time::sleep(*after).await;
             if let Some(&i) = initial.get(*index) {
@@ -761,7 +1074,8 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
         faults += (load(&st.throttled)
             + load(&st.server_errors)
             + load(&st.dropped_responses)
-            + load(&st.delayed)) as usize;
+            + load(&st.delayed)
+            + load(&st.held_stop_releases)) as usize;
         Some(serde_json::to_value(&*proxy.stats).unwrap_or_default())
     } else {
         private_broker
@@ -780,23 +1094,42 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
     }
     let drain_until = tokio::time::Instant::now() + config.profile.drain_timeout();
     loop {
-        let left = outbox_integration_tests::pending_messages(&client, &options).await;
-        if left == 0 || tokio::time::Instant::now() >= drain_until {
+        let empty = left_message_ids(&client, &options)
+            .await
+            .is_ok_and(|ids| ids.is_empty());
+        if empty || tokio::time::Instant::now() >= drain_until {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let all = fleet.alive();
     fleet.terminate(&all).await;
-    let left_in_table = left_message_ids(&client, &options).await;
+    let mut left_in_table = left_message_ids(&client, &options).await;
+    for _ in 0..3 {
+        if left_in_table.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        left_in_table = left_message_ids(&client, &options).await;
+    }
+    let left_in_table = left_in_table.map_err(|e| format!("{}: {e}", s.name))?;
     let window_end = now_us();
+    // Large values take memory in DynamoDB Local (in memory, shared by the whole test
+    // run) until their items are deleted; whatever is left goes with the table.
+    if s.load.value_bytes > 0 {
+        let _ = client
+            .delete_table()
+            .table_name(&options.table_name)
+            .send()
+            .await;
+    }
 
     // Read every topic back from offset 0.
     let mut deliveries = Vec::new();
     let reads: Vec<Result<Vec<Delivery>, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = topics
             .iter()
-            .map(|t| scope.spawn(|| read_topic(bootstrap.as_deref(), t)))
+            .map(|t| scope.spawn(|| read_topic(bootstrap.as_deref(), t, s.load.value_bytes > 0)))
             .collect();
         handles
             .into_iter()
@@ -815,6 +1148,7 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
         relays: fleet.histories(),
         left_in_table,
         window_us: (writes_started_us, window_end),
+        value_bytes: (s.load.value_bytes > 0).then_some(s.load.value_bytes),
     };
     save_history(&dir, &history);
     let figures = check::check(&history);
@@ -828,6 +1162,10 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
         faults,
         fault_expected: s.fault != Fault::None,
         unclean_stops: fleet.relays.iter().filter(|r| r.unclean_stop).count(),
+        graceful_stops,
+        unreleased_stops: fleet.unreleased_stops(),
+        held_stop_releases: proxy.stats.held_stop_releases.load(Ordering::Relaxed),
+        holds_releases: matches!(s.fault, Fault::Stops { .. }),
         summary_refused: fleet.summary_refused(),
         wire_refused: proxy.stats.condition_refused.load(Ordering::Relaxed),
         refusal_disagreements: fleet.refusal_disagreements(),
@@ -860,38 +1198,58 @@ fn create_topic(bootstrap: Option<&str>, topic: &str, partitions: u32) -> Result
     kafka_py(&args).map(|_| ())
 }
 
-/// Message ids of the message items in the table.
+/// Message ids of the message items in the table: a consistent scan of the message
+/// partitions that returns only the ids (whole 300 KB items would take DynamoDB Local
+/// seconds to send, every 250 ms of the drain, and slow the relays down with it).
 async fn left_message_ids(
     client: &aws_sdk_dynamodb::Client,
     options: &dynamo_outbox::OutboxOptions,
-) -> Vec<String> {
+) -> Result<Vec<String>, String> {
+    use aws_sdk_dynamodb::types::AttributeValue;
     let prefix = format!("{}#MESSAGES#", options.key_prefix);
-    outbox_integration_tests::scan_all(client, &options.table_name)
-        .await
-        .iter()
-        .filter(|i| {
-            i.get(&options.partition_key_attribute)
-                .and_then(|v| v.as_s().ok())
-                .is_some_and(|pk| pk.starts_with(&prefix))
-        })
-        .map(|i| {
-            i.get(dynamo_outbox::schema::attr::MESSAGE_ID)
+    let id = dynamo_outbox::schema::attr::MESSAGE_ID;
+    let mut ids = Vec::new();
+    let mut start = None;
+    loop {
+        let out = client
+            .scan()
+            .table_name(&options.table_name)
+            .consistent_read(true)
+            .filter_expression("begins_with(#pk, :prefix)")
+            .projection_expression("#id")
+            .expression_attribute_names("#pk", &options.partition_key_attribute)
+            .expression_attribute_names("#id", id)
+            .expression_attribute_values(":prefix", AttributeValue::S(prefix.clone()))
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(|e| format!("scanning {} for messages left: {e:?}", options.table_name))?;
+        ids.extend(out.items().iter().map(|i| {
+            i.get(id)
                 .and_then(|v| v.as_s().ok())
                 .cloned()
                 .unwrap_or_default()
-        })
-        .collect()
+        }));
+        match out.last_evaluated_key {
+            Some(k) if !k.is_empty() => start = Some(k),
+            _ => return Ok(ids),
+        }
+    }
 }
 
 /// Every record of a topic from offset 0, read by the independent client (kafka.py,
-/// confluent-kafka), with its message-id header and timestamp.
-fn read_topic(bootstrap: Option<&str>, topic: &str) -> Result<Vec<Delivery>, String> {
+/// confluent-kafka), with its message-id header and timestamp; with `large`, the value's
+/// length instead of the value (`--value-head`).
+fn read_topic(bootstrap: Option<&str>, topic: &str, large: bool) -> Result<Vec<Delivery>, String> {
     use base64::Engine;
     let mut args = Vec::new();
     if let Some(b) = bootstrap {
         args.extend(["--bootstrap", b]);
     }
     args.extend(["read", topic, "--timeout", "60"]);
+    if large {
+        args.extend(["--value-head", "64"]);
+    }
     let out = kafka_py(&args)?;
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut records = Vec::new();
@@ -916,6 +1274,7 @@ fn read_topic(bootstrap: Option<&str>, topic: &str) -> Result<Vec<Delivery>, Str
             offset: v["offset"].as_i64().unwrap_or(-1),
             message_id,
             timestamp_ms: v["timestamp"].as_i64(),
+            value_len: v["value_len"].as_u64().map(|n| n as usize),
         });
     }
     Ok(records)
@@ -950,8 +1309,8 @@ fn save_history(dir: &Path, h: &History) {
 /// The figures as a Markdown table.
 pub fn markdown_table(outcomes: &[Outcome]) -> String {
     let mut s = String::from(
-        "| # | Scenario | Relays started / faults | Acked | Lost | Duplicates (rate, max copies) | Order inversions | Never drained | Refused writes by kind | Longest unowned with pending | Overlapping ownership (count, longest) | Ack→first delivery p50 / p99 / max | Targets |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| # | Scenario | Relays started / faults | Acked | Lost | Duplicates (rate, max copies) | Order inversions | Never drained | Refused writes by kind | Longest unowned with pending | Overlapping ownership (count, longest) | Ack→first delivery p50 / p99 / max | Writes / whole scenario | Targets |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for o in outcomes {
         let f = &o.figures;
@@ -971,7 +1330,7 @@ pub fn markdown_table(outcomes: &[Outcome]) -> String {
         };
         let missed = o.missed();
         s.push_str(&format!(
-            "| {} | {} | {} / {} | {} | {} | {} ({:.2}%, {}) | {} | {} | {} | {:.0} ms | {} ({:.0} ms){} | {:.0} / {:.0} / {:.0} ms | {} |\n",
+            "| {} | {} | {} / {} | {} | {} | {} ({:.2}%, {}) | {} | {} | {} | {:.0} ms | {} ({:.0} ms){} | {:.0} / {:.0} / {:.0} ms | {:.0} s / {:.0} s | {} |\n",
             o.number,
             o.name,
             o.relays_started,
@@ -998,6 +1357,8 @@ pub fn markdown_table(outcomes: &[Outcome]) -> String {
             f.latency_p50_ms,
             f.latency_p99_ms,
             f.latency_max_ms,
+            o.write_seconds,
+            o.seconds,
             if missed.is_empty() { "met".to_string() } else { format!("**missed**: {}", missed.join("; ")) },
         ));
     }

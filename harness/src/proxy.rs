@@ -31,6 +31,12 @@ pub struct FaultMix {
     pub slow: f64,
     /// Longest added latency.
     pub max_latency: Duration,
+    /// Every release of a graceful stop (an `UpdateItem` that removes the lease's owner,
+    /// guarded by the owner alone: [`stop_release_of`]) is held for a random time in this
+    /// range before it is forwarded (`None`: not held). A stopping relay sends its releases
+    /// concurrently, each on a connection of its own, so held releases land in random
+    /// order, spread around its peers' re-reads (issue 12, item 1).
+    pub hold_stop_releases: Option<(Duration, Duration)>,
 }
 
 /// What the proxy did.
@@ -46,6 +52,8 @@ pub struct ProxyStats {
     pub dropped_responses: AtomicU64,
     /// Requests delayed.
     pub delayed: AtomicU64,
+    /// Releases of a graceful stop held ([`FaultMix::hold_stop_releases`]).
+    pub held_stop_releases: AtomicU64,
     /// Answers from DynamoDB that refused a condition (a `ConditionalCheckFailedException`,
     /// or a transaction cancelled by a `ConditionalCheckFailed` reason), passed on to the
     /// relay (dropped ones are not: no relay heard of them).
@@ -94,6 +102,18 @@ pub fn refuses_condition(response: &[u8]) -> bool {
         }
         _ => false,
     }
+}
+
+/// The relay id of a graceful stop's release, from a raw HTTP request: an `UpdateItem`
+/// whose update removes the owner (`REMOVE #owner`) guarded by the owner alone (`:me`; a
+/// round's planned releases also carry the expiry read, `:read`).
+pub fn stop_release_of(request: &[u8]) -> Option<String> {
+    let at = request.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let json: serde_json::Value = serde_json::from_slice(&request[at + 4..]).ok()?;
+    let values = &json["ExpressionAttributeValues"];
+    (json["UpdateExpression"] == "REMOVE #owner" && values.get(":read").is_none())
+        .then(|| values[":me"]["S"].as_str().map(String::from))
+        .flatten()
 }
 
 /// The payload of a chunked body (sizes in hex, each chunk followed by CRLF, a last
@@ -280,11 +300,24 @@ async fn serve(
         tokio::net::tcp::OwnedWriteHalf,
     )> = None;
     while let Some(request) = read_message(&mut client_r).await? {
-        let action = if enabled.load(Ordering::SeqCst) {
+        let on = enabled.load(Ordering::SeqCst);
+        let action = if on {
             choose(&mix, &rng)
         } else {
             Action::Forward
         };
+        if let (true, Some((min, max))) = (on, mix.hold_stop_releases) {
+            if stop_release_of(&request).is_some() {
+                stats.held_stop_releases.fetch_add(1, Ordering::Relaxed);
+                let ms = {
+                    let mut rng = rng.lock().unwrap_or_else(|e| e.into_inner());
+                    rng.gen_range(
+                        min.as_millis() as u64..=max.as_millis().max(min.as_millis()) as u64,
+                    )
+                };
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+        }
         match action {
             Action::Throttle => {
                 stats.throttled.fetch_add(1, Ordering::Relaxed);
@@ -343,6 +376,37 @@ mod tests {
             body.len()
         )
         .into_bytes()
+    }
+
+    #[test]
+    fn recognises_the_releases_of_a_graceful_stop() {
+        let request = |body: &str| {
+            format!(
+                "POST / HTTP/1.1\r\nX-Amz-Target: DynamoDB_20120810.UpdateItem\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()
+        };
+        assert_eq!(
+            stop_release_of(&request(
+                r##"{"TableName":"t","UpdateExpression":"REMOVE #owner","ConditionExpression":"#owner = :me","ExpressionAttributeValues":{":me":{"S":"r1"}}}"##
+            )),
+            Some("r1".to_string())
+        );
+        // A round's planned release also names the expiry read.
+        assert_eq!(
+            stop_release_of(&request(
+                r##"{"UpdateExpression":"REMOVE #owner","ExpressionAttributeValues":{":me":{"S":"r1"},":read":{"N":"5"}}}"##
+            )),
+            None
+        );
+        assert_eq!(
+            stop_release_of(&request(
+                r##"{"UpdateExpression":"SET #owner = :me","ExpressionAttributeValues":{":me":{"S":"r1"}}}"##
+            )),
+            None
+        );
+        assert_eq!(stop_release_of(b"POST / HTTP/1.1\r\n\r\n"), None);
     }
 
     #[test]
