@@ -2094,3 +2094,100 @@ async fn a_relay_whose_clock_is_set_back_stops_claiming() {
         wire.refusals()
     );
 }
+
+/// Fails every `UpdateItem` (renewals, heartbeats) while armed, as an outage of writes.
+#[derive(Debug, Clone, Default)]
+struct FailUpdates {
+    armed: Arc<AtomicBool>,
+}
+
+impl aws_sdk_dynamodb::config::Intercept for FailUpdates {
+    fn name(&self) -> &'static str {
+        "FailUpdates"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_sdk_dynamodb::config::RuntimeComponents,
+        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let update = cfg
+            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
+            .is_some_and(|m| m.name() == "UpdateItem");
+        if update && self.armed.load(Ordering::SeqCst) {
+            return Err("injected: UpdateItem unavailable".into());
+        }
+        Ok(())
+    }
+}
+
+/// The lease's validity is measured on the monotonic clock, from the start of the last
+/// renewal that landed, never from the stored expiry: with its wall clock a minute ahead
+/// (the stored expiry a minute away) and its renewals failing, the relay stops publishing
+/// one lease duration after its last renewal, and resumes once a renewal lands again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wall_clock_ahead_does_not_stretch_publishing_past_the_monotonic_validity() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 1).await;
+    let topic = random_name("ahead");
+    create_topic(&topic, 1);
+    let failing = FailUpdates::default();
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let faulty = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(failing.clone())
+            .build(),
+    );
+    let clock = OffsetClock::new(0);
+    let store = DynamoDbOutboxStore::new(faulty, options.clone())
+        .unwrap()
+        .with_clock(Arc::new(clock.clone()));
+    let relay_options = fast_relay_options("ahead", 1);
+    let lease = relay_options.lease_duration;
+    let running = spawn(Relay::new(store, kafka_publisher().await, relay_options).unwrap());
+    let plain = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    wait_until("it holds the bucket", Duration::from_secs(10), || async {
+        lease_owners(&client, &options).await == [Some("ahead".to_string())]
+    })
+    .await;
+    // A minute ahead: its next renewal stores an expiry a minute away.
+    clock.set_offset_ticks(60 * TICKS_PER_SECOND);
+    wait_until(
+        "a renewal a minute ahead",
+        Duration::from_secs(10),
+        || async {
+            let now = plain.clock().now_ticks();
+            expiries(&plain).await[&0] > now + 30 * TICKS_PER_SECOND
+        },
+    )
+    .await;
+    // Its writes fail from here on; the stored expiry still says the lease is good for
+    // almost a minute, by its clock and by the real one.
+    failing.armed.store(true, Ordering::SeqCst);
+    let armed_at = Instant::now();
+    tokio::time::sleep_until(armed_at + lease + Duration::from_millis(500)).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let waiting = keyed(&writer, &topic, "k", 1);
+    writer
+        .enqueue(std::slice::from_ref(&waiting))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        read_topic(&topic).is_empty(),
+        "published past the lease's monotonic validity"
+    );
+    let now = plain.clock().now_ticks();
+    assert!(
+        expiries(&plain).await[&0] > now + 20 * TICKS_PER_SECOND,
+        "the stored expiry alone would have allowed it"
+    );
+    // Writes work again: a renewal lands (from the expiry it read) and it publishes.
+    failing.armed.store(false, Ordering::SeqCst);
+    wait_for_ids(&topic, &id_set([&waiting]), Duration::from_secs(15))
+        .await
+        .assert_exactly_once(&id_set([&waiting]));
+    let report = running.stop().await;
+    assert_eq!((report.published, report.leases_lost), (1, 0), "{report:?}");
+}
