@@ -610,3 +610,94 @@ async fn one_message_is_one_conditional_put_and_a_retried_applied_put_is_one_wri
         "{ids:?}"
     );
 }
+
+/// Loses the answer of the first `TransactWriteItems` that applied (turns it into a 500,
+/// which the SDK retries) and records the `ClientRequestToken` of every attempt.
+#[derive(Debug, Clone, Default)]
+struct LoseFirstAnswer {
+    tokens: std::sync::Arc<std::sync::Mutex<Vec<Option<String>>>>,
+    lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn is_transaction(cfg: &aws_sdk_dynamodb::config::ConfigBag) -> bool {
+    cfg.load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
+        .is_some_and(|m| m.name() == "TransactWriteItems")
+}
+
+impl aws_sdk_dynamodb::config::Intercept for LoseFirstAnswer {
+    fn name(&self) -> &'static str {
+        "LoseFirstAnswer"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_sdk_dynamodb::config::RuntimeComponents,
+        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        if is_transaction(cfg) {
+            let body: serde_json::Value =
+                serde_json::from_slice(context.request().body().bytes().unwrap_or_default())?;
+            let token = body["ClientRequestToken"].as_str().map(str::to_owned);
+            self.tokens.lock().unwrap().push(token);
+        }
+        Ok(())
+    }
+
+    fn modify_before_deserialization(
+        &self,
+        context: &mut aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextMut<'_>,
+        _: &aws_sdk_dynamodb::config::RuntimeComponents,
+        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        if is_transaction(cfg)
+            && context.response().status().is_success()
+            && !self.lost.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            *context.response_mut().status_mut() = 500.try_into()?;
+        }
+        Ok(())
+    }
+}
+
+/// `enqueue` sends a `ClientRequestToken`, so the SDK's retry of a transaction whose first
+/// attempt applied (its answer lost) is the same request: DynamoDB answers it as a success
+/// and writes nothing twice. The caller sees one successful enqueue, and every message is
+/// in the table once.
+#[tokio::test]
+async fn an_enqueue_whose_answer_was_lost_is_retried_with_its_token_and_written_once() {
+    let plain = dynamodb().await;
+    let options = fresh_table(&plain, 1).await;
+    let losing = LoseFirstAnswer::default();
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let client = Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(losing.clone())
+            .build(),
+    );
+    let writer = DynamoDbOutboxWriter::new(client, options.clone()).unwrap();
+    let messages: Vec<_> = (0..3)
+        .map(|i| writer.message("t").with_key(format!("k{i}")))
+        .collect();
+    let enqueued = writer.enqueue(&messages).await.unwrap();
+    assert_eq!(enqueued.len(), 3);
+
+    let tokens = losing.tokens.lock().unwrap().clone();
+    assert_eq!(
+        tokens.len(),
+        2,
+        "the first attempt and the SDK's retry: {tokens:?}"
+    );
+    assert!(tokens[0].is_some(), "no ClientRequestToken: {tokens:?}");
+    assert_eq!(tokens[0], tokens[1], "the retry is the same request");
+    let keys = Keys::new(&options);
+    let items = query_partition(&plain, &options.table_name, &keys.message_pk(0)).await;
+    let mut stored: Vec<uuid::Uuid> = items
+        .iter()
+        .map(|i| schema::parse_message(&keys, i).unwrap().message.message_id)
+        .collect();
+    stored.sort();
+    let mut sent: Vec<uuid::Uuid> = messages.iter().map(|m| m.message_id).collect();
+    sent.sort();
+    assert_eq!(stored, sent, "every message once");
+}
