@@ -8,7 +8,7 @@ use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 
 use dynamo_outbox::enqueue::{retention_from_lookup, EnqueueService};
-use dynamo_outbox::enqueue_api::{error_type, parse_request_str};
+use dynamo_outbox::enqueue_api::parse_request_str;
 use dynamo_outbox::notification::{EventBridgeNotifier, NOTIFY_EVENT_BUS};
 use dynamo_outbox::Error;
 
@@ -27,7 +27,7 @@ pub(crate) struct Args {
 pub(crate) fn failure_of(e: &Error) -> Failure {
     Failure {
         code: exit_code(e),
-        message: format!("{}: {}", error_type(e), error_text(e)),
+        message: format!("{}: {}", e.error_type(), error_text(e)),
     }
 }
 

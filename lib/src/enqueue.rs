@@ -334,6 +334,6 @@ mod tests {
         );
         let e = retention_from_lookup(|_| Some("a while".into())).unwrap_err();
         assert!(e.to_string().starts_with(IDEMPOTENCY_RETENTION), "{e}");
-        assert_eq!(crate::enqueue_api::error_type(&e), "Misconfiguration");
+        assert_eq!(e.error_type(), "Misconfiguration");
     }
 }

@@ -1,6 +1,6 @@
 //! The enqueue request and response as JSON: what the enqueue Lambda function and
 //! `outboxctl enqueue` accept and print, parsed and validated in one place so that what
-//! one accepts the other accepts.
+//! one accepts the other accepts. An error's `errorType` is [`Error::error_type`].
 //!
 //! ```json
 //! {"messages": [{"topic": "orders", "key": "order-1", "value_base64": "eyJ9",
@@ -328,24 +328,6 @@ fn kind(value: &Value) -> &'static str {
     }
 }
 
-/// The `errorType` a function reports for `error`: what the caller can do about it.
-///
-/// `ValidationError` (fix the request: [`Error::InvalidMessage`], [`Error::Limit`]),
-/// `Misconfiguration` (fix the deployment: [`Error::InvalidOption`],
-/// [`Error::Misconfiguration`]), `DynamoDb`, `Kafka` or `DeadlineExceeded`.
-pub fn error_type(error: &Error) -> &'static str {
-    match error {
-        Error::InvalidMessage { .. } | Error::Limit { .. } => "ValidationError",
-        Error::InvalidOption { .. } | Error::Misconfiguration(_) => "Misconfiguration",
-        Error::DynamoDb { .. }
-        | Error::ConditionFailed { .. }
-        | Error::TransactionCanceled { .. }
-        | Error::Corrupt { .. } => "DynamoDb",
-        Error::Kafka { .. } | Error::KafkaRejected { .. } => "Kafka",
-        Error::DeadlineExceeded(_) => "DeadlineExceeded",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -493,7 +475,7 @@ mod tests {
         ];
         for (request, expected) in cases {
             let e = parse(request.clone()).unwrap_err();
-            assert_eq!(error_type(&e), "ValidationError", "{request}");
+            assert_eq!(e.error_type(), "ValidationError", "{request}");
             assert!(
                 e.to_string().starts_with(expected),
                 "{request}: {e} does not start with {expected:?}"
@@ -525,26 +507,6 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&r).unwrap(),
             json!({"messages": [{"message_id": id.to_string(), "bucket": 2, "sequence": 41}]})
-        );
-    }
-
-    #[test]
-    fn error_types_say_what_to_fix() {
-        assert_eq!(
-            error_type(&Error::Misconfiguration("x".into())),
-            "Misconfiguration"
-        );
-        assert_eq!(
-            error_type(&Error::Limit {
-                what: "item size".into(),
-                actual: 2,
-                limit: 1
-            }),
-            "ValidationError"
-        );
-        assert_eq!(
-            error_type(&Error::DeadlineExceeded("x")),
-            "DeadlineExceeded"
         );
     }
 

@@ -144,6 +144,24 @@ impl Error {
         }
     }
 
+    /// The `errorType` a function reports for this error: what the caller can do about it.
+    ///
+    /// `ValidationError` (fix the request: [`Error::InvalidMessage`], [`Error::Limit`]),
+    /// `Misconfiguration` (fix the deployment: [`Error::InvalidOption`],
+    /// [`Error::Misconfiguration`]), `DynamoDb`, `Kafka` or `DeadlineExceeded`.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Error::InvalidMessage { .. } | Error::Limit { .. } => "ValidationError",
+            Error::InvalidOption { .. } | Error::Misconfiguration(_) => "Misconfiguration",
+            Error::DynamoDb { .. }
+            | Error::ConditionFailed { .. }
+            | Error::TransactionCanceled { .. }
+            | Error::Corrupt { .. } => "DynamoDb",
+            Error::Kafka { .. } | Error::KafkaRejected { .. } => "Kafka",
+            Error::DeadlineExceeded(_) => "DeadlineExceeded",
+        }
+    }
+
     /// Shorthand for [`Error::InvalidOption`].
     pub(crate) fn option(field: impl Into<String>, rule: impl Into<String>) -> Self {
         Error::InvalidOption {
@@ -210,5 +228,31 @@ where
         operation,
         retryable,
         source: Box::new(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_types_say_what_to_fix() {
+        assert_eq!(
+            Error::Misconfiguration("x".into()).error_type(),
+            "Misconfiguration"
+        );
+        assert_eq!(
+            Error::Limit {
+                what: "item size".into(),
+                actual: 2,
+                limit: 1
+            }
+            .error_type(),
+            "ValidationError"
+        );
+        assert_eq!(
+            Error::DeadlineExceeded("x").error_type(),
+            "DeadlineExceeded"
+        );
     }
 }

@@ -18,7 +18,7 @@
 //! - [`table`]: the table definition and `create_if_not_exists`.
 //! - [`writer`]: sequence reservations, transaction items, `enqueue`, commit notification.
 //! - [`enqueue_api`]: the enqueue request and response as JSON, shared by the enqueue
-//!   function and `outboxctl enqueue`, and the `errorType` of each error.
+//!   function and `outboxctl enqueue`.
 //! - [`enqueue`]: the enqueue service both of them run: parse, check, one transaction
 //!   (with the idempotency marker), commit notification.
 //! - [`coordination`]: the snapshot of the coordination partition (leases, heartbeats),
@@ -39,7 +39,10 @@
 //! - [`status`]: the state of an outbox as the table says it is (`outboxctl status`).
 //! - [`accounting`]: an SDK interceptor counting DynamoDB attempts by operation and outcome.
 //! - [`client`]: a DynamoDB client with attempt and operation timeouts.
-//! - [`error`]: the crate's error type.
+//! - [`error`]: the crate's error type, and the `errorType` of each error
+//!   ([`Error::error_type`]).
+//! - `lambda` (feature `lambda`): the functions' Lambda glue: the error a handler returns
+//!   and the time an invocation has left.
 #![deny(missing_docs)]
 
 /// The README's examples, compiled as doctests so they stay true.
@@ -56,6 +59,8 @@ pub mod enqueue;
 pub mod enqueue_api;
 pub mod error;
 pub mod headers;
+#[cfg(feature = "lambda")]
+pub mod lambda;
 pub mod message;
 pub mod metrics;
 pub mod notification;

@@ -15,17 +15,17 @@
 //! (`OUTBOX_IDEMPOTENCY_RETENTION`, default 24h) and [`env::NOTIFY_EVENT_BUS`]
 //! (`OUTBOX_NOTIFY_EVENT_BUS`, default none).
 
-use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use dynamo_outbox::enqueue::EnqueueService;
-use dynamo_outbox::enqueue_api::{error_type, EnqueueResponse};
+use dynamo_outbox::enqueue_api::EnqueueResponse;
+pub use dynamo_outbox::lambda::FunctionError;
 use dynamo_outbox::notification::EventBridgeNotifier;
 #[cfg(doc)]
 use dynamo_outbox::notification::NOTIFY_TIMEOUT;
 #[cfg(doc)]
 use dynamo_outbox::OutboxOptions;
-use lambda_runtime::{Diagnostic, LambdaEvent};
+use lambda_runtime::LambdaEvent;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -40,41 +40,6 @@ pub mod env {
 /// Time kept free before the invocation's deadline: the write is abandoned then, so the
 /// function returns an error instead of being timed out.
 pub const DEADLINE_MARGIN: Duration = Duration::from_millis(500);
-
-/// A function error: its `errorType` says what the caller can do about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FunctionError {
-    /// `ValidationError`, `Misconfiguration`, `DynamoDb`, `DeadlineExceeded`, ...
-    pub error_type: &'static str,
-    /// The error's text; for a `ValidationError`, `field: rule`.
-    pub message: String,
-}
-
-impl fmt::Display for FunctionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.error_type, self.message)
-    }
-}
-
-impl std::error::Error for FunctionError {}
-
-impl From<dynamo_outbox::Error> for FunctionError {
-    fn from(e: dynamo_outbox::Error) -> Self {
-        FunctionError {
-            error_type: error_type(&e),
-            message: dynamo_outbox::error::chain(&e),
-        }
-    }
-}
-
-impl From<FunctionError> for Diagnostic {
-    fn from(e: FunctionError) -> Self {
-        Diagnostic {
-            error_type: e.error_type.to_owned(),
-            error_message: e.message,
-        }
-    }
-}
 
 /// The enqueue function: the enqueue service of one execution environment and the handler.
 #[derive(Debug, Clone)]
@@ -135,13 +100,9 @@ impl EnqueueFunction {
         event: LambdaEvent<serde_json::Value>,
     ) -> Result<EnqueueResponse, FunctionError> {
         let (payload, context) = event.into_parts();
-        let deadline = match context.deadline().duration_since(SystemTime::now()) {
-            Ok(left) if context.deadline > 0 && !left.is_zero() => {
-                Some(Instant::now() + left.saturating_sub(DEADLINE_MARGIN))
-            }
-            // No usable deadline (a local emulator): the SDK's own timeouts bound the write.
-            _ => None,
-        };
+        // No usable deadline (a local emulator): the SDK's own timeouts bound the write.
+        let deadline = dynamo_outbox::lambda::time_left(context.deadline, SystemTime::now())
+            .map(|left| Instant::now() + left.saturating_sub(DEADLINE_MARGIN));
         let outcome = self
             .service
             .enqueue_json(&payload, deadline)

@@ -35,19 +35,18 @@
 //!   (`AWS_LAMBDA_FUNCTION_MEMORY_SIZE`; 32 MiB at 256 MB).
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use dynamo_outbox::accounting::RequestCounter;
-use dynamo_outbox::enqueue_api::error_type;
+pub use dynamo_outbox::lambda::FunctionError;
 use dynamo_outbox::metrics::emf::EmfMetrics;
 use dynamo_outbox::notification::event::Wake;
 use dynamo_outbox::options::{parse_duration, MAX_RELAY_ID_LEN};
 use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
 use dynamo_outbox::relay::JOIN_DELAY;
 use dynamo_outbox::{DynamoDbOutboxStore, OutboxOptions, Relay, RelayOptions, RunReport};
-use lambda_runtime::{Diagnostic, LambdaEvent};
+use lambda_runtime::LambdaEvent;
 use serde::Serialize;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -161,9 +160,8 @@ pub fn run_deadline(
     shutdown_margin: Duration,
 ) -> (Instant, DeadlineSource) {
     let by_max = start + max_run_time;
-    let invocation = SystemTime::UNIX_EPOCH + Duration::from_millis(deadline_ms);
-    match invocation.duration_since(now) {
-        Ok(left) if deadline_ms > 0 && !left.is_zero() => {
+    match dynamo_outbox::lambda::time_left(deadline_ms, now) {
+        Some(left) => {
             let by_invocation = start + left.saturating_sub(shutdown_margin);
             if by_invocation <= by_max {
                 (by_invocation, DeadlineSource::Invocation)
@@ -171,7 +169,7 @@ pub fn run_deadline(
                 (by_max, DeadlineSource::MaxRunTime)
             }
         }
-        _ => (by_max, DeadlineSource::Fallback),
+        None => (by_max, DeadlineSource::Fallback),
     }
 }
 
@@ -329,41 +327,6 @@ impl RelaySummary {
 
 fn millis(d: Duration) -> u64 {
     d.as_millis().try_into().unwrap_or(u64::MAX)
-}
-
-/// A function error: its `errorType` says what the caller can do about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FunctionError {
-    /// `Misconfiguration`, `DynamoDb`, `Kafka`, `DeadlineExceeded`, ...
-    pub error_type: &'static str,
-    /// The error's text.
-    pub message: String,
-}
-
-impl fmt::Display for FunctionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.error_type, self.message)
-    }
-}
-
-impl std::error::Error for FunctionError {}
-
-impl From<dynamo_outbox::Error> for FunctionError {
-    fn from(e: dynamo_outbox::Error) -> Self {
-        FunctionError {
-            error_type: error_type(&e),
-            message: dynamo_outbox::error::chain(&e),
-        }
-    }
-}
-
-impl From<FunctionError> for Diagnostic {
-    fn from(e: FunctionError) -> Self {
-        Diagnostic {
-            error_type: e.error_type.to_owned(),
-            error_message: e.message,
-        }
-    }
 }
 
 /// The relay function: clients of one execution environment and the handler.
@@ -714,6 +677,6 @@ mod tests {
         bad.insert(env::MAX_RUN_TIME, "soon");
         let e = RelaySettings::from_lookup(|n| bad.get(n).map(|v| v.to_string())).unwrap_err();
         assert!(e.to_string().starts_with("OUTBOX_MAX_RUN_TIME:"), "{e}");
-        assert_eq!(error_type(&e), "Misconfiguration");
+        assert_eq!(e.error_type(), "Misconfiguration");
     }
 }
