@@ -701,3 +701,47 @@ async fn an_enqueue_whose_answer_was_lost_is_retried_with_its_token_and_written_
     sent.sort();
     assert_eq!(stored, sent, "every message once");
 }
+
+/// The enqueue service's idempotent path (the enqueue function's and `outboxctl
+/// enqueue`'s) sends a `ClientRequestToken` too: the SDK's retry of its applied
+/// transaction is the same request, a success that is not mistaken for a replay of an
+/// earlier call (which would skip the commit notification), with each message and the
+/// marker written once.
+#[tokio::test]
+async fn an_idempotent_enqueue_whose_answer_was_lost_is_retried_with_its_token() {
+    let plain = dynamodb().await;
+    let options = fresh_table(&plain, 1).await;
+    let losing = LoseFirstAnswer::default();
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let client = Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(losing.clone())
+            .build(),
+    );
+    let service = dynamo_outbox::enqueue::EnqueueService::new(client, options.clone()).unwrap();
+    let request = serde_json::json!({
+        "messages": [
+            {"topic": "t", "key": "k", "value": "one"},
+            {"topic": "t", "key": "k", "value": "two"}
+        ],
+        "idempotency_key": "order-1-placed"
+    });
+    let outcome = service.enqueue_json(&request, None).await.unwrap();
+    assert!(!outcome.replayed, "{outcome:?}");
+    assert_eq!(outcome.response.messages.len(), 2);
+    let tokens = losing.tokens.lock().unwrap().clone();
+    assert_eq!(
+        tokens.len(),
+        2,
+        "the first attempt and the SDK's retry: {tokens:?}"
+    );
+    assert!(tokens[0].is_some(), "no ClientRequestToken: {tokens:?}");
+    assert_eq!(tokens[0], tokens[1]);
+    let keys = Keys::new(&options);
+    let items = query_partition(&plain, &options.table_name, &keys.message_pk(0)).await;
+    assert_eq!(items.len(), 2, "each message once");
+    // A later call with the key is the replay, and answers the first call's response.
+    let again = service.enqueue_json(&request, None).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.response, outcome.response);
+}
