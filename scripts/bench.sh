@@ -5,6 +5,13 @@
 #   scripts/bench.sh --small all     every benchmark at small sizes (a quick check)
 #   scripts/bench.sh drain --pairs 2 one benchmark, with its options
 #                                    (outbox-bench --help, outbox-bench drain --help)
+#   scripts/bench.sh large-items     drain rate and peak RSS of `outboxctl relay` by value
+#                                    size: 20,000 x 1 KB, 1,600 x 100 KB, 1,600 x 300 KB over
+#                                    64 keys, 2 runs each (the footprint benchmark with
+#                                    --outboxctl); BENCH_BEFORE_OUTBOXCTL=PATH adds another
+#                                    outboxctl binary ("before"), alternating with this one;
+#                                    a relay not drained after BENCH_TIMEOUT_SECS (300) is
+#                                    stopped; builds only outbox-bench and outboxctl
 #
 # 1. scripts/install.sh (what is missing), 2. a release build of outbox-bench, outboxctl
 # and the relay function (their sizes are part of the footprint benchmark), 3.
@@ -20,16 +27,30 @@ PROFILE=${BENCH_PROFILE:-release}
 
 if [[ ${1:-} == --inside-stack ]]; then
     shift
+    if [[ ${1:-} == large-items ]]; then
+        shift
+        relays=()
+        if [[ -n ${BENCH_BEFORE_OUTBOXCTL:-} ]]; then
+            relays+=(--outboxctl "before=$BENCH_BEFORE_OUTBOXCTL")
+        fi
+        relays+=(--outboxctl "after=$CARGO_TARGET_DIR/$PROFILE/outboxctl")
+        set -- footprint --value-bytes 1024,102400,307200 --messages 20000,1600,1600 \
+            --keys 64 "${relays[@]}" --runs 2 --timeout-secs "${BENCH_TIMEOUT_SECS:-300}" "$@"
+        dirty=$(git -C "$ROOT" status --porcelain -- lib cli Cargo.lock | wc -l)
+        echo "commit: $(git -C "$ROOT" rev-parse --short HEAD) ($dirty files of lib/, cli/, Cargo.lock modified in the tree)"
+    fi
     echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
     exec "$CARGO_TARGET_DIR/$PROFILE/outbox-bench" "$@"
 fi
 
 cd "$ROOT"
 bash "$ROOT/scripts/install.sh"
-if [[ $PROFILE == release ]]; then
+if [[ $PROFILE == release && ${1:-} == large-items ]]; then
+    cargo build --release -p outbox-bench -p outboxctl
+elif [[ $PROFILE == release ]]; then
     cargo build --release -p outbox-bench -p outboxctl -p outbox-relay-function
 else
-    cargo build -p outbox-bench
+    cargo build -p outbox-bench -p outboxctl
 fi
 (($# > 0)) || set -- all
 exec bash "$ROOT/scripts/stack.sh" run -- bash "$ROOT/scripts/bench.sh" --inside-stack "$@"

@@ -83,11 +83,41 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         relays: Option<Vec<usize>>,
     },
-    /// Footprint: binary sizes, peak RSS and CPU of a relay process.
+    /// Footprint: binary sizes, peak RSS, CPU and drain rate of a relay process.
+    ///
+    /// By default this benchmark's own relay child drains 20,000 x 1 KB. With --outboxctl
+    /// LABEL=PATH (repeatable), `PATH relay` with default options drains the backlog and is
+    /// stopped with SIGTERM once every bucket is empty; several binaries alternate run by
+    /// run. The large-items table of BENCHMARKS.md:
+    /// `footprint --value-bytes 1024,102400,307200 --messages 20000,1600,1600 --keys 64
+    /// --outboxctl before=PATH --outboxctl after=PATH --runs 2`.
     Footprint {
-        /// Messages the relay process drains (20,000; small: 2,000).
+        /// Messages the relay process drains, one per --value-bytes entry or one for all
+        /// (20,000; small: 2,000).
+        #[arg(long, value_delimiter = ',')]
+        messages: Option<Vec<u64>>,
+        /// Bytes per message value; each size is a backlog of its own.
+        #[arg(long, value_delimiter = ',', default_values_t = vec![1024])]
+        value_bytes: Vec<usize>,
+        /// Distinct message keys (`key-{i % keys}`); default a key per message.
         #[arg(long)]
-        messages: Option<u64>,
+        keys: Option<u64>,
+        /// Buckets of the table.
+        #[arg(long, default_value_t = 8)]
+        buckets: u32,
+        /// An external relay binary to measure, `LABEL=PATH` (repeatable).
+        #[arg(long = "outboxctl", value_name = "LABEL=PATH")]
+        outboxctl: Vec<String>,
+        /// Runs per size and binary (binaries alternate: A B, B A, ...).
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
+        /// Seconds after which the relay is stopped even if the backlog has not drained.
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+        /// Run the external relay with `--for DURATION` (e.g. 40s) instead of stopping it
+        /// with SIGTERM once drained.
+        #[arg(long, value_name = "DURATION")]
+        relay_for: Option<String>,
     },
     /// Enqueue throughput from concurrent writers.
     Enqueue {
@@ -168,7 +198,10 @@ async fn main() -> Result<()> {
             );
             report(
                 "footprint",
-                footprint::run(pick(None, s, 20_000, 2_000)).await,
+                footprint::run(&footprint::FootprintArgs::standard(pick(
+                    None, s, 20_000, 2_000,
+                )))
+                .await,
             );
             report(
                 "enqueue",
@@ -234,8 +267,34 @@ async fn main() -> Result<()> {
             )
             .await?;
         }
-        Command::Footprint { messages } => {
-            footprint::run(pick(messages, s, 20_000, 2_000)).await?;
+        Command::Footprint {
+            messages,
+            value_bytes,
+            keys,
+            buckets,
+            outboxctl,
+            runs,
+            timeout_secs,
+            relay_for,
+        } => {
+            let relays = outboxctl
+                .iter()
+                .map(|spec| match spec.split_once('=') {
+                    Some((label, path)) => Ok((label.to_string(), path.into())),
+                    None => Err(format!("--outboxctl {spec}: expected LABEL=PATH")),
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let args = footprint::FootprintArgs {
+                messages: pick(messages, s, vec![20_000], vec![2_000]),
+                value_bytes,
+                keys,
+                buckets,
+                relays,
+                runs,
+                timeout: Duration::from_secs(timeout_secs),
+                relay_for,
+            };
+            footprint::run(&args).await?;
         }
         Command::Enqueue {
             secs,

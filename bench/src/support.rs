@@ -143,6 +143,32 @@ pub async fn seed(
     concurrency: usize,
     gap_every: Option<u64>,
 ) -> Result<Seeded> {
+    seed_keys(
+        client,
+        options,
+        topic,
+        count,
+        size,
+        concurrency,
+        gap_every,
+        None,
+    )
+    .await
+}
+
+/// [`seed`] with the keys drawn from `distinct_keys` ones (`key-{i % distinct_keys}`) when
+/// given.
+#[allow(clippy::too_many_arguments)]
+pub async fn seed_keys(
+    client: &Client,
+    options: &OutboxOptions,
+    topic: &str,
+    count: u64,
+    size: usize,
+    concurrency: usize,
+    gap_every: Option<u64>,
+    distinct_keys: Option<u64>,
+) -> Result<Seeded> {
     let started = Instant::now();
     let keys = Keys::new(options);
     let mut next: BTreeMap<u32, u64> = BTreeMap::new();
@@ -150,7 +176,7 @@ pub async fn seed(
     let mut placed: Vec<(OutboxMessage, u32, u64)> = Vec::with_capacity(count as usize);
     for i in 0..count {
         let message = OutboxMessage::new(topic, options.bucket_count)
-            .with_key(format!("key-{i}"))
+            .with_key(format!("key-{}", distinct_keys.map_or(i, |k| i % k.max(1))))
             .with_value(payload(size, i));
         let bucket = message.bucket();
         let seq = next.entry(bucket).or_insert(0);
@@ -362,10 +388,19 @@ impl RelayMetrics for Hook {
 
 /// Peak resident set size of this process (`VmHWM`), in KiB.
 pub fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status_kib("/proc/self/status", "VmHWM:")
+}
+
+/// Peak resident set size (`VmHWM`) of the live process `pid`, in KiB.
+pub fn peak_rss_kib_of(pid: u32) -> Option<u64> {
+    status_kib(&format!("/proc/{pid}/status"), "VmHWM:")
+}
+
+fn status_kib(path: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(path).ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
