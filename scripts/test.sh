@@ -6,7 +6,8 @@
 #      with their endpoints exported, runs the checks below:
 #        cargo fmt --all --check
 #        cargo clippy --workspace --all-targets -- -D warnings
-#        cfn-lint template.yaml, sam validate --lint, sam build (x86_64)
+#        cfn-lint template.yaml, sam validate --lint, sam build (x86_64, samconfig.toml;
+#          and again after a change under lib/: scripts/sam_build_check.sh)
 #        scripts/lambda_e2e.py (both functions under cargo lambda watch/invoke)
 #        scripts/serverless_e2e.py (sam build's bootstraps under scripts/lambda_runtime.py,
 #          woken by the table's stream through scripts/streams.py: the doorbell)
@@ -48,24 +49,16 @@ if [[ ${1:-} == --inside-stack ]]; then
     step "sam validate --lint"
     SAM_CLI_TELEMETRY=0 sam validate --lint --template template.yaml
 
-    # sam build for the host's architecture (x86_64): cargo lambda build --release of
-    # both functions, into the shared target directory (SAM's cargo-lambda builder
-    # honours CARGO_TARGET_DIR), so later runs rebuild only what changed.  The arm64
-    # build (the template's default) works too, with cargo-lambda's zig, but takes
+    # sam build for the host's architecture (x86_64) with the repository's samconfig.toml
+    # (cached = true, its parameter_overrides with Architecture="x86_64"), into the shared
+    # target directory; then a second build with the same build and cache directories
+    # after a change under lib/ only, which must give new bootstraps (SAM's build cache
+    # keys on CodeUri).  scripts/sam_build_check.sh says what it checks and costs.  The
+    # arm64 build (the template's default) works too, with cargo-lambda's zig, but takes
     # about 16 minutes from scratch here; see the README.
-    step "sam build --parameter-overrides Architecture=x86_64"
+    step "sam build with samconfig.toml (Architecture=x86_64), and again after a change under lib/ (scripts/sam_build_check.sh)"
     sam_dir=$(mktemp -d "${TMPDIR:-/tmp}/outbox-sam.XXXXXX")
-    SAM_CLI_TELEMETRY=0 sam build --template template.yaml --build-dir "$sam_dir/build" \
-        --cache-dir "$sam_dir/cache" --parameter-overrides Architecture=x86_64
-    for fn in RelayFunction EnqueueFunction; do
-        bootstrap=$sam_dir/build/$fn/bootstrap
-        [[ -x $bootstrap ]] || { echo "sam build made no executable $bootstrap" >&2; exit 1; }
-        magic=$(od -An -tx1 -N4 "$bootstrap" | tr -d ' \n')
-        machine=$(od -An -tu2 -j18 -N2 "$bootstrap" | tr -d ' \n')
-        [[ $magic == 7f454c46 && $machine == 62 ]] ||
-            { echo "$bootstrap is not an x86-64 ELF executable (magic $magic, machine $machine)" >&2; exit 1; }
-        echo "$fn/bootstrap: x86-64 ELF, $(($(stat -c %s "$bootstrap") / 1024)) KiB"
-    done
+    bash scripts/sam_build_check.sh "$sam_dir"
     # $sam_dir is removed after the serverless end-to-end step, which runs these bootstraps.
 
     # Both functions under cargo-lambda's emulator: enqueue, notification, bad request,

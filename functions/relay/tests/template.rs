@@ -160,7 +160,6 @@ fn the_relay_gets_exactly_its_actions() {
         set(&[
             "dynamodb:BatchWriteItem",
             "dynamodb:DeleteItem",
-            "dynamodb:PutItem",
             "dynamodb:Query",
             "dynamodb:UpdateItem",
             "kafka-cluster:Connect",
@@ -218,8 +217,8 @@ fn no_wildcard_actions_or_tables() {
             assert_ne!(unquote(r), "*", "wildcard resource: {l}");
         }
     }
-    // The only wildcards in an ARN: the topic pattern inside the cluster's topics and
-    // ListStreams on the outbox table's own streams.
+    // The only wildcards in an ARN: ListStreams on the outbox table's own streams (topic
+    // patterns come from KafkaTopics, checked below).
     for line in section(&t, "Resources") {
         let l = line.trim();
         if l.starts_with('#') {
@@ -228,34 +227,33 @@ fn no_wildcard_actions_or_tables() {
         if l.contains("arn:") || l.contains(".Arn}") || l.contains("\"stream\"") {
             assert!(
                 !l.contains('*')
-                    || l.contains(":topic/${ClusterName}/${ClusterUuid}/${KafkaTopics}")
                     || l == "- !Sub \"${OutboxTable.Arn}/stream/*\""
                     || l == "- !Join [\"/\", [!Select [0, !Split [\"/stream/\", !Ref TableStreamArn]], \"stream\", \"*\"]]",
                 "wildcard in an ARN: {l}"
             );
         }
     }
-    assert!(t.contains(":topic/${ClusterName}/${ClusterUuid}/${KafkaTopics}"));
 }
 
 #[test]
 fn functions_build_with_cargo_lambda_on_provided_al2023() {
     let t = template();
-    for (name, package) in [
-        ("RelayFunction", "outbox-relay-function"),
-        ("EnqueueFunction", "outbox-enqueue-function"),
+    for (name, member, package) in [
+        ("RelayFunction", "functions/relay", "outbox-relay-function"),
+        (
+            "EnqueueFunction",
+            "functions/enqueue",
+            "outbox-enqueue-function",
+        ),
     ] {
         let text = resource(&t, name).join("\n");
         assert!(text.contains("BuildMethod: rust-cargolambda"), "{name}");
+        // Binary selects the executable (cargo lambda build --bin) among the workspace's.
         assert!(text.contains(&format!("Binary: {package}")), "{name}");
-        let code_uri = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("CodeUri: "))
-            .unwrap_or_else(|| panic!("{name} has no CodeUri"));
-        let manifest = std::fs::read_to_string(root().join(code_uri).join("Cargo.toml")).unwrap();
+        let manifest = std::fs::read_to_string(root().join(member).join("Cargo.toml")).unwrap();
         assert!(
             manifest.contains(&format!("name = \"{package}\"")),
-            "{code_uri} builds {package}"
+            "{member} builds {package}"
         );
     }
     let globals: String = t
@@ -281,6 +279,28 @@ fn functions_build_with_cargo_lambda_on_provided_al2023() {
     assert!(parameters.contains("  Architecture:\n    Type: String\n    Default: arm64"));
 }
 
+/// SAM's build cache (`cached = true` in samconfig.toml) is keyed on a checksum of the
+/// function's CodeUri only: with `functions/relay`, a change in `lib/` or `Cargo.lock` kept
+/// the cached `bootstrap` (scripts/sam_build_check.sh builds it both ways).
+#[test]
+fn both_functions_build_from_the_workspace_root_so_the_build_cache_sees_every_change() {
+    let t = template();
+    for name in ["RelayFunction", "EnqueueFunction"] {
+        let text = resource(&t, name).join("\n");
+        let code_uri = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("CodeUri: "))
+            .unwrap_or_else(|| panic!("{name} has no CodeUri"));
+        assert_eq!(code_uri, ".", "{name}: CodeUri is the workspace root");
+        let dir = root().join(code_uri);
+        for inside in ["Cargo.lock", "Cargo.toml", "lib/src/lib.rs", "functions"] {
+            assert!(dir.join(inside).exists(), "{name}: CodeUri holds {inside}");
+        }
+    }
+    let samconfig = std::fs::read_to_string(root().join("samconfig.toml")).unwrap();
+    assert!(samconfig.contains("cached = true"), "{samconfig}");
+}
+
 #[test]
 fn the_relay_runs_on_a_schedule_that_does_not_pile_up() {
     let t = template();
@@ -293,7 +313,6 @@ fn the_relay_runs_on_a_schedule_that_does_not_pile_up() {
         "VpcConfig:",
         "Timeout: !Ref RelayTimeout",
         "OUTBOX_SHUTDOWN_MARGIN: 3s",
-        "ReservedConcurrentExecutions: !Ref RelayReservedConcurrency",
     ] {
         assert!(relay.contains(expected), "RelayFunction lacks {expected}");
     }
@@ -641,4 +660,350 @@ fn commit_notifications_invoke_the_relay_only_when_a_bus_is_configured() {
         ),
         "{enqueue}"
     );
+}
+
+/// The DynamoDB operations the relay's code calls (the store the relay function runs:
+/// `lib/src/store/` without `quarantine.rs`, which only `outboxctl quarantine` uses; the
+/// relay's phases; the function itself), read from the sources as SDK calls.
+fn relay_dynamodb_operations() -> BTreeSet<String> {
+    let calls = [
+        (".query()", "Query"),
+        (".scan()", "Scan"),
+        (".get_item()", "GetItem"),
+        (".batch_get_item()", "BatchGetItem"),
+        (".put_item()", "PutItem"),
+        (".update_item()", "UpdateItem"),
+        (".delete_item()", "DeleteItem"),
+        (".batch_write_item()", "BatchWriteItem"),
+        (".transact_write_items()", "TransactWriteItems"),
+        (".transact_get_items()", "TransactGetItems"),
+    ];
+    let mut files = Vec::new();
+    for dir in ["lib/src/store", "lib/src/relay", "functions/relay/src"] {
+        for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "rs")
+                && path.file_name().is_some_and(|n| n != "quarantine.rs")
+            {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() > 5, "{files:?}");
+    let mut found = BTreeSet::new();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        // Unit tests of the store (DynamoDB Local fixtures) are not the relay's requests.
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        // The relay never quarantines: that needs a transaction with a Put.
+        assert!(
+            !code.contains(".quarantine("),
+            "{} quarantines",
+            path.display()
+        );
+        for (call, operation) in calls {
+            if code.contains(call) {
+                found.insert(format!("dynamodb:{operation}"));
+            }
+        }
+    }
+    found
+}
+
+/// Least privilege (issue 11, item 9): the relay is granted exactly the table operations
+/// its code calls; it never puts an item (the heartbeat is an UpdateItem).
+#[test]
+fn the_relay_is_granted_the_table_operations_its_code_calls_and_no_put_item() {
+    let t = template();
+    let lines = resource(&t, "RelayFunction");
+    let table = statement(&lines, "OutboxTable");
+    let granted = actions(&table.lines().collect::<Vec<_>>());
+    assert_eq!(granted, relay_dynamodb_operations());
+    assert!(!granted.contains("dynamodb:PutItem"), "{granted:?}");
+}
+
+/// Low-quota accounts (issue 11, item 2): ReservedConcurrentExecutions only when
+/// RelayReservedConcurrency is set and not 0; the default sets none.
+#[test]
+fn reserved_concurrency_is_optional_and_off_by_default() {
+    let t = template();
+    let parameter = entry(&section(&t, "Parameters"), "RelayReservedConcurrency");
+    assert_eq!(value(&parameter, "Type"), "String", "{parameter}");
+    assert_eq!(value(&parameter, "Default"), "\"\"", "{parameter}");
+    let pattern = unquote(value(&parameter, "AllowedPattern"));
+    assert_eq!(pattern, "^$|^0$|^[2-9]$|^[1-9][0-9]+$");
+    assert_eq!(
+        entry(&section(&t, "Conditions"), "HasReservedConcurrency"),
+        "!Not [!Or [!Equals [!Ref RelayReservedConcurrency, \"\"], !Equals [!Ref RelayReservedConcurrency, \"0\"]]]"
+    );
+    let relay = resource(&t, "RelayFunction").join("\n");
+    assert_eq!(
+        value(&relay, "ReservedConcurrentExecutions"),
+        "!If [HasReservedConcurrency, !Ref RelayReservedConcurrency, !Ref AWS::NoValue]"
+    );
+    assert_eq!(t.matches("ReservedConcurrentExecutions:").count(), 1);
+}
+
+/// Invocation reports (issue 11, item 4): Lambda's START/REPORT lines are system logs at
+/// INFO; WARN dropped them.
+#[test]
+fn system_logs_keep_the_invocation_reports() {
+    let t = template();
+    let globals = section(&t, "Globals").join("\n");
+    assert!(globals.contains("SystemLogLevel: INFO"), "{globals}");
+    assert_eq!(t.matches("SystemLogLevel:").count(), 1);
+}
+
+/// Log retention (issue 11, item 5): each function logs to a log group the stack creates
+/// with RetentionInDays from LogRetentionDays (30 days by default).
+#[test]
+fn both_functions_log_to_groups_with_a_retention() {
+    let t = template();
+    let parameter = entry(&section(&t, "Parameters"), "LogRetentionDays");
+    assert_eq!(value(&parameter, "Default"), "30");
+    assert!(
+        value(&parameter, "AllowedValues").contains(" 30, "),
+        "{parameter}"
+    );
+    for (function, group) in [
+        ("RelayFunction", "RelayLogGroup"),
+        ("EnqueueFunction", "EnqueueLogGroup"),
+    ] {
+        let f = resource(&t, function).join("\n");
+        assert!(
+            f.contains(&format!("LoggingConfig:\n        LogGroup: !Ref {group}")),
+            "{function}: {f}"
+        );
+        let g = resource(&t, group).join("\n");
+        assert!(g.contains("Type: AWS::Logs::LogGroup"), "{g}");
+        assert_eq!(value(&g, "RetentionInDays"), "!Ref LogRetentionDays");
+        // A generated name: no clash with a group Lambda made for an earlier function.
+        assert!(!g.contains("LogGroupName"), "{g}");
+    }
+    assert_eq!(t.matches("Type: AWS::Logs::LogGroup").count(), 2);
+}
+
+/// Topics (issue 11, item 8): KafkaTopics is a list; each entry becomes one topic ARN
+/// built from the cluster ARN (its partition, region, account, name and uuid).
+#[test]
+fn every_kafka_topics_entry_is_one_topic_arn_in_the_clusters_region_and_account() {
+    let t = template();
+    let parameter = entry(&section(&t, "Parameters"), "KafkaTopics");
+    assert_eq!(
+        value(&parameter, "Type"),
+        "CommaDelimitedList",
+        "{parameter}"
+    );
+    let relay = resource(&t, "RelayFunction");
+    let topics = statement(&relay, "MskTopics");
+    assert_eq!(
+        actions(&topics.lines().collect::<Vec<_>>()),
+        set(&["kafka-cluster:DescribeTopic", "kafka-cluster:WriteData"])
+    );
+    // No pseudo parameter of the stack in the topic ARNs.
+    assert!(!topics.contains("AWS::Region") && !topics.contains("AWS::AccountId"));
+    let prefix = "Topics: !Join [\":topic/\", !Split [\":cluster/\", !Ref MskClusterArn]]";
+    assert_eq!(topics.matches(prefix).count(), 10, "{topics}");
+    assert_eq!(topics.matches("\"${Topics}/${Topic}\"").count(), 10);
+    let padded = "!Split [\",\", !Join [\"\", [!Join [\",\", !Ref KafkaTopics], \",,,,,,,,,,\"]]]";
+    assert!(topics.contains("Topic: !Select [0, !Ref KafkaTopics]"));
+    let conditions = section(&t, "Conditions");
+    for i in 2..=10 {
+        assert!(
+            topics.contains(&format!("- HasTopic{i}\n")),
+            "slot {i} is conditional"
+        );
+        assert!(
+            topics.contains(&format!("Topic: !Select [{}, {padded}]", i - 1)),
+            "slot {i} takes entry {}",
+            i - 1
+        );
+        assert_eq!(
+            entry(&conditions, &format!("HasTopic{i}")),
+            format!("!Not [!Equals [\"\", !Select [{}, {padded}]]]", i - 1)
+        );
+    }
+    // An eleventh entry fails the deployment instead of being dropped.
+    assert_eq!(
+        entry(&conditions, "TooManyTopics"),
+        format!("!Not [!Equals [\"\", !Select [10, {padded}]]]")
+    );
+    assert!(topics.contains("- TooManyTopics\n"), "{topics}");
+    let rule = entry(&section(&t, "Rules"), "KafkaTopicsHasNoEmptyEntry");
+    assert!(
+        rule.contains("Assert: !Not [!Contains [!Ref KafkaTopics, \"\"]]"),
+        "{rule}"
+    );
+
+    // What those functions compute, for a cluster in another region and account than
+    // any stack's: one ARN per entry.
+    let cluster = "arn:aws-cn:kafka:cn-north-1:111122223333:cluster/orders/abcd-1";
+    let topics_of = |list: &str| -> Vec<String> {
+        let topic_prefix = cluster
+            .split(":cluster/")
+            .collect::<Vec<_>>()
+            .join(":topic/");
+        let padded: Vec<String> = format!("{list},,,,,,,,,,")
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        (0..10)
+            .filter(|&i| i == 0 || !padded[i].is_empty())
+            .map(|i| format!("{topic_prefix}/{}", padded[i]))
+            .collect()
+    };
+    assert_eq!(
+        topics_of("orders,payments-*"),
+        [
+            "arn:aws-cn:kafka:cn-north-1:111122223333:topic/orders/abcd-1/orders",
+            "arn:aws-cn:kafka:cn-north-1:111122223333:topic/orders/abcd-1/payments-*",
+        ]
+    );
+    assert_eq!(topics_of("*").len(), 1);
+    assert_eq!(topics_of("a,b,c,d,e,f,g,h,i,j").len(), 10);
+}
+
+/// The alarm named `name`: its lines joined.
+fn alarm(t: &str, name: &str) -> String {
+    let a = resource(t, name).join("\n");
+    assert!(a.contains("Type: AWS::CloudWatch::Alarm"), "{a}");
+    assert!(
+        a.contains("Condition: HasAlarms"),
+        "{name}: only with AlarmTopicArn"
+    );
+    assert!(a.contains("AlarmActions: [!Ref AlarmTopicArn]"), "{a}");
+    a
+}
+
+/// Alarms (issue 11, items 6 and 7), only with AlarmTopicArn: relay errors, a stuck outbox,
+/// sustained refused writes, no invocation. Built on metrics the relay emits, with a
+/// missing-data treatment that matches how they are emitted.
+#[test]
+fn alarms_watch_errors_a_stuck_outbox_refused_writes_and_a_quiet_relay() {
+    let t = template();
+    assert_eq!(
+        entry(&section(&t, "Conditions"), "HasAlarms"),
+        "!Not [!Equals [!Ref AlarmTopicArn, \"\"]]"
+    );
+    let parameters = section(&t, "Parameters");
+    assert_eq!(
+        value(&entry(&parameters, "AlarmTopicArn"), "Default"),
+        "\"\""
+    );
+    assert_eq!(t.matches("Type: AWS::CloudWatch::Alarm").count(), 4);
+
+    let errors = alarm(&t, "RelayErrorsAlarm");
+    for expected in [
+        "Namespace: AWS/Lambda",
+        "MetricName: Errors",
+        "Value: !Ref RelayFunction",
+        "TreatMissingData: notBreaching",
+    ] {
+        assert!(errors.contains(expected), "{expected}: {errors}");
+    }
+    // No invocation writes no Invocations data point: missing counts as breaching.
+    let quiet = alarm(&t, "RelayQuietAlarm");
+    for expected in [
+        "Namespace: AWS/Lambda",
+        "MetricName: Invocations",
+        "Value: !Ref RelayFunction",
+        "Period: 60",
+        "EvaluationPeriods: !Ref RelayQuietMinutes",
+        "DatapointsToAlarm: !Ref RelayQuietMinutes",
+        "ComparisonOperator: LessThanThreshold",
+        "Threshold: 1",
+        "TreatMissingData: breaching",
+    ] {
+        assert!(quiet.contains(expected), "{expected}: {quiet}");
+    }
+
+    // The relay's own metrics: the namespace and service it is given, the table dimension.
+    let relay = resource(&t, "RelayFunction").join("\n");
+    use dynamo_outbox::metrics::{emf, RelayMetrics};
+    assert_eq!(
+        value(&relay, emf::NAMESPACE_ENV),
+        emf::DEFAULT_NAMESPACE,
+        "{relay}"
+    );
+    assert_eq!(value(&relay, emf::SERVICE_ENV), emf::DEFAULT_SERVICE);
+    let metrics = emf::EmfMetrics::from_lookup("orders-outbox", |_| None);
+    metrics.refused_write(dynamo_outbox::store::WriteKind::Claim);
+    metrics.backlog(0, 1, Some(std::time::Duration::from_secs(400)));
+    let doc: serde_json::Value =
+        serde_json::from_str(&metrics.flush_at(1_764_500_000_000)[0]).unwrap();
+    let directive = &doc["_aws"]["CloudWatchMetrics"][0];
+    assert_eq!(
+        directive["Dimensions"],
+        serde_json::json!([["service", "table"]])
+    );
+    for (name, metric, statistic) in [
+        ("OutboxStuckAlarm", "OldestPendingAge", "Maximum"),
+        ("RefusedWritesAlarm", "RefusedWrites", "Sum"),
+    ] {
+        let a = alarm(&t, name);
+        assert!(doc[metric].is_number(), "the relay emits {metric}");
+        for expected in [
+            format!("Namespace: {}", directive["Namespace"].as_str().unwrap()),
+            format!("MetricName: {metric}"),
+            format!("Statistic: {statistic}"),
+            "- Name: service\n          Value: outbox-relay".to_string(),
+            "- Name: table\n          Value: !If [CreateTable, !Ref OutboxTable, !Ref TableName]"
+                .to_string(),
+            // RefusedWrites is written only when not zero, and OldestPendingAge only by a
+            // relay that sampled the backlog: no data point is no refusal / no relay (the
+            // quiet-relay and error alarms cover a relay that does not run).
+            "TreatMissingData: notBreaching".to_string(),
+        ] {
+            assert!(a.contains(&expected), "{name}: {expected}\n{a}");
+        }
+    }
+    let stuck = alarm(&t, "OutboxStuckAlarm");
+    assert!(stuck.contains("Threshold: !Ref StuckMessageAgeSeconds"));
+    assert!(stuck.contains("ComparisonOperator: GreaterThanThreshold"));
+    let refused = alarm(&t, "RefusedWritesAlarm");
+    for expected in [
+        "Period: 60",
+        "EvaluationPeriods: !Ref RefusedWritesMinutes",
+        "DatapointsToAlarm: !Ref RefusedWritesMinutes",
+        "Threshold: 0",
+        "ComparisonOperator: GreaterThanThreshold",
+    ] {
+        assert!(refused.contains(expected), "{expected}: {refused}");
+    }
+}
+
+/// Callers of the enqueue function (issue 11, item 10): a managed policy they can attach.
+#[test]
+fn callers_of_the_enqueue_function_get_a_managed_policy() {
+    let t = template();
+    let policy = resource(&t, "EnqueueCallerPolicy");
+    let text = policy.join("\n");
+    assert!(text.contains("Type: AWS::IAM::ManagedPolicy"), "{text}");
+    assert_eq!(actions(&policy), set(&["lambda:InvokeFunction"]));
+    assert!(
+        text.contains("Resource: !GetAtt EnqueueFunction.Arn"),
+        "{text}"
+    );
+    assert!(t.contains("\n  EnqueueCallerPolicyArn:\n"));
+}
+
+/// The architecture (issue 11, item 3): `sam build` reads parameter_overrides from the
+/// global (or build) section of samconfig.toml, never from the deploy section; there,
+/// Architecture=x86_64 deployed an arm64 executable on an x86_64 function.
+/// scripts/sam_build_check.sh builds with it.
+#[test]
+fn samconfig_keeps_parameter_overrides_where_build_and_deploy_both_read_them() {
+    let samconfig = std::fs::read_to_string(root().join("samconfig.toml")).unwrap();
+    let mut section = String::new();
+    let mut found = Vec::new();
+    for line in samconfig.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            section = line.to_owned();
+        } else if line.starts_with("parameter_overrides") {
+            found.push(section.clone());
+            assert!(line.contains("Architecture=\\\"arm64\\\""), "{line}");
+        }
+    }
+    assert_eq!(found, ["[default.global.parameters]"], "{samconfig}");
 }

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# `sam build` as a user runs it, with the repository's samconfig.toml (cached = true,
+# parallel = true, its parameter_overrides), checked for two traps that cfn-lint and
+# `sam validate` cannot see (issue 11):
+#
+#   architecture  samconfig.toml with Architecture="x86_64" (the host's; the template's
+#                 default is arm64) must give x86-64 executables: sam build reads
+#                 parameter_overrides only from [default.global.parameters] or
+#                 [default.build.parameters], not from [default.deploy.parameters].
+#   build cache   a second sam build with the same build and cache directories, after a
+#                 change under lib/ only, must give new bootstraps for both functions:
+#                 SAM's cache is keyed on a checksum of each function's CodeUri, so a
+#                 CodeUri of functions/relay kept the cached bootstrap and `sam deploy`
+#                 shipped the old code.
+#
+# Usage: scripts/sam_build_check.sh OUT_DIR
+#   OUT_DIR/build    the bootstraps of the working tree (RelayFunction/bootstrap, ...),
+#                    which the later steps of scripts/test.sh run.
+#
+# Cost: both builds run in one copy of the working tree at a fixed path under the cache
+# (tree/; a file is rewritten only when its content changed) with the shared
+# CARGO_TARGET_DIR, so cargo never rebuilds the dependencies; the project's crates are
+# rebuilt twice in release (the change under lib/, then its undoing at the next run):
+# one rebuild more than a single sam build.  SAM's own cache directory is fresh on every
+# run.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${DYNAMO_OUTBOX_CACHE:-$HOME/.cache/dynamo-outbox}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$CACHE/target}
+export SAM_CLI_TELEMETRY=0
+WORK=${SAM_BUILD_CHECK_DIR:-$CACHE/sam-build-check}
+OUT=${1:?usage: scripts/sam_build_check.sh OUT_DIR}
+mkdir -p "$WORK" "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+fail() { echo "sam build check FAILED: $*" >&2; exit 1; }
+
+# Makes $2 a copy of the tree $1 (no .git, no build output): a file is rewritten only
+# when its content differs, so cargo's mtime-based freshness stays exact and cheap.  The
+# optional $3 (a path in the tree) is left to the caller.
+sync_tree() {
+    local src=$1 dst=$2 skip=${3:-} rel list
+    mkdir -p "$dst"
+    list=$(mktemp)
+    (cd "$src" && find . \( -name .git -o -name .aws-sam -o -name target -o -name __pycache__ \
+        -o -path ./fuzz/corpus -o -path ./fuzz/artifacts \) -prune -o -type f -print) | sort >"$list"
+    while IFS= read -r rel; do
+        [[ $rel == "./$skip" ]] && continue
+        if ! cmp -s "$src/$rel" "$dst/$rel"; then
+            mkdir -p "$(dirname "$dst/$rel")"
+            cp "$src/$rel" "$dst/$rel"
+        fi
+    done <"$list"
+    # Files gone from the tree go from the copy too.
+    (cd "$dst" && find . -type f -print) | sort | comm -13 "$list" - | while IFS= read -r rel; do
+        rm -f "$dst/$rel"
+    done
+    rm -f "$list"
+}
+
+# The repository's samconfig.toml with the host's architecture, wherever it sets it.
+config=$WORK/samconfig.toml
+sed 's/Architecture=\\"arm64\\"/Architecture=\\"x86_64\\"/' "$ROOT/samconfig.toml" >"$config"
+grep -q 'Architecture=\\"x86_64\\"' "$config" ||
+    fail "samconfig.toml sets no Architecture=\"arm64\" in parameter_overrides to replace"
+
+# One copy of the working tree, at a fixed path (SAM's build.toml records each function's
+# CodeUri as an absolute path: the second build must see the same directory changed).
+tree=$WORK/tree
+options=lib/src/options.rs
+sync_tree "$ROOT" "$tree"
+# Put the copy back as the working tree has it, whatever happens below.
+trap 'cmp -s "$ROOT/$options" "$tree/$options" || cp "$ROOT/$options" "$tree/$options"' EXIT
+
+# Same build directory's parent (SAM keeps build.toml, with each function's source
+# checksum, next to the build directory) and the same cache directory for both builds.
+build() { # $1: build directory
+    (cd "$tree" && sam build --config-file "$config" --template template.yaml \
+        --build-dir "$1" --cache-dir "$OUT/cache")
+}
+
+FUNCTIONS=(RelayFunction EnqueueFunction)
+echo "--- sam build of the working tree (samconfig.toml, Architecture=x86_64)"
+build "$OUT/build"
+for fn in "${FUNCTIONS[@]}"; do
+    bootstrap=$OUT/build/$fn/bootstrap
+    [[ -x $bootstrap ]] || fail "sam build made no executable $bootstrap"
+    magic=$(od -An -tx1 -N4 "$bootstrap" | tr -d ' \n')
+    machine=$(od -An -tu2 -j18 -N2 "$bootstrap" | tr -d ' \n')
+    [[ $magic == 7f454c46 && $machine == 62 ]] ||
+        fail "$bootstrap is not an x86-64 ELF executable (magic $magic, machine $machine): sam build did not take Architecture from samconfig.toml"
+    echo "$fn/bootstrap: x86-64 ELF, $(($(stat -c %s "$bootstrap") / 1024)) KiB"
+done
+
+# The change under lib/ only: an error message both functions carry (harmless, since
+# the executables this build leaves in the shared target directory carry it too, until
+# the next build).
+message="is required (the outbox table's name)"
+grep -qF "\"$message\"" "$tree/$options" || fail "no \"$message\" in $options to change"
+sed -i "s/\"$message\"/\"$message [sam build check]\"/" "$tree/$options"
+echo "--- sam build again, same build and cache directories, after a change under lib/ only"
+build "$OUT/build-lib-changed"
+for fn in "${FUNCTIONS[@]}"; do
+    cmp -s "$OUT/build/$fn/bootstrap" "$OUT/build-lib-changed/$fn/bootstrap" &&
+        fail "$fn: the bootstrap after a change under lib/ is the cached one (SAM's build cache missed the change)"
+    echo "$fn/bootstrap: rebuilt after the change under lib/"
+done
+rm -rf "$OUT/build-lib-changed"
+echo "sam build check passed"
