@@ -25,8 +25,13 @@
 //! | `BatchDuration` / `RoundDuration` | Milliseconds | one value per batch / acquisition round |
 //! | `ColdStart` | Count | 1 in the first flush after [`EmfMetrics::cold_start`] |
 //!
-//! The counters are emitted every flush, zeros included, so that alarms see 0 rather than
-//! missing data. The specification's limits are kept: at most [`MAX_METRICS_PER_DOCUMENT`]
+//! A counter is emitted only when it is not zero: CloudWatch bills every metric that
+//! received a data point in an hour, and for a `Sum` a missing data point means zero, so
+//! an idle outbox pays for the few metrics it reports (see [`IDLE_METRICS`]) instead of
+//! all of them. Alarms on counters treat missing data as not breaching. The gauges
+//! (`OwnedBuckets`, `PendingMessages`, `OldestPendingAge`) are emitted whenever they were
+//! measured, zero included: an empty backlog is a value, not a missing one. A flush with
+//! nothing to report renders no document. The specification's limits are kept: at most [`MAX_METRICS_PER_DOCUMENT`]
 //! metrics per document, [`MAX_DIMENSIONS`] dimensions per set, and
 //! [`MAX_VALUES_PER_METRIC`] values per metric (more duration values go to further
 //! documents; past [`MAX_SAMPLES`] per flush a uniform sample of them is kept).
@@ -58,6 +63,34 @@ pub const MAX_DIMENSIONS: usize = 30;
 pub const MAX_VALUES_PER_METRIC: usize = 100;
 /// Duration values kept per metric between two flushes (a uniform sample beyond).
 pub const MAX_SAMPLES: usize = 1000;
+/// The metrics every counter of which may be absent: with nothing published, failed,
+/// refused, lost or stuck, a flush reports at most these (gauges and durations, and the
+/// leases an invocation claims when it starts): the metric budget of an idle outbox.
+pub const IDLE_METRICS: [&str; 6] = [
+    "LeasesAcquired",
+    "OwnedBuckets",
+    "PendingMessages",
+    "OldestPendingAge",
+    "RoundDuration",
+    "ColdStart",
+];
+/// Every metric name a flush may report: 13 names, plus `RefusedWrites.<kind>` for the
+/// five kinds of [`WriteKind::ALL`], 18 metrics per dimension set at most.
+pub const METRIC_NAMES: [&str; 13] = [
+    "Published",
+    "PublishFailures",
+    "PublishRejected",
+    "RefusedWrites",
+    "LeasesAcquired",
+    "LeasesLost",
+    "PoisonItems",
+    "OwnedBuckets",
+    "PendingMessages",
+    "OldestPendingAge",
+    "BatchDuration",
+    "RoundDuration",
+    "ColdStart",
+];
 
 /// A CloudWatch unit, as EMF spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,7 +225,7 @@ impl EmfMetrics {
                 format!("{name:?} is empty, reserved or already a dimension"),
             ));
         }
-        if metric_names().iter().any(|m| *m == name) || name.starts_with("RefusedWrites") {
+        if METRIC_NAMES.contains(&name.as_str()) || name.starts_with("RefusedWrites") {
             return Err(Error::option(
                 "dimensions",
                 format!("{name:?} is the name of a metric"),
@@ -247,21 +280,27 @@ impl EmfMetrics {
             unit: Unit::Count,
             values: vec![v as f64],
         };
-        let mut m = vec![
-            count("Published", state.published),
-            count("PublishFailures", state.publish_failures),
-            count("PublishRejected", state.publish_rejected),
-            count("RefusedWrites", state.refused.values().sum()),
-        ];
+        let mut m = Vec::new();
+        // Counters: only when not zero (a missing data point of a Sum is zero).
+        let mut counter = |name: &str, v: u64| {
+            if v != 0 {
+                m.push(count(name, v));
+            }
+        };
+        counter("Published", state.published);
+        counter("PublishFailures", state.publish_failures);
+        counter("PublishRejected", state.publish_rejected);
+        counter("RefusedWrites", state.refused.values().sum());
         for kind in WriteKind::ALL {
-            m.push(count(
+            counter(
                 &format!("RefusedWrites.{}", kind.as_str()),
                 state.refused.get(&kind).copied().unwrap_or(0),
-            ));
+            );
         }
-        m.push(count("LeasesAcquired", state.leases_acquired));
-        m.push(count("LeasesLost", state.leases_lost));
-        m.push(count("PoisonItems", state.poison_items));
+        counter("LeasesAcquired", state.leases_acquired);
+        counter("LeasesLost", state.leases_lost);
+        counter("PoisonItems", state.poison_items);
+        // Gauges: whenever measured, zero included.
         if let Some(owned) = state.owned_buckets {
             m.push(count("OwnedBuckets", owned as u64));
         }
@@ -357,26 +396,6 @@ impl EmfMetrics {
         }
         Value::Object(root)
     }
-}
-
-/// The fixed metric names (per-kind refusals are `RefusedWrites.<kind>`).
-fn metric_names() -> [&'static str; 14] {
-    [
-        "Published",
-        "PublishFailures",
-        "PublishRejected",
-        "RefusedWrites",
-        "LeasesAcquired",
-        "LeasesLost",
-        "PoisonItems",
-        "OwnedBuckets",
-        "PendingMessages",
-        "OldestPendingAge",
-        "BatchDuration",
-        "RoundDuration",
-        "ColdStart",
-        "_aws",
-    ]
 }
 
 fn number(v: f64) -> Value {
@@ -582,7 +601,10 @@ mod tests {
         assert_eq!(v["RefusedWrites"], json!(3));
         assert_eq!(v["RefusedWrites.claim"], json!(2));
         assert_eq!(v["RefusedWrites.heartbeat"], json!(1));
-        assert_eq!(v["RefusedWrites.renew"], json!(0));
+        assert!(
+            !v.contains_key("RefusedWrites.renew"),
+            "zero counters are skipped"
+        );
         assert_eq!(v["LeasesAcquired"], json!(4));
         assert_eq!(v["LeasesLost"], json!(1));
         assert_eq!(v["OwnedBuckets"], json!(4));
@@ -609,27 +631,86 @@ mod tests {
     }
 
     #[test]
-    fn flush_starts_over_and_keeps_zero_counters() {
+    fn flush_starts_over_and_skips_zero_counters() {
         let m = table_metrics();
         m.cold_start();
         m.published(0, 1);
+        m.refused_write(WriteKind::Renew);
         m.backlog(0, 1, None);
         m.owned_buckets(2);
-        m.flush_at(1_764_500_000_000);
-        let docs = m.flush_at(1_764_500_060_000);
-        assert_eq!(docs.len(), 1);
-        let v = validate(&docs[0]);
-        assert_eq!(v["Published"], json!(0), "counters restart and report zero");
+        let first = validate(&m.flush_at(1_764_500_000_000)[0]);
+        assert_eq!(first["Published"], json!(1));
+        assert_eq!(first["RefusedWrites.renew"], json!(1));
         assert!(
-            !v.contains_key("ColdStart"),
+            !first.contains_key("RefusedWrites.claim"),
+            "a kind with no refusal is not reported"
+        );
+        assert!(!first.contains_key("PublishFailures") && !first.contains_key("LeasesLost"));
+
+        // Nothing since: no document at all.
+        assert!(m.flush_at(1_764_500_060_000).is_empty());
+
+        // An idle invocation: it claims its leases, owns buckets, samples an empty
+        // backlog and runs acquisition rounds; every counter but the claims is zero.
+        m.leases_acquired(8);
+        m.owned_buckets(8);
+        m.backlog(0, 0, None);
+        m.round_duration(Duration::from_millis(12));
+        m.round_duration(Duration::from_millis(9));
+        m.cold_start();
+        let docs = m.flush_at(1_764_500_120_000);
+        assert_eq!(docs.len(), 1);
+        let idle = validate(&docs[0]);
+        let names: Vec<&str> = idle.keys().map(String::as_str).collect();
+        let mut budget = IDLE_METRICS.to_vec();
+        budget.sort_unstable();
+        assert_eq!(
+            names, budget,
+            "an idle flush reports exactly the idle budget"
+        );
+        assert_eq!(
+            idle["PendingMessages"],
+            json!(0),
+            "a gauge reports its zero"
+        );
+        assert_eq!(idle["OldestPendingAge"], json!(0));
+        assert_eq!(idle["OwnedBuckets"], json!(8));
+        assert!(
+            !m.flush_at(1_764_500_180_000)
+                .iter()
+                .any(|d| d.contains("ColdStart")),
             "a cold start is reported once"
         );
-        assert!(
-            !v.contains_key("PendingMessages") && !v.contains_key("OldestPendingAge"),
-            "no backlog figures without a sample"
-        );
-        assert!(!v.contains_key("OwnedBuckets"));
-        assert!(!v.contains_key("BatchDuration"));
+    }
+
+    #[test]
+    fn every_metric_name_is_known_and_the_total_is_18() {
+        let m = table_metrics();
+        m.cold_start();
+        m.published(0, 1);
+        m.publish_failed(0, true);
+        for kind in WriteKind::ALL {
+            m.refused_write(kind);
+        }
+        m.leases_acquired(1);
+        m.leases_lost(1);
+        m.poison_item(0);
+        m.owned_buckets(1);
+        m.backlog(0, 1, Some(Duration::from_secs(1)));
+        m.batch_duration(0, Duration::from_millis(1));
+        m.round_duration(Duration::from_millis(1));
+        let v = validate(&m.flush_at(1_764_500_000_000)[0]);
+        assert_eq!(v.len(), METRIC_NAMES.len() + WriteKind::ALL.len());
+        assert_eq!(v.len(), 18);
+        for name in v.keys() {
+            assert!(
+                METRIC_NAMES.contains(&name.as_str()) || name.starts_with("RefusedWrites."),
+                "{name}"
+            );
+        }
+        for name in IDLE_METRICS {
+            assert!(METRIC_NAMES.contains(&name), "{name}");
+        }
     }
 
     #[test]
@@ -640,6 +721,7 @@ mod tests {
             _ => None,
         });
         assert_eq!(m.namespace(), "Payments");
+        m.published(0, 1);
         let root: Value = serde_json::from_str(&m.flush_at(1_764_500_000_000)[0]).unwrap();
         assert_eq!(
             root["_aws"]["CloudWatchMetrics"][0]["Namespace"],
@@ -653,6 +735,7 @@ mod tests {
     #[test]
     fn many_values_split_into_documents_within_the_limits() {
         let m = table_metrics();
+        m.published(0, 1);
         for i in 0..250 {
             m.batch_duration(0, Duration::from_millis(i));
         }
@@ -723,6 +806,7 @@ mod tests {
         for i in 2..MAX_DIMENSIONS {
             m = m.with_dimension(format!("d{i}"), "x").unwrap();
         }
+        m.published(0, 1);
         let docs = m.flush_at(1_764_500_000_000);
         validate(&docs[0]);
         let root: Value = serde_json::from_str(&docs[0]).unwrap();
