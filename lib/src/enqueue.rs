@@ -8,6 +8,14 @@
 //! request fails with [`Error::InvalidMessage`] or [`Error::Limit`] (`errorType`
 //! `ValidationError`), naming the field, and writes nothing.
 //!
+//! # Topic allow-list
+//! With [`OUTBOX_ALLOWED_TOPICS`](crate::options::env::ALLOWED_TOPICS) set (read into
+//! [`OutboxOptions::allowed_topics`], or [`EnqueueService::with_allowed_topics`]), a
+//! request naming any other topic is rejected in that check, before anything is written:
+//! [`Error::InvalidMessage`] for `messages[i].topic`, `errorType` `ValidationError`.
+//! Unset, every topic is allowed. The relay checks the same list again before it
+//! publishes (a message written straight into the table, past this service).
+//!
 //! # Idempotency
 //! A request with an `idempotency_key` writes a marker item in the same transaction as its
 //! messages: partition key `{prefix}#IDEMPOTENCY#{key}`, sort key `IDEMPOTENCY` (outside
@@ -92,7 +100,8 @@ impl EnqueueService {
     }
 
     /// The service as the environment configures it: the outbox options
-    /// ([`OutboxOptions::from_lookup`]), [`IDEMPOTENCY_RETENTION`] and
+    /// ([`OutboxOptions::from_lookup`], the topic allow-list among them),
+    /// [`IDEMPOTENCY_RETENTION`] and
     /// [`NOTIFY_EVENT_BUS`](crate::notification::NOTIFY_EVENT_BUS), read through `lookup`
     /// (the process environment, or a stand-in); the clients are built for `config`.
     #[cfg(feature = "eventbridge")]
@@ -106,6 +115,13 @@ impl EnqueueService {
             .with_idempotency_retention(retention);
         service.notifier = EventBridgeNotifier::from_lookup(config, &lookup);
         Ok(service)
+    }
+
+    /// Rejects every request naming a topic outside `allowed_topics` (see the module
+    /// documentation); the options' [`OutboxOptions::allowed_topics`] otherwise.
+    pub fn with_allowed_topics(mut self, allowed_topics: crate::options::TopicAllowList) -> Self {
+        self.writer = self.writer.with_allowed_topics(allowed_topics);
+        self
     }
 
     /// Sets how long an idempotency key answers with the first call's response.
@@ -143,7 +159,8 @@ impl EnqueueService {
         self.enqueue(&request, deadline).await
     }
 
-    /// Checks `request`, writes it in one transaction (with its idempotency marker, or a
+    /// Checks `request` (the messages, the topic allow-list, DynamoDB's limits), writes it
+    /// in one transaction (with its idempotency marker, or a
     /// replay of the first call's response), then sends the commit notification.
     ///
     /// The write gives up at `deadline` with [`Error::DeadlineExceeded`] (it may or may

@@ -43,6 +43,10 @@ pub mod env {
     pub const IDLE_STOP: &str = "OUTBOX_IDLE_STOP";
     /// [`RelayOptions::max_in_flight_bytes`](super::RelayOptions::max_in_flight_bytes).
     pub const MAX_IN_FLIGHT_BYTES: &str = "OUTBOX_MAX_IN_FLIGHT_BYTES";
+    /// [`OutboxOptions::allowed_topics`](super::OutboxOptions::allowed_topics): the topics
+    /// writers may enqueue to and relays may publish to, comma-separated names and
+    /// `prefix*` patterns; unset: every topic.
+    pub const ALLOWED_TOPICS: &str = "OUTBOX_ALLOWED_TOPICS";
 }
 
 /// Options of the table layout, shared by every writer and relay of one outbox.
@@ -68,6 +72,14 @@ pub struct OutboxOptions {
     /// Messages counted per bucket for one backlog sample (10,000): a count is billed as
     /// a read of every counted item.
     pub pending_count_limit: u32,
+    /// The topics this process may write to (a writer, the enqueue service) or publish to
+    /// (a relay, whose store carries these options); every topic by default. Unlike the
+    /// rest, it need not agree between processes: each enqueue function (one per trust
+    /// domain) allows its callers' topics, the relay the union of them. A writer refuses
+    /// any other topic before it sends anything ([`Error::InvalidMessage`] naming
+    /// `messages[i].topic`); a relay parks the bucket of a message on another topic (one
+    /// written straight into the table) as poison instead of publishing it.
+    pub allowed_topics: TopicAllowList,
 }
 
 impl OutboxOptions {
@@ -81,7 +93,14 @@ impl OutboxOptions {
             bucket_count: 8,
             max_concurrency: 8,
             pending_count_limit: 10_000,
+            allowed_topics: TopicAllowList::all(),
         }
+    }
+
+    /// Sets the topics the outbox may write and publish ([`Self::allowed_topics`]).
+    pub fn with_allowed_topics(mut self, allowed_topics: TopicAllowList) -> Self {
+        self.allowed_topics = allowed_topics;
+        self
     }
 
     /// Sets the bucket count.
@@ -124,6 +143,9 @@ impl OutboxOptions {
         }
         if let Some(v) = lookup(env::PENDING_COUNT_LIMIT) {
             options.pending_count_limit = parse_number(env::PENDING_COUNT_LIMIT, &v)?;
+        }
+        if let Some(v) = lookup(env::ALLOWED_TOPICS) {
+            options.allowed_topics = TopicAllowList::parse(env::ALLOWED_TOPICS, &v)?;
         }
         options.validate()?;
         Ok(options)
@@ -190,6 +212,135 @@ impl OutboxOptions {
         }
         if !(1..=1_000_000).contains(&self.pending_count_limit) {
             return Err(Error::option("pending_count_limit", "must be 1 to 1000000"));
+        }
+        Ok(())
+    }
+}
+
+/// The topics an outbox may write and publish ([`OutboxOptions::allowed_topics`]), parsed
+/// once from [`env::ALLOWED_TOPICS`]: exact names (`orders`) and prefix patterns
+/// (`audit-*`: every topic starting with `audit-`; `*` alone: every topic).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TopicAllowList {
+    /// `None`: every topic (the option is unset).
+    entries: Option<Vec<TopicPattern>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TopicPattern {
+    Exact(String),
+    Prefix(String),
+}
+
+impl TopicAllowList {
+    /// Every topic: the default, as when [`env::ALLOWED_TOPICS`] is unset.
+    pub fn all() -> Self {
+        TopicAllowList { entries: None }
+    }
+
+    /// Parses `value`, comma-separated names and `prefix*` patterns (spaces around an
+    /// entry are ignored); `field` names the option in the error. An empty list or entry,
+    /// a `*` anywhere but at an entry's end, or a name outside Kafka's topic rules is an
+    /// [`Error::InvalidOption`].
+    pub fn parse(field: &str, value: &str) -> Result<Self> {
+        if value.trim().is_empty() {
+            return Err(Error::option(
+                field,
+                "must name at least one topic or `prefix*` pattern (unset it to allow every topic)",
+            ));
+        }
+        let mut entries = Vec::new();
+        for (i, raw) in value.split(',').enumerate() {
+            let entry = raw.trim();
+            let bad =
+                |rule: String| Error::option(field, format!("entry {} ({entry:?}) {rule}", i + 1));
+            if entry.is_empty() {
+                return Err(bad("is empty (a stray comma?)".into()));
+            }
+            let (name, prefix) = match entry.strip_suffix('*') {
+                Some(p) => (p, true),
+                None => (entry, false),
+            };
+            if name.contains('*') {
+                return Err(bad(
+                    "has a `*` that is not at its end: only `prefix*` patterns are supported"
+                        .into(),
+                ));
+            }
+            if prefix {
+                // A prefix is the start of a topic name: Kafka's characters, any length.
+                if let Some(c) = name
+                    .chars()
+                    .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+                {
+                    return Err(bad(format!(
+                        "may contain only ASCII letters, digits, '.', '_', '-' and a final '*' (found {c:?})"
+                    )));
+                }
+                entries.push(TopicPattern::Prefix(name.to_string()));
+            } else {
+                crate::message::validate_topic(name)
+                    .map_err(|rule| bad(format!("is not a Kafka topic name: {rule}")))?;
+                entries.push(TopicPattern::Exact(name.to_string()));
+            }
+        }
+        Ok(TopicAllowList {
+            entries: Some(entries),
+        })
+    }
+
+    /// Whether every topic is allowed (no list is set, or it has `*`).
+    pub fn allows_every_topic(&self) -> bool {
+        match &self.entries {
+            None => true,
+            Some(e) => e
+                .iter()
+                .any(|p| matches!(p, TopicPattern::Prefix(prefix) if prefix.is_empty())),
+        }
+    }
+
+    /// Whether `topic` is allowed.
+    pub fn allows(&self, topic: &str) -> bool {
+        match &self.entries {
+            None => true,
+            Some(entries) => entries.iter().any(|p| match p {
+                TopicPattern::Exact(name) => name == topic,
+                TopicPattern::Prefix(prefix) => topic.starts_with(prefix.as_str()),
+            }),
+        }
+    }
+
+    /// `Ok` when `topic` is allowed, else [`Error::InvalidMessage`] for `field` (e.g.
+    /// `messages[3].topic`), naming the rule.
+    pub fn check(&self, field: &str, topic: &str) -> Result<()> {
+        if self.allows(topic) {
+            return Ok(());
+        }
+        Err(Error::message(field, self.refusal(topic)))
+    }
+
+    /// Why `topic` is refused: the rule, for an error or a log line.
+    pub fn refusal(&self, topic: &str) -> String {
+        format!(
+            "topic {topic:?} is not allowed here ({}: {self})",
+            env::ALLOWED_TOPICS
+        )
+    }
+}
+
+impl std::fmt::Display for TopicAllowList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some(entries) = &self.entries else {
+            return f.write_str("every topic");
+        };
+        for (i, p) in entries.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            match p {
+                TopicPattern::Exact(name) => f.write_str(name)?,
+                TopicPattern::Prefix(prefix) => write!(f, "{prefix}*")?,
+            }
         }
         Ok(())
     }
@@ -507,6 +658,78 @@ mod tests {
         let long = "x".repeat(129);
         let e = RelayOptions::from_lookup(lookup(&[(env::RELAY_ID, &long)])).unwrap_err();
         assert!(e.to_string().starts_with("relay_id:"), "{e}");
+    }
+
+    #[test]
+    fn the_topic_allow_list_parses_once_and_names_bad_entries() {
+        // Unset: every topic, as before the option existed.
+        let o = OutboxOptions::from_lookup(lookup(&[(env::TABLE_NAME, "t-1")])).unwrap();
+        assert_eq!(o.allowed_topics, TopicAllowList::all());
+        assert!(o.allowed_topics.allows("payments") && o.allowed_topics.allows_every_topic());
+
+        let o = OutboxOptions::from_lookup(lookup(&[
+            (env::TABLE_NAME, "t-1"),
+            (env::ALLOWED_TOPICS, " orders , audit-*,billing.v1"),
+        ]))
+        .unwrap();
+        let list = &o.allowed_topics;
+        assert_eq!(list.to_string(), "orders,audit-*,billing.v1");
+        assert!(!list.allows_every_topic());
+        for ok in ["orders", "audit-", "audit-eu", "billing.v1"] {
+            assert!(list.allows(ok), "{ok}");
+        }
+        for refused in [
+            "payments",
+            "orders2",
+            "order",
+            "audit",
+            "billing.v12",
+            "xaudit-1",
+        ] {
+            assert!(!list.allows(refused), "{refused}");
+        }
+        let e = list.check("messages[3].topic", "payments").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "messages[3].topic: topic \"payments\" is not allowed here (OUTBOX_ALLOWED_TOPICS: orders,audit-*,billing.v1)"
+        );
+        assert_eq!(e.error_type(), "ValidationError");
+        assert!(TopicAllowList::parse("f", "*")
+            .unwrap()
+            .allows_every_topic());
+
+        for (bad, rule) in [
+            ("", "must name at least one topic"),
+            ("  ", "must name at least one topic"),
+            ("orders,", "entry 2 (\"\") is empty"),
+            ("orders,,audit-*", "entry 2 (\"\") is empty"),
+            (
+                "au*dit",
+                "entry 1 (\"au*dit\") has a `*` that is not at its end",
+            ),
+            (
+                "orders,*-audit",
+                "entry 2 (\"*-audit\") has a `*` that is not at its end",
+            ),
+            (
+                "orders,a**",
+                "entry 2 (\"a**\") has a `*` that is not at its end",
+            ),
+            ("or ders", "entry 1 (\"or ders\") is not a Kafka topic name"),
+            ("a/b*", "entry 1 (\"a/b*\") may contain only"),
+        ] {
+            let e = OutboxOptions::from_lookup(lookup(&[
+                (env::TABLE_NAME, "t-1"),
+                (env::ALLOWED_TOPICS, bad),
+            ]))
+            .unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.starts_with(&format!("OUTBOX_ALLOWED_TOPICS: {rule}")),
+                "{bad:?}: {text}"
+            );
+            assert_eq!(e.error_type(), "Misconfiguration", "{bad:?}");
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@ use uuid::Uuid;
 use crate::error::{from_sdk, Error, Result};
 use crate::message::OutboxMessage;
 use crate::notification::{CommitNotifier, NoopNotifier};
-use crate::options::OutboxOptions;
+use crate::options::{OutboxOptions, TopicAllowList};
 use crate::schema::{self, attr, Item, Keys};
 
 /// A message with its reserved place, ready to join a transaction.
@@ -88,6 +88,15 @@ impl DynamoDbOutboxWriter {
         })
     }
 
+    /// Refuses every topic outside `allowed_topics` in [`Self::check`] (and so before any
+    /// request of every write), as the enqueue service does with
+    /// [`env::ALLOWED_TOPICS`](crate::options::env::ALLOWED_TOPICS) set: the same check as
+    /// [`OutboxOptions::allowed_topics`], which [`OutboxOptions::from_env`] reads.
+    pub fn with_allowed_topics(mut self, allowed_topics: TopicAllowList) -> Self {
+        self.options.allowed_topics = allowed_topics;
+        self
+    }
+
     /// Sets the notifier that [`Self::notify_committed`] calls.
     pub fn with_notifier(mut self, notifier: Arc<dyn CommitNotifier>) -> Self {
         self.notifier = notifier;
@@ -126,7 +135,8 @@ impl DynamoDbOutboxWriter {
             .collect()
     }
 
-    /// Checks every message and DynamoDB's limits without sending anything.
+    /// Checks every message, the topic allow-list ([`OutboxOptions::allowed_topics`]) and
+    /// DynamoDB's limits without sending anything.
     pub fn check(&self, messages: &[OutboxMessage]) -> Result<()> {
         if messages.is_empty() {
             return Err(Error::message("messages", "must not be empty"));
@@ -142,6 +152,9 @@ impl DynamoDbOutboxWriter {
         for (i, m) in messages.iter().enumerate() {
             let field = format!("messages[{i}]");
             m.validate(&field)?;
+            self.options
+                .allowed_topics
+                .check(&format!("{field}.topic"), &m.topic)?;
             if m.bucket_count != self.options.bucket_count {
                 return Err(Error::message(
                     format!("{field}.bucket_count"),
@@ -358,4 +371,45 @@ where
         return Error::TransactionCanceled { reasons, retryable };
     }
     from_sdk("TransactWriteItems", err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offline_client() -> Client {
+        let config = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+            .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
+            .build();
+        Client::from_conf(config)
+    }
+
+    #[test]
+    fn the_allow_list_is_an_option_of_the_writer_checked_before_anything_is_sent() {
+        let options = OutboxOptions::new("orders-outbox");
+        let open = DynamoDbOutboxWriter::new(offline_client(), options.clone()).unwrap();
+        let messages: Vec<OutboxMessage> = ["orders", "audit-eu", "orders", "payments"]
+            .into_iter()
+            .map(|t| open.message(t))
+            .collect();
+        // Unset: every topic, as before.
+        open.check(&messages).unwrap();
+
+        let list = TopicAllowList::parse("OUTBOX_ALLOWED_TOPICS", "orders,audit-*").unwrap();
+        let by_option =
+            DynamoDbOutboxWriter::new(offline_client(), options.with_allowed_topics(list.clone()))
+                .unwrap();
+        let by_builder = open.clone().with_allowed_topics(list);
+        for writer in [&by_option, &by_builder] {
+            let e = writer.check(&messages).unwrap_err();
+            assert!(
+                e.to_string()
+                    .starts_with("messages[3].topic: topic \"payments\" is not allowed here"),
+                "{e}"
+            );
+            assert_eq!(e.error_type(), "ValidationError");
+            writer.check(&messages[..3]).unwrap();
+        }
+    }
 }

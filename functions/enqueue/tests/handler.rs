@@ -310,3 +310,103 @@ async fn a_failed_notification_never_fails_the_committed_write() {
         started.elapsed()
     );
 }
+
+/// The function as `sam deploy` configures it, with `OUTBOX_ALLOWED_TOPICS` set.
+async fn function_with_allowed_topics(
+    options: &dynamo_outbox::OutboxOptions,
+    allowed: &str,
+) -> dynamo_outbox::Result<EnqueueFunction> {
+    let vars: HashMap<&str, String> = HashMap::from([
+        ("OUTBOX_TABLE_NAME", options.table_name.clone()),
+        ("OUTBOX_BUCKET_COUNT", options.bucket_count.to_string()),
+        ("OUTBOX_ALLOWED_TOPICS", allowed.to_owned()),
+    ]);
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    EnqueueFunction::from_lookup(&config, |n| vars.get(n).cloned())
+}
+
+/// Every item of the table, in key order, for an item-for-item comparison.
+async fn table_items(
+    client: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Vec<HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
+    let mut items = scan_all(client, table).await;
+    let key = |i: &HashMap<String, aws_sdk_dynamodb::types::AttributeValue>| {
+        (
+            i["PK"].as_s().cloned().unwrap_or_default(),
+            i["SK"].as_s().cloned().unwrap_or_default(),
+        )
+    };
+    items.sort_by_key(key);
+    items
+}
+
+#[tokio::test]
+async fn a_topic_outside_the_allow_list_is_a_validation_error_and_leaves_the_table_unchanged() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let function = function_with_allowed_topics(&options, "orders, audit-*")
+        .await
+        .unwrap();
+    // Something in the table already: a counter and a message of an allowed topic.
+    function
+        .handle(event(
+            json!({"messages": [{"topic": "orders", "key": "o-1", "value": "{}"}]}),
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect("an allowed topic");
+    let before = table_items(&client, &options.table_name).await;
+    assert_eq!(pending_messages(&client, &options).await, 1);
+
+    let ok = json!({"topic": "orders", "key": "k", "value": "v"});
+    let audit = json!({"topic": "audit-eu", "key": "k2", "value": "v"});
+    for request in [
+        json!({"messages": [ok, audit, ok, {"topic": "payments", "key": "p-1", "value": "{}"}]}),
+        // The same with an idempotency key: no marker is written either.
+        json!({"messages": [ok, audit, ok, {"topic": "payments"}], "idempotency_key": "k-1"}),
+        // A prefix of an allowed name, and a name the pattern's prefix does not start.
+        json!({"messages": [ok, audit, ok, {"topic": "order"}]}),
+        json!({"messages": [ok, audit, ok, {"topic": "audit"}]}),
+    ] {
+        let e = function
+            .handle(event(request.clone(), Duration::from_secs(10)))
+            .await
+            .expect_err("a topic outside the allow-list");
+        assert_eq!(e.error_type, "ValidationError", "{e}");
+        assert!(
+            e.message.starts_with("messages[3].topic: topic ")
+                && e.message
+                    .contains("is not allowed here (OUTBOX_ALLOWED_TOPICS: orders,audit-*)"),
+            "{request}: {e}"
+        );
+    }
+    assert_eq!(
+        table_items(&client, &options.table_name).await,
+        before,
+        "the table is item for item as it was (no message, no counter update, no marker)"
+    );
+
+    // The allowed topics still go through.
+    let response = function
+        .handle(event(
+            json!({"messages": [ok, audit], "idempotency_key": "k-2"}),
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect("allowed topics");
+    assert_eq!(response.messages.len(), 2);
+    assert_eq!(pending_messages(&client, &options).await, 3);
+
+    // A bad list is a misconfiguration the function refuses to start with.
+    for bad in ["orders,,audit-*", "au*dit", ""] {
+        let e = function_with_allowed_topics(&options, bad)
+            .await
+            .expect_err("a bad list");
+        assert_eq!(e.error_type(), "Misconfiguration", "{bad:?}: {e}");
+        assert!(
+            e.to_string().starts_with("OUTBOX_ALLOWED_TOPICS: "),
+            "{bad:?}: {e}"
+        );
+    }
+}

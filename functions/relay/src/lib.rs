@@ -580,6 +580,7 @@ impl RelayFunction {
         info!(
             relay_id = %summary.relay_id,
             published = summary.published,
+            publish_failures = summary.publish_failures,
             buckets_owned = summary.buckets_owned,
             refused_writes = summary.refused_writes,
             trigger = ?summary.trigger,

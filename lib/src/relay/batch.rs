@@ -197,23 +197,49 @@ impl<P: Publisher> Relay<P> {
         if fetched.messages.is_empty() {
             return Ok(BatchResult::Idle);
         }
+        // The relay's topic allow-list, the backstop behind every writer's: a message on
+        // another topic (written straight into the table, past the enqueue service) is
+        // never published. The batch stops in front of it, and the bucket parks there as
+        // poison (logged, counted) until an operator quarantines it; the rest of the fleet
+        // goes on.
+        let allowed = &self.store.options().allowed_topics;
+        let refused = fetched
+            .messages
+            .iter()
+            .position(|m| !allowed.allows(&m.message.topic))
+            .map(|i| {
+                let m = &fetched.messages[i];
+                let reason = format!(
+                    "bucket {bucket} (message {}, sequence {}): {}; not published",
+                    m.message.message_id,
+                    m.sequence,
+                    allowed.refusal(&m.message.topic)
+                );
+                (i, reason)
+            });
+        if let Some((0, reason)) = refused {
+            return Ok(BatchResult::Poison {
+                reason,
+                deleted: 0,
+                last: None,
+            });
+        }
+        let publishable =
+            &fetched.messages[..refused.as_ref().map_or(fetched.messages.len(), |r| r.0)];
         if Instant::now() >= limit {
             return Ok(BatchResult::Skipped);
         }
         // Each produce request is bounded by the limit (what was acknowledged by then is the
         // prefix); a publisher that cannot say is cut at it, counting nothing acknowledged:
         // the messages stay and go out again (duplicates, never a loss).
-        let publishing = self.publisher.publish_until(&fetched.messages, limit);
+        let publishing = self.publisher.publish_until(publishable, limit);
         let outcome = tokio::time::timeout_at(limit + PUBLISH_GRACE, publishing)
             .await
             .unwrap_or_else(|_| {
                 PublishOutcome::failed(Error::DeadlineExceeded("publishing a batch"))
             });
-        let acked = outcome.acknowledged.min(fetched.messages.len());
-        let sequences: Vec<u64> = fetched.messages[..acked]
-            .iter()
-            .map(|m| m.sequence)
-            .collect();
+        let acked = outcome.acknowledged.min(publishable.len());
+        let sequences: Vec<u64> = publishable[..acked].iter().map(|m| m.sequence).collect();
         // Deletes retry until the delete limit, then give up: what stays is published again.
         let delete_deadline = limits.delete;
         let deleted = if sequences.is_empty() {
@@ -235,6 +261,12 @@ impl<P: Publisher> Relay<P> {
         };
         let last = deleted.checked_sub(1).map(|i| sequences[i]);
         match outcome.error {
+            // Everything in front of the refused message went through: park at it.
+            None if deleted == sequences.len() && refused.is_some() => Ok(BatchResult::Poison {
+                reason: refused.map(|r| r.1).unwrap_or_default(),
+                deleted,
+                last,
+            }),
             None if deleted == sequences.len() => Ok(BatchResult::Done {
                 fetched: fetched.messages.len(),
                 deleted,

@@ -1,5 +1,12 @@
 //! Dead letters: moving an item that blocks its bucket (a poison item) out of the way.
 //!
+//! A bucket parks at a poison item: an item that cannot be read as a message, a record
+//! the broker rejects for good, or a message on a topic outside the relay's allow-list
+//! ([`OutboxOptions::allowed_topics`](crate::OutboxOptions::allowed_topics): one written
+//! straight into the table, past every writer's check). The relay publishes nothing of
+//! the bucket past it, logs it and counts it (`PoisonItems`) until it is moved here
+//! (`outboxctl quarantine`); it is never skipped or dropped.
+//!
 //! The item moves whole, in one transaction, to the partition `{prefix}#DEADLETTER` with
 //! sort key `{bucket, 10 digits}#{sequence, 19 digits}`; its original key is kept in the
 //! attributes `OriginalPK` / `OriginalSK`. Relays never read that partition.
