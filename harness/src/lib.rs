@@ -37,9 +37,9 @@ use fleet::{now_us, Fleet};
 /// How long each scenario runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Profile {
-    /// A few seconds of writes per scenario: the test suite's run (about 3 minutes).
+    /// A few seconds of writes per scenario: the test suite's run (about 4 to 5 minutes).
     Short,
-    /// About a minute of writes per scenario, more faults: the documented figures.
+    /// About 45 s of writes per scenario, more faults: the documented figures.
     Long,
 }
 
