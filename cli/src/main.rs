@@ -205,14 +205,9 @@ pub(crate) fn failure(message: impl Into<String>) -> Failure {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("info,aws=warn,rskafka=warn")
-            }),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // RUST_LOG (default info,aws=warn,rskafka=warn) to stderr; at no level do the SDK's
+    // signing and credential internals reach it (dynamo_outbox::logging).
+    dynamo_outbox::logging::init_cli();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {

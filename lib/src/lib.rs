@@ -43,6 +43,8 @@
 //!   ([`Error::error_type`]).
 //! - `lambda` (feature `lambda`): the functions' Lambda glue: the error a handler returns
 //!   and the time an invocation has left.
+//! - [`logging`]: the binaries' log subscriber, whose filter keeps the AWS SDK's signing
+//!   and credential internals out of the output at any level.
 #![deny(missing_docs)]
 
 /// The README's examples, compiled as doctests so they stay true.
@@ -61,6 +63,7 @@ pub mod error;
 pub mod headers;
 #[cfg(feature = "lambda")]
 pub mod lambda;
+pub mod logging;
 pub mod message;
 pub mod metrics;
 pub mod notification;

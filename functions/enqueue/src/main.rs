@@ -9,8 +9,10 @@ use outbox_enqueue_function::EnqueueFunction;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    // Honours the function's LoggingConfig (JSON) and AWS_LAMBDA_LOG_LEVEL / RUST_LOG.
-    lambda_runtime::tracing::init_default_subscriber();
+    // Honours the function's LoggingConfig (JSON) and AWS_LAMBDA_LOG_LEVEL / RUST_LOG, as
+    // lambda_runtime's default subscriber does; at no level do the SDK's signing and
+    // credential internals reach the log (dynamo_outbox::logging).
+    dynamo_outbox::logging::init_lambda();
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let function = Arc::new(EnqueueFunction::from_lookup(&config, |name| {
         std::env::var(name).ok()

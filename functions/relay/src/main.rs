@@ -8,8 +8,10 @@ use outbox_relay_function::{RelayFunction, RelaySettings};
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    // Honours the function's LoggingConfig (JSON) and AWS_LAMBDA_LOG_LEVEL / RUST_LOG.
-    lambda_runtime::tracing::init_default_subscriber();
+    // Honours the function's LoggingConfig (JSON) and AWS_LAMBDA_LOG_LEVEL / RUST_LOG, as
+    // lambda_runtime's default subscriber does; at no level do the SDK's signing and
+    // credential internals reach the log (dynamo_outbox::logging).
+    dynamo_outbox::logging::init_lambda();
     let settings = RelaySettings::from_env()?;
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     // Every DynamoDB attempt is counted by operation; each summary says its own.

@@ -1,0 +1,157 @@
+//! No secret in either function's log at any level: both handlers invoked under the
+//! subscriber their `main` installs (`dynamo_outbox::logging::lambda_subscriber`, JSON,
+//! as the template's `LoggingConfig` sets it) with `RUST_LOG=trace` and
+//! `AWS_LAMBDA_LOG_LEVEL=TRACE`, against the local stack, with planted credentials and a
+//! planted session token: random markers that cannot occur by chance. Neither appears in
+//! the output. (The relay function's handler is here, not in its own crate, so that one
+//! process has one global subscriber for both; run through scripts/stack.sh.)
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use dynamo_outbox::accounting::RequestCounter;
+use lambda_runtime::{Config, Context, LambdaEvent};
+use outbox_enqueue_function::EnqueueFunction;
+use outbox_integration_tests::*;
+use outbox_relay_function::{RelayFunction, RelaySettings};
+use serde_json::{json, Value};
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn event(function: &str, payload: Value, time_left: Duration) -> LambdaEvent<Value> {
+    let mut context = Context::default();
+    context.request_id = uuid::Uuid::new_v4().to_string();
+    context.deadline = (SystemTime::now() + time_left)
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    context.env_config = Arc::new(Config {
+        function_name: function.into(),
+        ..Config::default()
+    });
+    LambdaEvent::new(payload, context)
+}
+
+fn marker(prefix: &str) -> String {
+    format!("{prefix}{}", uuid::Uuid::new_v4().simple())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_trace_neither_function_logs_the_credentials_or_the_session_token() {
+    stack_var("AWS_ENDPOINT_URL_DYNAMODB");
+    let (key, secret, token) = (marker("AKIA"), marker(""), marker(""));
+    // The credentials the SDK's chain finds in a function's environment, as Lambda sets them.
+    std::env::set_var("AWS_ACCESS_KEY_ID", &key);
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", &secret);
+    std::env::set_var("AWS_SESSION_TOKEN", &token);
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let log_env = HashMap::from([
+        ("RUST_LOG", "trace"),
+        ("AWS_LAMBDA_LOG_LEVEL", "TRACE"),
+        ("AWS_LAMBDA_LOG_FORMAT", "JSON"),
+    ]);
+    tracing::subscriber::set_global_default(dynamo_outbox::logging::lambda_subscriber(
+        |name| log_env.get(name).map(|v| v.to_string()),
+        move || writer.clone(),
+    ))
+    .unwrap();
+
+    // As each function's main builds its clients.
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let client = dynamo_outbox::client::dynamodb_client(&config);
+    let options = fresh_table(&client, 4).await;
+    let topic = random_name("orders");
+    create_topic(&topic, 2);
+    let vars: HashMap<&str, String> = HashMap::from([
+        ("OUTBOX_TABLE_NAME", options.table_name.clone()),
+        ("OUTBOX_BUCKET_COUNT", "4".into()),
+        ("OUTBOX_ALLOWED_TOPICS", topic.clone()),
+        (
+            "KAFKA_BOOTSTRAP_SERVERS",
+            stack_var("KAFKA_BOOTSTRAP_SERVERS"),
+        ),
+        ("OUTBOX_POLL_INTERVAL", "100ms".into()),
+        ("OUTBOX_IDLE_STOP", "1s".into()),
+        ("OUTBOX_MAX_RUN_TIME", "6s".into()),
+    ]);
+    let lookup = |n: &str| vars.get(n).cloned();
+
+    // The enqueue function: a batch, an idempotent request and its replay, a rejection.
+    let enqueue = EnqueueFunction::from_lookup(&config, lookup).unwrap();
+    let message = |n: u32| json!({"topic": topic, "key": format!("k-{n}"), "value": "{}"});
+    for payload in [
+        json!({"messages": [message(1), message(2), message(3)]}),
+        json!({"messages": [message(4)], "idempotency_key": "once"}),
+        json!({"messages": [message(4)], "idempotency_key": "once"}),
+    ] {
+        enqueue
+            .handle(event("outbox-enqueue", payload, Duration::from_secs(10)))
+            .await
+            .expect("enqueue");
+    }
+    let e = enqueue
+        .handle(event(
+            "outbox-enqueue",
+            json!({"messages": [{"topic": "payments"}]}),
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect_err("a topic outside the allow-list");
+    assert_eq!(e.error_type, "ValidationError");
+
+    // The relay function: a scheduled invocation publishes the four messages.
+    let requests = RequestCounter::default();
+    let relay_client = dynamo_outbox::client::counted_dynamodb_client(&config, requests.clone());
+    let relay = RelayFunction::new(relay_client, RelaySettings::from_lookup(lookup).unwrap())
+        .unwrap()
+        .with_request_counter(requests);
+    let summary = relay
+        .handle(event(
+            "outbox-relay",
+            json!({"source": "aws.scheduler"}),
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect("relay invocation");
+    assert_eq!(summary.published, 4, "{summary:?}");
+
+    let text = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    // Trace is really on, the SDK's included, and requests were signed ...
+    assert!(text.contains("\"level\":\"TRACE\""), "no trace line");
+    assert!(
+        text.contains("read_after_signing"),
+        "no signed request in the log"
+    );
+    assert!(text.contains("relay invocation done"));
+    // ... and no planted credential is in it.
+    for (what, planted) in [
+        ("access key id", &key),
+        ("secret access key", &secret),
+        ("session token", &token),
+    ] {
+        let hits: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(planted.as_str()))
+            .collect();
+        assert!(
+            hits.is_empty(),
+            "the {what} is in {} log line(s), e.g. {}",
+            hits.len(),
+            hits[0].chars().take(600).collect::<String>()
+        );
+    }
+    println!("{} log lines checked", text.lines().count());
+}
