@@ -353,3 +353,80 @@ async fn a_backlog_of_300_kb_messages_drains_with_every_step_inside_its_lease() 
         written.len()
     );
 }
+
+/// Makes DynamoDB slow to return large items: every answered `Query` takes 250 ms more
+/// per message item it returns (probes, which project the key alone, are not slowed).
+#[derive(Debug)]
+struct SlowLargeItems;
+
+impl aws_sdk_dynamodb::config::Intercept for SlowLargeItems {
+    fn name(&self) -> &'static str {
+        "SlowLargeItems"
+    }
+
+    fn read_after_deserialization(
+        &self,
+        context: &aws_sdk_dynamodb::config::interceptors::AfterDeserializationInterceptorContextRef<
+            '_,
+        >,
+        _: &aws_sdk_dynamodb::config::RuntimeComponents,
+        _: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let items = context
+            .output_or_error()
+            .ok()
+            .and_then(|o| o.downcast_ref::<aws_sdk_dynamodb::operation::query::QueryOutput>())
+            .map_or(0, |q| q.items().iter().filter(|i| i.len() > 2).count());
+        // A worker of the multi-threaded test runtime; the others go on.
+        std::thread::sleep(Duration::from_millis(250) * items as u32);
+        Ok(())
+    }
+}
+
+/// A table too slow for the default batch share of 300 KB items (4 MiB, 13 items: 3.3 s
+/// to read here, where a batch has about 2 s before its lease needs renewing): every fetch
+/// runs into its time limit. The relay halves the bucket's share after each cut fetch
+/// until one goes through, so the backlog drains (before, each cut fetch was retried at
+/// the same size and nothing was ever published).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backlog_too_slow_to_fetch_at_full_size_drains_in_smaller_fetches() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let plain = dynamodb().await;
+    let options = fresh_table(&plain, 1).await;
+    let topic = random_name("slow-large");
+    create_topic(&topic, 1);
+    let writer = DynamoDbOutboxWriter::new(plain.clone(), options.clone()).unwrap();
+    let written = backlog(&writer, &topic, 20).await;
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let slow = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(SlowLargeItems)
+            .build(),
+    );
+    let relay = Relay::new(
+        DynamoDbOutboxStore::new(slow, options.clone()).unwrap(),
+        kafka_publisher().await,
+        RelayOptions {
+            idle_stop: Some(Duration::from_secs(2)),
+            ..fast_relay_options("slow-large", 1)
+        },
+    )
+    .unwrap();
+    let report = relay
+        .run_until(Instant::now() + Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(
+        report.stop_reason,
+        dynamo_outbox::StopReason::Idle,
+        "drained, then idle: {report:?}"
+    );
+    assert!(report.published >= 20, "{report:?}");
+    wait_for_ids(&topic, &written, Duration::from_secs(30))
+        .await
+        .assert_at_least_once(&written);
+    assert_eq!(pending(&plain, &options).await, 0);
+}

@@ -13,6 +13,7 @@ use super::Relay;
 use crate::error::{Error, Result};
 use crate::options::RelayOptions;
 use crate::publish::{PublishOutcome, Publisher};
+use crate::schema::MAX_ITEM_BYTES;
 
 /// What one bucket's batch did.
 #[derive(Debug)]
@@ -22,6 +23,10 @@ pub(super) enum BatchResult {
     /// Not started (or stopped before publishing): too close to the lease's end or the
     /// deadline. Nothing changed.
     Skipped,
+    /// The fetch ran into the batch's time limit, or ended with none of it left (items
+    /// this large, a slow table): nothing was published; the bucket's next fetches read
+    /// half as many bytes.
+    FetchCut,
     /// Published and deleted `deleted` of `fetched` messages, the last removed one being `last`.
     Done {
         fetched: usize,
@@ -179,11 +184,20 @@ impl<P: Publisher> Relay<P> {
         } else {
             self.options.batch_size
         };
-        let fetching =
-            self.store
-                .fetch_bounded(bucket, owned.last_removed, count, self.batch_bytes());
+        // After fetches cut at their time limit, a smaller share, in bytes and in items
+        // asked of each query (as many as fit the share at DynamoDB's largest item size,
+        // at least one): a backlog of large items drains however slow the table.
+        let bytes = (self.batch_bytes() >> owned.fetch_halvings).max(1);
+        let count = if owned.fetch_halvings > 0 {
+            count.min(u32::try_from((bytes / MAX_ITEM_BYTES).max(1)).unwrap_or(u32::MAX))
+        } else {
+            count
+        };
+        let fetching = self
+            .store
+            .fetch_bounded(bucket, owned.last_removed, count, bytes);
         let fetched = match tokio::time::timeout_at(limit, fetching).await {
-            Err(_) => return Ok(BatchResult::Skipped),
+            Err(_) => return Ok(BatchResult::FetchCut),
             Ok(Ok(f)) => f,
             Ok(Err(e @ Error::Corrupt { .. })) => {
                 return Ok(BatchResult::Poison {
@@ -227,7 +241,8 @@ impl<P: Publisher> Relay<P> {
         let publishable =
             &fetched.messages[..refused.as_ref().map_or(fetched.messages.len(), |r| r.0)];
         if Instant::now() >= limit {
-            return Ok(BatchResult::Skipped);
+            // The fetch took the batch's whole time: as good as cut.
+            return Ok(BatchResult::FetchCut);
         }
         // Each produce request is bounded by the limit (what was acknowledged by then is the
         // prefix); a publisher that cannot say is cut at it, counting nothing acknowledged:

@@ -35,7 +35,13 @@ pub(super) struct Owned {
     pub(super) retry_at: Option<Instant>,
     /// The last publish failed: the next batch is the head alone.
     pub(super) head_only: bool,
+    /// Fetches of this bucket ran into their time limit: the next ones read the batch's
+    /// byte share halved this many times (one less after each batch that went through).
+    pub(super) fetch_halvings: u32,
 }
+
+/// Most halvings of a bucket's fetch share: a 4 MiB share comes down to one item.
+const MAX_FETCH_HALVINGS: u32 = 16;
 
 impl Owned {
     pub(super) fn new(expires_at: i64, valid_until: Instant, now: Instant) -> Self {
@@ -48,6 +54,7 @@ impl Owned {
             next_probe: now,
             retry_at: None,
             head_only: false,
+            fetch_halvings: 0,
         }
     }
 
@@ -223,6 +230,7 @@ impl RunState {
                 }
                 o.retry_at = None;
                 o.head_only = false;
+                o.fetch_halvings = o.fetch_halvings.saturating_sub(1);
                 o.dirty = full || deleted < fetched;
                 o.next_probe = now + options.poll_interval;
             }
@@ -243,6 +251,15 @@ impl RunState {
                 o.retry_at = Some(now + options.error_backoff);
             }
             Ok(BatchResult::Skipped) => {}
+            Ok(BatchResult::FetchCut) => {
+                o.fetch_halvings = (o.fetch_halvings + 1).min(MAX_FETCH_HALVINGS);
+                o.dirty = true;
+                warn!(
+                    bucket,
+                    halvings = o.fetch_halvings,
+                    "a fetch ran into the batch's time limit: the next fetches of this bucket read half as much"
+                );
+            }
             Ok(BatchResult::Poison {
                 reason,
                 deleted,
@@ -403,6 +420,40 @@ mod tests {
         // An early acquisition before it.
         s.early_acquire = Some(now + 400 * MS);
         assert_eq!(s.next_wake(&o, now, ticks, None), now + 400 * MS);
+    }
+
+    #[test]
+    fn a_cut_fetch_halves_the_buckets_next_fetches_and_a_batch_through_doubles_them_back() {
+        let o = options();
+        let now = Instant::now();
+        let mut s = holding(3, now, 1_000_000_000);
+        let m = NoMetrics;
+        for expected in 1..=3 {
+            s.apply(&o, &m, 3, Ok(BatchResult::FetchCut), 40 * MS, now);
+            assert_eq!(s.owned[&3].fetch_halvings, expected);
+            assert!(s.owned[&3].dirty, "the backlog is still there");
+        }
+        assert_eq!(
+            s.last_activity,
+            Some(now),
+            "a cut fetch is work, not idleness"
+        );
+        for _ in 0..40 {
+            s.apply(&o, &m, 3, Ok(BatchResult::FetchCut), 40 * MS, now);
+        }
+        assert_eq!(s.owned[&3].fetch_halvings, MAX_FETCH_HALVINGS);
+        let done = || BatchResult::Done {
+            fetched: 1,
+            deleted: 1,
+            last: Some(7),
+            full: true,
+        };
+        s.apply(&o, &m, 3, Ok(done()), 40 * MS, now);
+        assert_eq!(s.owned[&3].fetch_halvings, MAX_FETCH_HALVINGS - 1);
+        for _ in 0..40 {
+            s.apply(&o, &m, 3, Ok(done()), 40 * MS, now);
+        }
+        assert_eq!(s.owned[&3].fetch_halvings, 0);
     }
 
     #[test]
