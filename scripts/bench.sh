@@ -36,8 +36,12 @@ if [[ ${1:-} == --inside-stack ]]; then
         relays+=(--outboxctl "after=$CARGO_TARGET_DIR/$PROFILE/outboxctl")
         set -- footprint --value-bytes 1024,102400,307200 --messages 20000,1600,1600 \
             --keys 64 "${relays[@]}" --runs 2 --timeout-secs "${BENCH_TIMEOUT_SECS:-300}" "$@"
-        dirty=$(git -C "$ROOT" status --porcelain -- lib cli Cargo.lock | wc -l)
-        echo "commit: $(git -C "$ROOT" rev-parse --short HEAD) ($dirty files of lib/, cli/, Cargo.lock modified in the tree)"
+        if commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); then
+            dirty=$(git -C "$ROOT" status --porcelain -- lib cli Cargo.lock | wc -l)
+            echo "commit: $commit ($dirty files of lib/, cli/, Cargo.lock modified in the tree)"
+        else
+            echo "commit: not a git checkout ($ROOT)"
+        fi
     fi
     echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
     exec "$CARGO_TARGET_DIR/$PROFILE/outbox-bench" "$@"

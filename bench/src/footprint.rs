@@ -640,7 +640,8 @@ async fn external(
         .rev()
         .find(|l| l.starts_with("relay ") && l.contains(" stopped ("))
         .map(str::to_string);
-    let warnings = stderr.lines().filter(|l| l.contains(" WARN ")).count() as u64;
+    // The log is coloured (`\x1b[33m WARN\x1b[0m`) unless NO_COLOR: match the level word.
+    let warnings = stderr.lines().filter(|l| l.contains("WARN")).count() as u64;
     support::drop_table(&client, &options).await;
     // The broker keeps every record in memory: drop the topic.
     let bootstrap = support::stack_var("KAFKA_BOOTSTRAP_SERVERS")?;
