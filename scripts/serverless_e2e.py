@@ -25,7 +25,7 @@ What it does and checks:
      reserved concurrency and JSON logging, and nothing else of this process's
      environment (--clean-env, plus the stack's DynamoDB endpoint and credentials);
      the poller with the template's mapping (filter INSERT of {prefix}#MESSAGES#*, batch
-     size 10, window 1 s, no retries, from LATEST);
+     size 10, no batching window, no retries, from LATEST);
   2. phase 1: invokes the enqueue function with 20 messages over 5 keys; checks the
      response (ids, each bucket equal to murmur2(key) % 8 by the Python port, per-key
      ascending sequences); waits until the poller has delivered the 20 inserts to the
@@ -81,9 +81,11 @@ NAME = "serverless-e2e"
 BUCKET_COUNT = 8
 MEMORY_MB = 256
 ENQUEUE_TIMEOUT_S = 10
+# The template reserves none by default (RelayReservedConcurrency empty); the emulator needs a
+# ceiling on concurrent environments: 5.
 RELAY_RESERVED_CONCURRENCY = 5
 MAPPING_BATCH_SIZE = 10
-MAPPING_WINDOW_S = 1
+MAPPING_WINDOW_S = 0
 MAPPING_MAX_RETRIES = 0
 SHUTDOWN_MARGIN = "3s"
 MAX_RUN_TIME = "900s"
