@@ -1007,3 +1007,117 @@ fn samconfig_keeps_parameter_overrides_where_build_and_deploy_both_read_them() {
     }
     assert_eq!(found, ["[default.global.parameters]"], "{samconfig}");
 }
+
+/// Whether `entry` matches KafkaTopics' AllowedPattern, `^(\*|[a-zA-Z0-9._-]{1,249}\*?)$`
+/// (CloudFormation applies it to each entry of a CommaDelimitedList).
+fn kafka_topics_pattern_matches(entry: &str) -> bool {
+    let name = entry.strip_suffix('*').unwrap_or(entry);
+    entry == "*"
+        || ((1..=249).contains(&name.len())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+}
+
+/// Topics (issue 16, item 2): KafkaTopics has no default (a deploy names its topics,
+/// nothing grants every topic unless `*` is given), and that one list is both functions'
+/// OUTBOX_ALLOWED_TOPICS and the relay's topic ARNs, so the allow-lists and IAM agree.
+#[test]
+fn kafka_topics_has_no_default_and_is_both_allow_lists_and_the_relays_topic_arns() {
+    let t = template();
+    let parameters = section(&t, "Parameters");
+    let parameter = entry(&parameters, "KafkaTopics");
+    assert!(
+        !parameter.lines().any(|l| l.trim().starts_with("Default:")),
+        "KafkaTopics has a default: {parameter}"
+    );
+    // Entries IAM and the functions read alike: exact names and `prefix*`, or `*`.
+    assert_eq!(
+        value(&parameter, "AllowedPattern"),
+        r#""^(\\*|[a-zA-Z0-9._-]{1,249}\\*?)$""#,
+        "{parameter}"
+    );
+    for expected in [
+        "prefix*",
+        "a lone *",
+        "one stack (one enqueue function) per trust",
+    ] {
+        assert!(
+            parameter.replace('\n', " ").contains(expected),
+            "{expected:?} not in {parameter}"
+        );
+    }
+
+    // Both functions: one variable in Globals, overridden by neither.
+    let globals = section(&t, "Globals").join("\n");
+    assert_eq!(
+        value(&globals, "OUTBOX_ALLOWED_TOPICS"),
+        "!Join [\",\", !Ref KafkaTopics]",
+        "{globals}"
+    );
+    assert_eq!(t.matches("OUTBOX_ALLOWED_TOPICS:").count(), 1);
+
+    // The relay's topic ARNs: every topic in them is an entry of KafkaTopics.
+    let relay = resource(&t, "RelayFunction");
+    let topics = statement(&relay, "MskTopics");
+    let entries: Vec<&str> = topics
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Topic: "))
+        .collect();
+    assert_eq!(entries.len(), 10, "{topics}");
+    for e in &entries {
+        assert!(
+            e.contains("!Ref KafkaTopics"),
+            "a topic ARN not from KafkaTopics: {e}"
+        );
+    }
+    // KafkaTopics is read by the rule, the slot conditions, the topic ARNs and the
+    // allow-list, nowhere else.
+    let refs = |text: &str| text.matches("!Ref KafkaTopics").count();
+    assert_eq!(
+        refs(&t),
+        refs(&section(&t, "Rules").join("\n"))
+            + refs(&section(&t, "Conditions").join("\n"))
+            + refs(&topics)
+            + refs(&globals),
+        "KafkaTopics used elsewhere"
+    );
+
+    // What the functions make of the list CloudFormation joins: the same topics as the
+    // ARNs (exact names, `prefix*` as IAM's trailing wildcard, `*` every topic), and a
+    // refusal of what the AllowedPattern refuses.
+    let joined = ["orders", "payments-*", "audit.v1"].join(",");
+    let options = dynamo_outbox::OutboxOptions::from_lookup(|name| match name {
+        "OUTBOX_TABLE_NAME" => Some("outbox".into()),
+        "OUTBOX_ALLOWED_TOPICS" => Some(joined.clone()),
+        _ => None,
+    })
+    .unwrap();
+    let allowed = &options.allowed_topics;
+    assert!(!allowed.allows_every_topic());
+    for topic in ["orders", "payments-eu", "payments-", "audit.v1"] {
+        assert!(allowed.allows(topic), "{topic}");
+    }
+    for topic in ["orders2", "payments", "audit.v2", "x-orders"] {
+        assert!(!allowed.allows(topic), "{topic}");
+    }
+    let every =
+        dynamo_outbox::options::TopicAllowList::parse("OUTBOX_ALLOWED_TOPICS", "*").unwrap();
+    assert!(every.allows_every_topic());
+    for entry in ["*", "orders", "payments-*", "a.b_c-d*"] {
+        assert!(kafka_topics_pattern_matches(entry), "{entry}");
+        dynamo_outbox::options::TopicAllowList::parse("OUTBOX_ALLOWED_TOPICS", entry)
+            .unwrap_or_else(|e| panic!("{entry}: {e}"));
+    }
+    for entry in [
+        "", "a*b", "*-orders", "orders?", "o?ders*", "**", "orders/x",
+    ] {
+        assert!(!kafka_topics_pattern_matches(entry), "{entry:?}");
+        assert!(
+            dynamo_outbox::options::TopicAllowList::parse("OUTBOX_ALLOWED_TOPICS", entry).is_err(),
+            "{entry:?}"
+        );
+    }
+    // The functions trim spaces around an entry, IAM would not: the pattern refuses them.
+    assert!(!kafka_topics_pattern_matches(" orders"));
+}
