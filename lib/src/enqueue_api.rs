@@ -566,5 +566,128 @@ mod tests {
                 let _ = parse_request_str(&text, 8);
             }
         }
+
+        /// A valid message: topic, key, value, headers, sometimes a partition.
+        fn valid_message() -> impl Strategy<Value = Value> {
+            (
+                "[a-z][a-z0-9._-]{0,10}",
+                "[a-z0-9]{1,8}",
+                "[ -~]{0,16}",
+                proptest::option::of(0i64..8),
+                proptest::collection::vec(("[a-z]{1,6}", "[ -~]{0,6}"), 0..3),
+            )
+                .prop_map(|(topic, key, value, partition, headers)| {
+                    let headers: Vec<Value> = headers
+                        .into_iter()
+                        .map(|(k, v)| json!({"key": k, "value": v}))
+                        .collect();
+                    let mut m =
+                        json!({"topic": topic, "key": key, "value": value, "headers": headers});
+                    if let Some(p) = partition {
+                        m["partition"] = json!(p);
+                    }
+                    m
+                })
+        }
+
+        /// One field of one message made invalid, and the field the rejection must name
+        /// (after `messages[i].`).
+        fn mutate(m: &mut Value, which: usize) -> &'static str {
+            let o = m.as_object_mut().unwrap();
+            match which {
+                0 => {
+                    o.remove("topic");
+                    "topic"
+                }
+                1 => {
+                    o.insert("topic".into(), json!(7));
+                    "topic"
+                }
+                2 => {
+                    o.insert("topic".into(), json!(""));
+                    "topic"
+                }
+                3 => {
+                    o.insert("topic".into(), json!("has space"));
+                    "topic"
+                }
+                4 => {
+                    o.insert("key".into(), json!(5));
+                    "key"
+                }
+                5 => {
+                    o.insert("key_base64".into(), json!("a2V5"));
+                    "key"
+                }
+                6 => {
+                    o.remove("key");
+                    o.insert("key_base64".into(), json!("!!not base64!!"));
+                    "key_base64"
+                }
+                7 => {
+                    o.insert("value".into(), json!({"nested": true}));
+                    "value"
+                }
+                8 => {
+                    o.insert("partition".into(), json!(-1));
+                    "partition"
+                }
+                9 => {
+                    o.insert("partition".into(), json!("3"));
+                    "partition"
+                }
+                10 => {
+                    o.insert("headers".into(), json!({"key": "k"}));
+                    "headers"
+                }
+                11 => {
+                    o.insert("headers".into(), json!([{"value": "v"}]));
+                    "headers[0].key"
+                }
+                _ => {
+                    o.insert("colour".into(), json!("red"));
+                    "colour"
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(1000))]
+
+            /// Near-valid requests (a valid skeleton, one field of one message mutated):
+            /// the rejection names exactly that field; unmutated, the request is accepted
+            /// and reads back as written.
+            #[test]
+            fn a_near_valid_request_is_rejected_naming_the_mutated_field(
+                messages in proptest::collection::vec(valid_message(), 1..5),
+                at in any::<prop::sample::Index>(),
+                which in 0usize..13,
+            ) {
+                let accepted = parse_request(&json!({"messages": messages.clone()}), 8);
+                let accepted = accepted.map_err(|e| TestCaseError::fail(e.to_string()))?;
+                for (m, parsed) in messages.iter().zip(&accepted.messages) {
+                    prop_assert_eq!(m["topic"].as_str().unwrap(), parsed.topic.as_str());
+                    prop_assert_eq!(
+                        m["key"].as_str().map(str::as_bytes),
+                        parsed.key.as_deref()
+                    );
+                    prop_assert_eq!(
+                        m["value"].as_str().map(str::as_bytes),
+                        parsed.value.as_deref()
+                    );
+                }
+
+                let mut mutated = messages.clone();
+                let i = at.index(mutated.len());
+                let named = mutate(&mut mutated[i], which);
+                let err = parse_request(&json!({"messages": mutated}), 8).unwrap_err();
+                match err {
+                    Error::InvalidMessage { field, .. } => {
+                        prop_assert_eq!(field, format!("messages[{i}].{named}"));
+                    }
+                    other => prop_assert!(false, "not a field-named rejection: {other}"),
+                }
+            }
+        }
     }
 }
