@@ -126,9 +126,7 @@ impl aws_sdk_dynamodb::config::Intercept for SlowDeletes {
         _: &aws_sdk_dynamodb::config::RuntimeComponents,
         cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
     ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        let delete = cfg
-            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
-            .is_some_and(|m| m.name() == "BatchWriteItem");
+        let delete = operation_is(cfg, "BatchWriteItem");
         if delete {
             // A worker of the multi-threaded test runtime; the others go on.
             std::thread::sleep(self.delay);
@@ -244,9 +242,7 @@ impl aws_sdk_dynamodb::config::Intercept for StallOnce {
         _: &aws_sdk_dynamodb::config::RuntimeComponents,
         cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
     ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        let query = cfg
-            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
-            .is_some_and(|m| m.name() == "Query");
+        let query = operation_is(cfg, "Query");
         if query && self.armed.swap(false, Ordering::SeqCst) {
             std::thread::sleep(self.stall);
         }

@@ -1311,9 +1311,7 @@ mod lease_edges {
             _: &RuntimeComponents,
             cfg: &mut ConfigBag,
         ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-            let delete = cfg
-                .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
-                .is_some_and(|m| m.name() == "DeleteItem");
+            let delete = operation_is(cfg, "DeleteItem");
             if delete && !self.lost.swap(true, Ordering::SeqCst) {
                 let response = context.response_mut();
                 *response.status_mut() = 500u16.try_into().unwrap();
@@ -2160,9 +2158,7 @@ impl aws_sdk_dynamodb::config::Intercept for FailUpdates {
         _: &aws_sdk_dynamodb::config::RuntimeComponents,
         cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
     ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        let update = cfg
-            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
-            .is_some_and(|m| m.name() == "UpdateItem");
+        let update = operation_is(cfg, "UpdateItem");
         if update && self.armed.load(Ordering::SeqCst) {
             return Err("injected: UpdateItem unavailable".into());
         }

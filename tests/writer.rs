@@ -12,7 +12,7 @@ use dynamo_outbox::schema::{self, attr, Keys};
 use dynamo_outbox::table::{self, Provisioned};
 use dynamo_outbox::writer::transaction_error;
 use dynamo_outbox::{DynamoDbOutboxWriter, Error, Header, OutboxMessage, OutboxOptions};
-use outbox_integration_tests::{counted_client, dynamodb, fresh_table, random_name};
+use outbox_integration_tests::{counted_client, dynamodb, fresh_table, operation_is, random_name};
 
 async fn query_partition(
     client: &Client,
@@ -503,9 +503,7 @@ impl aws_sdk_dynamodb::config::Intercept for LoseFirstPutAnswer {
         _: &aws_sdk_dynamodb::config::RuntimeComponents,
         cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
     ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        let put = cfg
-            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
-            .is_some_and(|m| m.name() == "PutItem");
+        let put = operation_is(cfg, "PutItem");
         if put && !self.lost.swap(true, std::sync::atomic::Ordering::SeqCst) {
             let response = context.response_mut();
             *response.status_mut() = 500u16.try_into().unwrap();
@@ -619,11 +617,6 @@ struct LoseFirstAnswer {
     lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-fn is_transaction(cfg: &aws_sdk_dynamodb::config::ConfigBag) -> bool {
-    cfg.load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
-        .is_some_and(|m| m.name() == "TransactWriteItems")
-}
-
 impl aws_sdk_dynamodb::config::Intercept for LoseFirstAnswer {
     fn name(&self) -> &'static str {
         "LoseFirstAnswer"
@@ -635,7 +628,7 @@ impl aws_sdk_dynamodb::config::Intercept for LoseFirstAnswer {
         _: &aws_sdk_dynamodb::config::RuntimeComponents,
         cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
     ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        if is_transaction(cfg) {
+        if operation_is(cfg, "TransactWriteItems") {
             let body: serde_json::Value =
                 serde_json::from_slice(context.request().body().bytes().unwrap_or_default())?;
             let token = body["ClientRequestToken"].as_str().map(str::to_owned);
@@ -650,7 +643,7 @@ impl aws_sdk_dynamodb::config::Intercept for LoseFirstAnswer {
         _: &aws_sdk_dynamodb::config::RuntimeComponents,
         cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
     ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        if is_transaction(cfg)
+        if operation_is(cfg, "TransactWriteItems")
             && context.response().status().is_success()
             && !self.lost.swap(true, std::sync::atomic::Ordering::SeqCst)
         {

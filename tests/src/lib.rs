@@ -390,6 +390,13 @@ pub async fn lease_owners(client: &Client, options: &OutboxOptions) -> Vec<Optio
         .collect()
 }
 
+/// Whether the SDK request an interceptor sees is the DynamoDB operation `name`
+/// (`"Query"`, `"UpdateItem"`, ...), from the operation metadata in its config bag.
+pub fn operation_is(cfg: &aws_sdk_dynamodb::config::ConfigBag, name: &str) -> bool {
+    cfg.load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
+        .is_some_and(|m| m.name() == name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
