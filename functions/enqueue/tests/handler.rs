@@ -152,14 +152,19 @@ async fn a_rejected_request_is_a_validation_error_and_writes_nothing() {
 async fn a_retried_call_with_the_same_idempotency_key_returns_the_first_result() {
     let client = dynamodb().await;
     let options = fresh_table(&client, 4).await;
+    // Long enough that the calls inside the window finish inside it on a loaded machine;
+    // each of them checks that it did, so a slow machine cannot turn a late retry into a
+    // false "the window works".
+    let retention = Duration::from_secs(8);
     let function = EnqueueFunction::new(client.clone(), options.clone())
         .unwrap()
-        .with_idempotency_retention(Duration::from_secs(2));
+        .with_idempotency_retention(retention);
     let request = json!({
         "messages": [{"topic": "orders", "key": "k", "value": "v1"},
                      {"topic": "orders", "key": "j", "value": "v2"}],
         "idempotency_key": "order-42/create"
     });
+    let first_call = std::time::Instant::now();
     let first = function
         .handle(event(request.clone(), Duration::from_secs(10)))
         .await
@@ -181,6 +186,11 @@ async fn a_retried_call_with_the_same_idempotency_key_returns_the_first_result()
             .handle(event(retry, Duration::from_secs(10)))
             .await
             .expect("retried call");
+        assert!(
+            first_call.elapsed() < retention,
+            "the retry came {:?} after the first call, outside the window under test",
+            first_call.elapsed()
+        );
         assert_eq!(again, first);
         assert_eq!(pending_messages(&client, &options).await, 2);
     }
@@ -195,8 +205,11 @@ async fn a_retried_call_with_the_same_idempotency_key_returns_the_first_result()
     assert_ne!(third, first);
     assert_eq!(pending_messages(&client, &options).await, 4);
 
-    // After the retention window the key writes again.
-    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    // After the retention window (counted from before the first call) the key writes again.
+    tokio::time::sleep(
+        (retention + Duration::from_millis(100)).saturating_sub(first_call.elapsed()),
+    )
+    .await;
     let later = function
         .handle(event(request, Duration::from_secs(10)))
         .await
@@ -304,11 +317,82 @@ async fn a_failed_notification_never_fails_the_committed_write() {
     let notifier = function.notifier().expect("configured");
     assert_eq!((notifier.sent(), notifier.failed()), (0, 1));
     // EventBridge refuses a missing bus at once, so the failure costs the call little.
-    // (This does not exercise the notification's own 2 s bound: nothing here hangs.)
+    // (The bound itself: a_hanging_event_bus_costs_the_call_the_notification_bound_and_no_more.)
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",
         started.elapsed()
+    );
+}
+
+/// An "EventBridge" that accepts connections and never answers: the notification's own
+/// bound (`NOTIFY_TIMEOUT`, 2 s) is what ends the call's wait for it.
+#[tokio::test]
+async fn a_hanging_event_bus_costs_the_call_the_notification_bound_and_no_more() {
+    use dynamo_outbox::notification::{EventBridgeNotifier, NOTIFY_TIMEOUT};
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let hang = {
+        let accepted = accepted.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(socket); // read nothing, answer nothing, close nothing
+            }
+        })
+    };
+    /// No service-specific settings: the stack's AWS_ENDPOINT_URL_EVENTBRIDGE (moto) would
+    /// win over the endpoint below.
+    #[derive(Debug)]
+    struct NoServiceConfig;
+    impl aws_types::service_config::LoadServiceConfig for NoServiceConfig {
+        fn load_config(
+            &self,
+            _: aws_types::service_config::ServiceConfigKey<'_>,
+        ) -> Option<String> {
+            None
+        }
+    }
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest())
+        .await
+        .to_builder()
+        .endpoint_url(format!("http://{address}"))
+        .service_config(NoServiceConfig)
+        .build();
+    let function = EnqueueFunction::new(client.clone(), options.clone())
+        .unwrap()
+        .with_notifier(EventBridgeNotifier::new(&config, "hanging-bus"));
+    let started = std::time::Instant::now();
+    let response = function
+        .handle(event(
+            json!({"messages": [{"topic": "orders", "key": "k", "value": "v"}]}),
+            Duration::from_secs(20),
+        ))
+        .await
+        .expect("the write succeeds without its notification");
+    let took = started.elapsed();
+    hang.abort();
+    assert_eq!(response.messages.len(), 1);
+    assert_eq!(pending_messages(&client, &options).await, 1);
+    let notifier = function.notifier().expect("configured");
+    assert_eq!((notifier.sent(), notifier.failed()), (0, 1));
+    assert!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "the notification never reached the hanging endpoint"
+    );
+    // The call waited for the notification (an attempt is bounded by half the bound, and
+    // the SDK retries once within it) and gave up at the bound, far from the 20 s deadline.
+    assert!(
+        took >= NOTIFY_TIMEOUT / 2,
+        "took {took:?}: the bound never ran"
+    );
+    assert!(
+        took < NOTIFY_TIMEOUT + Duration::from_secs(5),
+        "took {took:?}"
     );
 }
 
