@@ -18,8 +18,8 @@ use serde::Serialize;
 
 use crate::clock::{duration_to_ticks, TICKS_PER_SECOND};
 use crate::coordination::Coordination;
-use crate::error::{from_sdk, Result};
-use crate::schema::{self, attr, Item};
+use crate::error::Result;
+use crate::schema::{self, attr, Keys};
 use crate::store::DynamoDbOutboxStore;
 
 /// A heartbeat this far ahead of the reader's clock is reported as being in the future.
@@ -250,53 +250,6 @@ async fn read_bucket(store: &DynamoDbOutboxStore, bucket: u32) -> Result<BucketR
     })
 }
 
-impl DynamoDbOutboxStore {
-    /// The newest message item of a bucket: one strongly consistent query, descending,
-    /// limit 1.
-    pub async fn last_message(&self, bucket: u32) -> Result<Option<Item>> {
-        let out = self
-            .query_partition(self.keys.message_pk(bucket))
-            .consistent_read(true)
-            .scan_index_forward(false)
-            .limit(1)
-            .send()
-            .await
-            .map_err(|e| from_sdk("Query", e))?;
-        Ok(out.items.unwrap_or_default().into_iter().next())
-    }
-
-    /// Counts the items of the dead-letter partition up to the pending count limit; the
-    /// flag says whether the count stopped at the limit.
-    pub async fn count_dead_letters(&self) -> Result<(u32, bool)> {
-        let limit = self.options.pending_count_limit;
-        let count = self
-            .count_partition(self.keys.dead_letter_pk(), limit)
-            .await?;
-        Ok((count.min(limit), count >= limit))
-    }
-
-    /// A bucket's sequence counter (the last number handed out): one strongly consistent
-    /// `GetItem`; `None` when the counter item does not exist.
-    pub async fn sequence_counter(&self, bucket: u32) -> Result<Option<u64>> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.options.table_name)
-            .set_key(Some(
-                self.keys
-                    .key(self.keys.sequence_pk(bucket), schema::SEQUENCE_SK.into()),
-            ))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| from_sdk("GetItem", e))?;
-        Ok(out
-            .item
-            .as_ref()
-            .and_then(|i| schema::get_n(i, attr::SEQUENCE)))
-    }
-}
-
 fn build_report(
     store: &DynamoDbOutboxStore,
     coordination: &Coordination,
@@ -307,131 +260,72 @@ fn build_report(
 ) -> StatusReport {
     let options = store.options();
     let keys = store.keys();
-    let mut warnings = Vec::new();
-
     let buckets: Vec<BucketStatus> = reads
         .into_iter()
-        .map(|r| {
-            let bucket = r.backlog.bucket;
-            let lease = coordination.lease(bucket);
-            let expires = lease.map(|l| l.expires_at);
-            let owner = lease.and_then(|l| l.owner.clone());
-            BucketStatus {
-                bucket,
-                owned: owner.is_some() && expires.is_some_and(|e| e > now),
-                owner,
-                lease_expires_at: expires,
-                lease_expires_in_seconds: expires.map(|e| seconds(e - now)),
-                pending: r.backlog.pending,
-                pending_capped: r.backlog.capped,
-                oldest_created_at: r.backlog.oldest_created_at,
-                oldest_age_seconds: r.backlog.oldest_created_at.map(|c| seconds(now - c)),
-                head_sequence: r.backlog.head_sequence,
-                head_bucket_count: r.backlog.head_bucket_count,
-                head_unreadable: r.backlog.head_unreadable,
-                last_sequence: r.last_sequence,
-                last_bucket_count: r.last_bucket_count,
-                sequence_counter: r.sequence_counter,
-            }
-        })
+        .map(|r| bucket_status(coordination, r, now))
         .collect();
+    let relays = relay_statuses(coordination, now, lease_ticks);
 
+    let mut warnings = Vec::new();
     for b in &buckets {
-        if b.has_pending() && !b.owned {
-            let lease = match (&b.owner, b.lease_expires_in_seconds) {
-                (None, None) => "its lease was never claimed".to_string(),
-                (None, Some(_)) => "its lease is free".to_string(),
-                (Some(o), Some(s)) => format!("the lease of {o} lapsed {:.0}s ago", -s),
-                (Some(o), None) => format!("the lease of {o} has no expiry"),
-            };
-            warnings.push(Warning {
-                kind: WarningKind::PendingWithoutOwner,
-                bucket: Some(b.bucket),
-                relay: None,
-                message: format!(
-                    "bucket {}: {} pending and no live owner ({lease}): no relay publishes it; \
-                     check that relays run against this table with bucket count {}",
-                    b.bucket,
-                    pending_text(b.pending, b.pending_capped),
-                    options.bucket_count
-                ),
-            });
-        }
-        if b.head_unreadable {
-            let seq = b
-                .head_sequence
-                .map_or_else(|| "?".into(), schema::message_sk);
-            warnings.push(Warning {
-                kind: WarningKind::UnreadableHead,
-                bucket: Some(b.bucket),
-                relay: None,
-                message: format!(
-                    "bucket {}: its oldest item {}/{seq} cannot be read as a message (a poison \
-                     item): the bucket is stuck behind it; quarantine it (DynamoDbOutboxStore::\
-                     quarantine moves it to {})",
-                    b.bucket,
-                    keys.message_pk(b.bucket),
-                    keys.dead_letter_pk()
-                ),
-            });
-        }
-        let stamps = [
-            (b.head_sequence, b.head_bucket_count),
-            (b.last_sequence, b.last_bucket_count),
-        ];
-        let mut reported = false;
-        for (sequence, count) in stamps {
-            match (sequence, count) {
-                (Some(seq), Some(count))
-                    if count != options.bucket_count && count != 0 && !reported =>
-                {
-                    reported = true;
-                    warnings.push(Warning {
-                        kind: WarningKind::BucketCountMismatch,
-                        bucket: Some(b.bucket),
-                        relay: None,
-                        message: format!(
-                            "bucket {}: message {}/{} is stamped with bucket count {count}, but this \
-                             outbox's is {}: a writer uses another count, its keys lose their order \
-                             and relays fault on the message (drain the table before changing the count)",
-                            b.bucket,
-                            keys.message_pk(b.bucket),
-                            schema::message_sk(seq),
-                            options.bucket_count
-                        ),
-                    });
-                }
-                _ => {}
-            }
-        }
-        if let Some(last) = b.last_sequence {
-            let behind = match b.sequence_counter {
-                None => true,
-                Some(c) => c < last,
-            };
-            if behind {
-                let counter = b
-                    .sequence_counter
-                    .map_or("missing".to_string(), |c| format!("at {c}"));
-                warnings.push(Warning {
-                    kind: WarningKind::SequenceBehind,
-                    bucket: Some(b.bucket),
-                    relay: None,
-                    message: format!(
-                        "bucket {}: the sequence counter {}/{} is {counter} but message {last} exists: \
-                         the counter was reset or restored; enqueues into this bucket fail until it \
-                         passes {last} (raise it with ADD {} :n)",
-                        b.bucket,
-                        keys.sequence_pk(b.bucket),
-                        schema::SEQUENCE_SK,
-                        attr::SEQUENCE
-                    ),
-                });
-            }
-        }
+        warnings.extend(pending_without_owner(b, options.bucket_count));
+        warnings.extend(unreadable_head(b, keys));
+        warnings.extend(bucket_count_mismatch(b, keys, options.bucket_count));
+        warnings.extend(sequence_behind(b, keys));
     }
+    for r in &relays {
+        warnings.extend(heartbeat_warning(r, now));
+    }
+    warnings.extend(leases_beyond_bucket_count(
+        coordination,
+        now,
+        options.bucket_count,
+    ));
+    warnings.extend(dead_letter_warning(dead_letters, dead_letters_capped, keys));
 
-    let future = duration_to_ticks(FUTURE_TOLERANCE);
+    StatusReport {
+        table: options.table_name.clone(),
+        key_prefix: options.key_prefix.clone(),
+        bucket_count: options.bucket_count,
+        pending_count_limit: options.pending_count_limit,
+        lease_duration_seconds: seconds(lease_ticks),
+        now_ticks: now,
+        now_utc: rfc3339(now),
+        buckets,
+        relays,
+        dead_letters,
+        dead_letters_capped,
+        warnings,
+    }
+}
+
+/// One bucket's row: what was read of it and its lease in `coordination`.
+fn bucket_status(coordination: &Coordination, r: BucketRead, now: i64) -> BucketStatus {
+    let bucket = r.backlog.bucket;
+    let lease = coordination.lease(bucket);
+    let expires = lease.map(|l| l.expires_at);
+    let owner = lease.and_then(|l| l.owner.clone());
+    BucketStatus {
+        bucket,
+        owned: owner.is_some() && expires.is_some_and(|e| e > now),
+        owner,
+        lease_expires_at: expires,
+        lease_expires_in_seconds: expires.map(|e| seconds(e - now)),
+        pending: r.backlog.pending,
+        pending_capped: r.backlog.capped,
+        oldest_created_at: r.backlog.oldest_created_at,
+        oldest_age_seconds: r.backlog.oldest_created_at.map(|c| seconds(now - c)),
+        head_sequence: r.backlog.head_sequence,
+        head_bucket_count: r.backlog.head_bucket_count,
+        head_unreadable: r.backlog.head_unreadable,
+        last_sequence: r.last_sequence,
+        last_bucket_count: r.last_bucket_count,
+        sequence_counter: r.sequence_counter,
+    }
+}
+
+/// Every heartbeat of `coordination` with the buckets its relay holds, by relay id.
+fn relay_statuses(coordination: &Coordination, now: i64, lease_ticks: i64) -> Vec<RelayStatus> {
     let mut relays: Vec<RelayStatus> = coordination
         .relays
         .iter()
@@ -455,82 +349,186 @@ fn build_report(
         })
         .collect();
     relays.sort_by(|a, b| a.relay_id.cmp(&b.relay_id));
+    relays
+}
 
-    for r in &relays {
-        if r.last_seen - now > future {
-            warnings.push(Warning {
-                kind: WarningKind::HeartbeatInFuture,
-                relay: Some(r.relay_id.clone()),
-                bucket: None,
-                message: format!(
-                    "relay {}: its heartbeat is {:.0}s in the future: its clock is ahead of this \
-                     host's (or this host's is behind); a process under this id with a correct \
-                     clock has its heartbeats refused until then",
-                    r.relay_id, -r.last_seen_age_seconds
-                ),
-            });
-        } else if !r.stopped && !r.active && !r.buckets.is_empty() {
-            warnings.push(Warning {
-                kind: WarningKind::HeartbeatStale,
-                relay: Some(r.relay_id.clone()),
-                bucket: None,
-                message: format!(
-                    "relay {}: holds bucket(s) {} but its heartbeat is {:.0}s old: its heartbeats \
-                     are refused (a clock set back, two processes sharing the id) or it stalled",
-                    r.relay_id,
-                    list(&r.buckets),
-                    r.last_seen_age_seconds
-                ),
-            });
-        }
+fn bucket_warning(kind: WarningKind, bucket: u32, message: String) -> Warning {
+    Warning {
+        kind,
+        bucket: Some(bucket),
+        relay: None,
+        message,
     }
-    for l in &coordination.leases {
-        if l.expires_at <= now {
-            continue;
-        }
-        let Some(owner) = &l.owner else { continue };
-        if l.bucket >= options.bucket_count {
-            warnings.push(Warning {
+}
+
+/// [`WarningKind::PendingWithoutOwner`]: messages wait and no live relay holds the bucket.
+fn pending_without_owner(b: &BucketStatus, bucket_count: u32) -> Option<Warning> {
+    if !b.has_pending() || b.owned {
+        return None;
+    }
+    let lease = match (&b.owner, b.lease_expires_in_seconds) {
+        (None, None) => "its lease was never claimed".to_string(),
+        (None, Some(_)) => "its lease is free".to_string(),
+        (Some(o), Some(s)) => format!("the lease of {o} lapsed {:.0}s ago", -s),
+        (Some(o), None) => format!("the lease of {o} has no expiry"),
+    };
+    Some(bucket_warning(
+        WarningKind::PendingWithoutOwner,
+        b.bucket,
+        format!(
+            "bucket {}: {} pending and no live owner ({lease}): no relay publishes it; \
+             check that relays run against this table with bucket count {bucket_count}",
+            b.bucket,
+            pending_text(b.pending, b.pending_capped),
+        ),
+    ))
+}
+
+/// [`WarningKind::UnreadableHead`]: the bucket is stuck behind a poison item.
+fn unreadable_head(b: &BucketStatus, keys: &Keys) -> Option<Warning> {
+    if !b.head_unreadable {
+        return None;
+    }
+    let seq = b
+        .head_sequence
+        .map_or_else(|| "?".into(), schema::message_sk);
+    Some(bucket_warning(
+        WarningKind::UnreadableHead,
+        b.bucket,
+        format!(
+            "bucket {}: its oldest item {}/{seq} cannot be read as a message (a poison \
+             item): the bucket is stuck behind it; quarantine it (DynamoDbOutboxStore::\
+             quarantine moves it to {})",
+            b.bucket,
+            keys.message_pk(b.bucket),
+            keys.dead_letter_pk()
+        ),
+    ))
+}
+
+/// [`WarningKind::BucketCountMismatch`]: the head or the last message is stamped with
+/// another bucket count than this outbox's (reported once per bucket).
+fn bucket_count_mismatch(b: &BucketStatus, keys: &Keys, bucket_count: u32) -> Option<Warning> {
+    let stamps = [
+        (b.head_sequence, b.head_bucket_count),
+        (b.last_sequence, b.last_bucket_count),
+    ];
+    let (seq, count) = stamps.into_iter().find_map(|stamp| match stamp {
+        (Some(seq), Some(count)) if count != bucket_count && count != 0 => Some((seq, count)),
+        _ => None,
+    })?;
+    Some(bucket_warning(
+        WarningKind::BucketCountMismatch,
+        b.bucket,
+        format!(
+            "bucket {}: message {}/{} is stamped with bucket count {count}, but this \
+             outbox's is {bucket_count}: a writer uses another count, its keys lose their order \
+             and relays fault on the message (drain the table before changing the count)",
+            b.bucket,
+            keys.message_pk(b.bucket),
+            schema::message_sk(seq),
+        ),
+    ))
+}
+
+/// [`WarningKind::SequenceBehind`]: a message exists past the bucket's sequence counter.
+fn sequence_behind(b: &BucketStatus, keys: &Keys) -> Option<Warning> {
+    let last = b.last_sequence?;
+    if b.sequence_counter.is_some_and(|c| c >= last) {
+        return None;
+    }
+    let counter = b
+        .sequence_counter
+        .map_or("missing".to_string(), |c| format!("at {c}"));
+    Some(bucket_warning(
+        WarningKind::SequenceBehind,
+        b.bucket,
+        format!(
+            "bucket {}: the sequence counter {}/{} is {counter} but message {last} exists: \
+             the counter was reset or restored; enqueues into this bucket fail until it \
+             passes {last} (raise it with ADD {} :n)",
+            b.bucket,
+            keys.sequence_pk(b.bucket),
+            schema::SEQUENCE_SK,
+            attr::SEQUENCE
+        ),
+    ))
+}
+
+/// [`WarningKind::HeartbeatInFuture`] or [`WarningKind::HeartbeatStale`] of one relay.
+fn heartbeat_warning(r: &RelayStatus, now: i64) -> Option<Warning> {
+    let (kind, message) = if r.last_seen - now > duration_to_ticks(FUTURE_TOLERANCE) {
+        (
+            WarningKind::HeartbeatInFuture,
+            format!(
+                "relay {}: its heartbeat is {:.0}s in the future: its clock is ahead of this \
+                 host's (or this host's is behind); a process under this id with a correct \
+                 clock has its heartbeats refused until then",
+                r.relay_id, -r.last_seen_age_seconds
+            ),
+        )
+    } else if !r.stopped && !r.active && !r.buckets.is_empty() {
+        (
+            WarningKind::HeartbeatStale,
+            format!(
+                "relay {}: holds bucket(s) {} but its heartbeat is {:.0}s old: its heartbeats \
+                 are refused (a clock set back, two processes sharing the id) or it stalled",
+                r.relay_id,
+                list(&r.buckets),
+                r.last_seen_age_seconds
+            ),
+        )
+    } else {
+        return None;
+    };
+    Some(Warning {
+        kind,
+        relay: Some(r.relay_id.clone()),
+        bucket: None,
+        message,
+    })
+}
+
+/// [`WarningKind::LeaseBeyondBucketCount`]: live leases of buckets this outbox does not
+/// have.
+fn leases_beyond_bucket_count(
+    coordination: &Coordination,
+    now: i64,
+    bucket_count: u32,
+) -> Vec<Warning> {
+    coordination
+        .leases
+        .iter()
+        .filter(|l| l.expires_at > now && l.bucket >= bucket_count)
+        .filter_map(|l| {
+            let owner = l.owner.as_ref()?;
+            Some(Warning {
                 kind: WarningKind::LeaseBeyondBucketCount,
                 bucket: Some(l.bucket),
                 relay: Some(owner.clone()),
                 message: format!(
-                    "bucket {}: relay {owner} holds its lease, but this outbox has {} buckets: \
-                     a relay runs with another bucket count",
-                    l.bucket, options.bucket_count
+                    "bucket {}: relay {owner} holds its lease, but this outbox has \
+                     {bucket_count} buckets: a relay runs with another bucket count",
+                    l.bucket
                 ),
-            });
-        }
-    }
+            })
+        })
+        .collect()
+}
 
-    if dead_letters > 0 {
-        warnings.push(Warning {
-            kind: WarningKind::DeadLetters,
-            bucket: None,
-            relay: None,
-            message: format!(
-                "{}{dead_letters} quarantined item(s) in {}: messages that were not published; \
-                 inspect them, then re-enqueue or delete them",
-                if dead_letters_capped { ">=" } else { "" },
-                keys.dead_letter_pk()
-            ),
-        });
-    }
-
-    StatusReport {
-        table: options.table_name.clone(),
-        key_prefix: options.key_prefix.clone(),
-        bucket_count: options.bucket_count,
-        pending_count_limit: options.pending_count_limit,
-        lease_duration_seconds: seconds(lease_ticks),
-        now_ticks: now,
-        now_utc: rfc3339(now),
-        buckets,
-        relays,
-        dead_letters,
-        dead_letters_capped,
-        warnings,
-    }
+/// [`WarningKind::DeadLetters`]: quarantined items wait for an operator.
+fn dead_letter_warning(count: u32, capped: bool, keys: &Keys) -> Option<Warning> {
+    (count > 0).then(|| Warning {
+        kind: WarningKind::DeadLetters,
+        bucket: None,
+        relay: None,
+        message: format!(
+            "{}{count} quarantined item(s) in {}: messages that were not published; \
+             inspect them, then re-enqueue or delete them",
+            if capped { ">=" } else { "" },
+            keys.dead_letter_pk()
+        ),
+    })
 }
 
 /// UTC ticks as `YYYY-MM-DDTHH:MM:SSZ` (seconds truncated).
