@@ -11,6 +11,7 @@ pub mod fetch;
 pub mod leases;
 pub mod quarantine;
 pub mod sample;
+pub mod status;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
