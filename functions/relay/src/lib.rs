@@ -42,10 +42,13 @@ use dynamo_outbox::accounting::RequestCounter;
 pub use dynamo_outbox::lambda::FunctionError;
 use dynamo_outbox::metrics::emf::EmfMetrics;
 use dynamo_outbox::notification::event::Wake;
+use dynamo_outbox::notification::CommitNotification;
 use dynamo_outbox::options::{parse_duration, MAX_RELAY_ID_LEN};
 use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
 use dynamo_outbox::relay::JOIN_DELAY;
-use dynamo_outbox::{DynamoDbOutboxStore, OutboxOptions, Relay, RelayOptions, RunReport};
+use dynamo_outbox::{
+    DynamoDbOutboxStore, OutboxOptions, Relay, RelayOptions, RunReport, StopReason,
+};
 use lambda_runtime::LambdaEvent;
 use serde::Serialize;
 use tokio::time::Instant;
@@ -206,13 +209,65 @@ pub fn relay_id(function_name: &str, request_id: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Trigger {
-    /// The schedule, a manual invoke, or any payload that is not a commit notification.
-    Schedule,
+    /// A direct invocation: the schedule's tick, a manual invoke, or any other payload that
+    /// is neither a commit notification nor a doorbell.
+    Direct,
     /// A commit notification ([`dynamo_outbox::notification::CommitNotification`]) from the event bus.
     Notification,
     /// A doorbell: a batch of the table's DynamoDB stream records (message inserts by any
     /// writer), from the event source mapping.
     Doorbell,
+}
+
+/// Why a notified invocation returned without running a relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// Live relays hold (or, having just joined, are claiming) every notified bucket.
+    Covered,
+    /// The notified buckets no live relay holds have no message.
+    Empty,
+    /// The notification names another table, key prefix or bucket count.
+    NotThisOutbox,
+}
+
+/// How an invocation ended: the stop reason of the relay it ran, or why it ran none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// A relay ran and stopped for this reason.
+    Ran(StopReason),
+    /// A notified invocation returned without running a relay.
+    Skipped(Skip),
+}
+
+impl Ending {
+    /// The name in the summary's `stop_reason` (one field, so that an operator filters the
+    /// function's answers on one key): the relay's [`StopReason::as_str`], or `covered`,
+    /// `empty`, `not_this_outbox`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ending::Ran(reason) => reason.as_str(),
+            Ending::Skipped(Skip::Covered) => "covered",
+            Ending::Skipped(Skip::Empty) => "empty",
+            Ending::Skipped(Skip::NotThisOutbox) => "not_this_outbox",
+        }
+    }
+
+    /// Whether the invocation ran a relay.
+    pub fn ran(self) -> bool {
+        matches!(self, Ending::Ran(_))
+    }
+}
+
+impl std::fmt::Display for Ending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Ending {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
 }
 
 /// What one invocation returns (and logs).
@@ -244,11 +299,10 @@ pub struct RelaySummary {
     /// `false` when it connected a new one (a cold start, or a rebuild after a warm
     /// invocation that could not publish).
     pub kafka_client_reused: bool,
-    /// Why the run ended (`deadline`, `deadline_missed`, ...), or why a notified invocation
-    /// did not run: `covered` (live relays hold (or, having just joined, are claiming) every
-    /// notified bucket), `empty` (the uncovered ones have no message) or `not_this_outbox`
-    /// (the notification names another table, prefix or bucket count).
-    pub stop_reason: String,
+    /// Why the run ended, or why a notified invocation did not run ([`Ending`]; in JSON
+    /// its name: `deadline`, `idle`, `deadline_missed`, ..., or `covered`, `empty`,
+    /// `not_this_outbox`).
+    pub stop_reason: Ending,
     /// Whether every lease was released at the end.
     pub released: bool,
     /// Where the run's deadline came from.
@@ -287,7 +341,7 @@ impl RelaySummary {
                 .collect(),
             errors: report.errors,
             kafka_client_reused,
-            stop_reason: report.stop_reason.as_str().to_owned(),
+            stop_reason: Ending::Ran(report.stop_reason),
             released: report.released,
             deadline_source: source,
             time_left_ms: millis(time_left),
@@ -300,7 +354,7 @@ impl RelaySummary {
         relay_id: String,
         trigger: Trigger,
         uncovered: Option<Vec<u32>>,
-        stop_reason: &str,
+        skip: Skip,
         source: DeadlineSource,
         time_left: Duration,
     ) -> Self {
@@ -316,7 +370,7 @@ impl RelaySummary {
             refused: BTreeMap::new(),
             errors: 0,
             kafka_client_reused: false,
-            stop_reason: stop_reason.to_owned(),
+            stop_reason: Ending::Skipped(skip),
             released: true,
             deadline_source: source,
             time_left_ms: millis(time_left),
@@ -327,6 +381,19 @@ impl RelaySummary {
 
 fn millis(d: Duration) -> u64 {
     d.as_millis().try_into().unwrap_or(u64::MAX)
+}
+
+/// What a notified invocation decided ([`RelayFunction::look_at_notification`]).
+enum Notified {
+    /// Run a relay: these notified buckets have no live relay. `connected`: the Kafka
+    /// connection was made while deciding (so the run does not count it as reused).
+    Join {
+        uncovered: Vec<u32>,
+        connected: bool,
+    },
+    /// Return without a relay, with the uncovered buckets of the last read (none when the
+    /// notification is for another outbox).
+    Skip(Skip, Option<Vec<u32>>),
 }
 
 /// The relay function: clients of one execution environment and the handler.
@@ -370,6 +437,81 @@ impl RelayFunction {
             }
         }
         true
+    }
+
+    /// What a notified invocation does about `n` (a commit notification or a doorbell):
+    /// reads the coordination partition once; when live relays cover every notified
+    /// bucket, or the uncovered ones are empty, it skips. Otherwise it connects to Kafka,
+    /// waits its jitter (or for an imminent handover to settle) and reads again; it joins
+    /// when a bucket is still uncovered.
+    async fn look_at_notification(
+        &self,
+        n: &CommitNotification,
+        options: &RelayOptions,
+        deadline: Instant,
+        request_id: &str,
+    ) -> Result<Notified, FunctionError> {
+        let mismatch = match n.mismatch(&self.settings.outbox) {
+            Some(why) => Some(why),
+            None if n.buckets.is_empty() => {
+                Some("no message of this outbox in the doorbell".to_owned())
+            }
+            None => None,
+        };
+        if let Some(why) = mismatch {
+            info!(why, "commit notification for another outbox: ignored");
+            return Ok(Notified::Skip(Skip::NotThisOutbox, None));
+        }
+        let look = || async {
+            tokio::time::timeout_at(deadline, self.store.coverage(&n.buckets, options))
+                .await
+                .map_err(|_| {
+                    FunctionError::from(dynamo_outbox::Error::DeadlineExceeded(
+                        "reading the coordination partition",
+                    ))
+                })?
+                .map_err(FunctionError::from)
+        };
+        let first = look().await?;
+        let mut read = first.uncovered;
+        let mut connected = false;
+        // Nothing waiting in them (a later batch of the same commit's stream records, whose
+        // messages an earlier invocation already published): no relay to run. One strongly
+        // consistent one-item query per bucket; a commit after it rings its own doorbell.
+        if !read.is_empty() && self.all_empty(&read, deadline).await {
+            info!(uncovered = ?read, "commit notification: the uncovered buckets are empty, not joining");
+            return Ok(Notified::Skip(Skip::Empty, Some(read)));
+        }
+        if !read.is_empty() {
+            // A burst of notifications to an idle fleet: the invocations spread out by a
+            // jitter of their own and look again, so that the first to join (its heartbeat
+            // is its first write) covers the later ones. The Kafka connection is made
+            // first, to keep the time between the second look and the heartbeat short.
+            // When live relays are about to take the buckets over (a handover, a
+            // newcomer's share changing hands) within HANDOVER_SETTLE_MAX, the second look
+            // waits until they have: a handover starts no extra relay.
+            connected = !self.publisher(deadline).await?.1;
+            let jitter = notification_jitter(request_id);
+            let settle = first
+                .settles_in
+                .filter(|s| *s <= HANDOVER_SETTLE_MAX)
+                .unwrap_or(Duration::ZERO);
+            let again = Instant::now() + jitter.max(settle);
+            tokio::time::sleep_until(again.min(deadline)).await;
+            read = look().await?.uncovered;
+        }
+        if read.is_empty() {
+            info!(
+                buckets = ?n.buckets,
+                "commit notification: live relays own the notified buckets, not joining"
+            );
+            return Ok(Notified::Skip(Skip::Covered, Some(read)));
+        }
+        info!(uncovered = ?read, "commit notification: buckets without a live relay, joining");
+        Ok(Notified::Join {
+            uncovered: read,
+            connected,
+        })
     }
 
     /// Reports each invocation's DynamoDB attempts from `counter`, which must be attached
@@ -457,96 +599,32 @@ impl RelayFunction {
                 .unwrap_or_default(),
         };
         let wake = Wake::from_payload(&event.payload, &self.settings.outbox)?;
-        let mut connected_here = false;
-        let (wake_trigger, notified) = match wake {
-            Wake::Tick => (Trigger::Schedule, None),
+        let (trigger, notified) = match wake {
+            Wake::Tick => (Trigger::Direct, None),
             Wake::Notification(n) => (Trigger::Notification, Some(n)),
             Wake::Doorbell(n) => (Trigger::Doorbell, Some(n)),
         };
-        let (trigger, uncovered) = match notified {
-            None => (wake_trigger, None),
-            Some(n) => {
-                let mismatch = match n.mismatch(&self.settings.outbox) {
-                    Some(why) => Some(why),
-                    None if n.buckets.is_empty() => {
-                        Some("no message of this outbox in the doorbell".to_owned())
-                    }
-                    None => None,
-                };
-                if let Some(why) = mismatch {
-                    info!(why, "commit notification for another outbox: ignored");
+        let (uncovered, connected_here) = match notified {
+            None => (None, false),
+            Some(n) => match self
+                .look_at_notification(&n, &options, deadline, &context.request_id)
+                .await?
+            {
+                Notified::Join {
+                    uncovered,
+                    connected,
+                } => (Some(uncovered), connected),
+                Notified::Skip(skip, uncovered) => {
                     return Ok(RelaySummary::skipped(
                         options.relay_id,
-                        wake_trigger,
-                        None,
-                        "not_this_outbox",
+                        trigger,
+                        uncovered,
+                        skip,
                         source,
                         time_left(source),
                     ));
                 }
-                let look = || async {
-                    tokio::time::timeout_at(deadline, self.store.coverage(&n.buckets, &options))
-                        .await
-                        .map_err(|_| {
-                            FunctionError::from(dynamo_outbox::Error::DeadlineExceeded(
-                                "reading the coordination partition",
-                            ))
-                        })?
-                        .map_err(FunctionError::from)
-                };
-                let first = look().await?;
-                let mut read = first.uncovered;
-                // Nothing waiting in them (a later batch of the same commit's stream
-                // records, whose messages an earlier invocation already published): no
-                // relay to run. One strongly consistent one-item query per bucket; a
-                // commit after it rings its own doorbell.
-                if !read.is_empty() && self.all_empty(&read, deadline).await {
-                    info!(uncovered = ?read, "commit notification: the uncovered buckets are empty, not joining");
-                    return Ok(RelaySummary::skipped(
-                        options.relay_id,
-                        wake_trigger,
-                        Some(read),
-                        "empty",
-                        source,
-                        time_left(source),
-                    ));
-                }
-                if !read.is_empty() {
-                    // A burst of notifications to an idle fleet: the invocations spread
-                    // out by a jitter of their own and look again, so that the first to
-                    // join (its heartbeat is its first write) covers the later ones. The
-                    // Kafka connection is made first, to keep the time between the second
-                    // look and the heartbeat short. When live relays are about to take the
-                    // buckets over (a handover, a newcomer's share changing hands) within
-                    // HANDOVER_SETTLE_MAX, the second look waits until they have: a
-                    // handover starts no extra relay.
-                    connected_here = !self.publisher(deadline).await?.1;
-                    let jitter = notification_jitter(&context.request_id);
-                    let settle = first
-                        .settles_in
-                        .filter(|s| *s <= HANDOVER_SETTLE_MAX)
-                        .unwrap_or(Duration::ZERO);
-                    let again = Instant::now() + jitter.max(settle);
-                    tokio::time::sleep_until(again.min(deadline)).await;
-                    read = look().await?.uncovered;
-                }
-                if read.is_empty() {
-                    info!(
-                        buckets = ?n.buckets,
-                        "commit notification: live relays own the notified buckets, not joining"
-                    );
-                    return Ok(RelaySummary::skipped(
-                        options.relay_id,
-                        wake_trigger,
-                        Some(read),
-                        "covered",
-                        source,
-                        time_left(source),
-                    ));
-                }
-                info!(uncovered = ?read, "commit notification: buckets without a live relay, joining");
-                (wake_trigger, Some(read))
-            }
+            },
         };
         if source == DeadlineSource::Fallback {
             warn!(

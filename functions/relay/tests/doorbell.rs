@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dynamo_outbox::accounting::RequestCounter;
-use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions};
+use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions, StopReason};
 use lambda_runtime::LambdaEvent;
 use outbox_integration_tests::*;
 use outbox_relay_function::{
-    notification_jitter, RelayFunction, RelaySettings, RelaySummary, Trigger,
+    notification_jitter, Ending, RelayFunction, RelaySettings, RelaySummary, Skip, Trigger,
 };
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -120,7 +120,11 @@ async fn doorbells_from_real_stream_records_wake_a_relay_that_publishes_and_idle
     let uncovered: BTreeSet<u32> = summary.uncovered.clone().unwrap().into_iter().collect();
     assert_eq!(uncovered, rung, "{summary:?}");
     assert_eq!(summary.published, 6, "{summary:?}");
-    assert_eq!(summary.stop_reason, "idle", "{summary:?}");
+    assert_eq!(
+        summary.stop_reason,
+        Ending::Ran(StopReason::Idle),
+        "{summary:?}"
+    );
     assert!(summary.released, "{summary:?}");
     assert_eq!(summary.refused_writes, 0, "{summary:?}");
     assert_no_refusal_on_the_wire(&wire, "the doorbell's relay");
@@ -155,7 +159,11 @@ async fn doorbells_from_real_stream_records_wake_a_relay_that_publishes_and_idle
         .handle(event("bell-again", Duration::from_secs(40), doorbell))
         .await
         .unwrap();
-    assert_eq!(summary.stop_reason, "empty", "{summary:?}");
+    assert_eq!(
+        summary.stop_reason,
+        Ending::Skipped(Skip::Empty),
+        "{summary:?}"
+    );
     let attempts = wire_again.snapshot();
     assert_eq!(
         attempts.keys().collect::<Vec<_>>(),
@@ -208,7 +216,11 @@ async fn a_doorbell_while_a_relay_owns_the_buckets_returns_covered_after_one_rea
         .handle(event("bell-2", Duration::from_secs(30), doorbell))
         .await
         .unwrap();
-    assert_eq!(summary.stop_reason, "covered", "{summary:?}");
+    assert_eq!(
+        summary.stop_reason,
+        Ending::Skipped(Skip::Covered),
+        "{summary:?}"
+    );
     assert_eq!(summary.trigger, Trigger::Doorbell);
     // One strongly consistent Query of the coordination partition, nothing else.
     let attempts = wire.snapshot();
@@ -224,7 +236,11 @@ async fn a_doorbell_while_a_relay_owns_the_buckets_returns_covered_after_one_rea
         .await
         .assert_exactly_once(&written);
     let scheduled = running.await.unwrap().unwrap();
-    assert_eq!(scheduled.stop_reason, "deadline", "{scheduled:?}");
+    assert_eq!(
+        scheduled.stop_reason,
+        Ending::Ran(StopReason::Deadline),
+        "{scheduled:?}"
+    );
     assert_eq!(scheduled.refused_writes, 0);
 }
 
@@ -262,16 +278,17 @@ async fn a_burst_of_doorbells_on_an_idle_fleet_starts_one_relay() {
     for h in handles {
         summaries.push(h.await.unwrap());
     }
-    let joined: Vec<&RelaySummary> = summaries
-        .iter()
-        .filter(|s| !matches!(s.stop_reason.as_str(), "covered" | "empty"))
-        .collect();
+    let joined: Vec<&RelaySummary> = summaries.iter().filter(|s| s.stop_reason.ran()).collect();
     assert_eq!(
         joined.len(),
         1,
         "exactly one doorbell starts a relay: {summaries:?}"
     );
-    assert_eq!(joined[0].stop_reason, "idle", "{summaries:?}");
+    assert_eq!(
+        joined[0].stop_reason,
+        Ending::Ran(StopReason::Idle),
+        "{summaries:?}"
+    );
     assert_eq!(joined[0].published, 4, "{summaries:?}");
     let refused: u64 = summaries.iter().map(|s| s.refused_writes).sum();
     assert_eq!(refused, 0);
@@ -371,7 +388,7 @@ async fn doorbells_at_scheduled_handovers_start_no_relay() {
     }
     let joiners: Vec<&(Duration, RelaySummary)> = bell_summaries
         .iter()
-        .filter(|(_, s)| !matches!(s.stop_reason.as_str(), "covered" | "empty"))
+        .filter(|(_, s)| s.stop_reason.ran())
         .collect();
     println!(
         "{} doorbells over {HANDOVERS} handovers, {} joined",

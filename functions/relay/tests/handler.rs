@@ -8,11 +8,12 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use dynamo_outbox::notification::{CommitNotification, DETAIL_TYPE, SOURCE};
-use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions};
+use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions, StopReason};
 use lambda_runtime::LambdaEvent;
 use outbox_integration_tests::*;
 use outbox_relay_function::{
-    notification_jitter, DeadlineSource, RelayFunction, RelaySettings, RelaySummary, Trigger,
+    notification_jitter, DeadlineSource, Ending, RelayFunction, RelaySettings, RelaySummary, Skip,
+    Trigger,
 };
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -101,7 +102,11 @@ async fn publishes_and_stops_before_the_invocation_deadline() {
     let took = started.elapsed();
     assert_eq!(summary.relay_id, "outbox-relay-test-req-1");
     assert_eq!(summary.published, 20, "{summary:?}");
-    assert_eq!(summary.stop_reason, "deadline", "{summary:?}");
+    assert_eq!(
+        summary.stop_reason,
+        Ending::Ran(StopReason::Deadline),
+        "{summary:?}"
+    );
     assert!(summary.released, "{summary:?}");
     assert_eq!(summary.refused_writes, 0, "{summary:?}");
     assert_no_refusal_on_the_wire(&wire, "the invocation");
@@ -142,6 +147,11 @@ async fn publishes_and_stops_before_the_invocation_deadline() {
     ] {
         assert!(v.get(field).is_some(), "{field} missing from {v}");
     }
+    // The answer's JSON names the ending and the trigger as the docs list them.
+    assert_eq!(
+        (&v["stop_reason"], &v["trigger"]),
+        (&json!("deadline"), &json!("direct"))
+    );
 
     // A warm invocation reuses the clients and publishes what arrived since.
     written.extend(enqueue(&writer, &topic, 20, 5).await);
@@ -174,7 +184,11 @@ async fn a_missing_or_past_deadline_falls_back_to_the_configured_run_time() {
             .expect("relay invocation");
         let took = started.elapsed();
         assert_eq!(summary.deadline_source, DeadlineSource::Fallback);
-        assert_eq!(summary.stop_reason, "deadline", "{summary:?}");
+        assert_eq!(
+            summary.stop_reason,
+            Ending::Ran(StopReason::Deadline),
+            "{summary:?}"
+        );
         assert!(summary.released, "{summary:?}");
         // 4 s of run time, the last 2 s of it kept for the stop: it works for 2 s (not
         // the zero or negative time the context says) and then stops. The stop's own
@@ -343,12 +357,16 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
     let (tick, (burst, requests)) = tokio::join!(tick, notified);
     let tick = tick.expect("scheduled invocation");
     assert_eq!(tick.published, 8, "{tick:?}");
-    assert_eq!(tick.trigger, Trigger::Schedule);
+    assert_eq!(tick.trigger, Trigger::Direct);
     assert_eq!(tick.refused_writes, 0, "{tick:?}");
     assert_no_refusal_on_the_wire(&scheduled_wire, "the scheduled invocation");
     for summary in burst {
         let summary = summary.expect("notified invocation");
-        assert_eq!(summary.stop_reason, "covered", "{summary:?}");
+        assert_eq!(
+            summary.stop_reason,
+            Ending::Skipped(Skip::Covered),
+            "{summary:?}"
+        );
         assert_eq!(summary.trigger, Trigger::Notification);
         assert_eq!(summary.uncovered, Some(vec![]));
         assert_eq!((summary.published, summary.buckets_owned), (0, 0));
@@ -408,10 +426,7 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
         .into_iter()
         .map(|r| r.expect("notified invocation"))
         .collect();
-    let joined: Vec<&RelaySummary> = burst
-        .iter()
-        .filter(|s| !matches!(s.stop_reason.as_str(), "covered" | "empty"))
-        .collect();
+    let joined: Vec<&RelaySummary> = burst.iter().filter(|s| s.stop_reason.ran()).collect();
     assert_eq!(
         joined.len(),
         1,
@@ -419,7 +434,7 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
     );
     for s in &joined {
         assert_eq!(s.trigger, Trigger::Notification);
-        assert_eq!(s.stop_reason, "deadline", "{s:?}");
+        assert_eq!(s.stop_reason, Ending::Ran(StopReason::Deadline), "{s:?}");
         assert!(s.uncovered.as_ref().is_some_and(|u| !u.is_empty()), "{s:?}");
     }
     let published: u64 = burst.iter().map(|s| s.published).sum();
@@ -444,7 +459,11 @@ async fn notifications_for_another_outbox_or_malformed_ones_start_nothing() {
         ))
         .await
         .expect("ignored notification");
-    assert_eq!(summary.stop_reason, "not_this_outbox", "{summary:?}");
+    assert_eq!(
+        summary.stop_reason,
+        Ending::Skipped(Skip::NotThisOutbox),
+        "{summary:?}"
+    );
     let mut malformed = notification(&options, &[1]);
     malformed["detail"]["buckets"] = json!([1, 4]);
     let e = function

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 /// Why a run ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {
     /// The deadline arrived; the relay stopped gracefully.
     Deadline,
