@@ -187,7 +187,7 @@ async fn a_disallowed_topic_written_straight_into_the_table_is_parked_reported_a
     assert!(
         line.contains(&format!("topic \"{refused}\" is not allowed here"))
             && line.contains(&bad.message_id.to_string())
-            && line.contains(&format!("sequence {bad_seq}")),
+            && line.contains(&format!("sequence={bad_seq}")),
         "{line}"
     );
 

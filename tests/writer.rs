@@ -272,13 +272,22 @@ async fn message_commits_with_the_business_write_or_not_at_all() {
         .await
         .map_err(transaction_error)
         .unwrap_err();
-    match err {
-        Error::TransactionCanceled { reasons, retryable } => {
-            assert_eq!(reasons, ["ConditionalCheckFailed", "None"]);
+    match &err {
+        Error::TransactionCanceled {
+            reasons, retryable, ..
+        } => {
+            assert_eq!(reasons, &["ConditionalCheckFailed", "None"]);
             assert!(!retryable);
         }
         other => panic!("unexpected {other}"),
     }
+    // The SDK's error stays the source (its request id and messages for the logs).
+    let source = std::error::Error::source(&err).expect("the SDK error as the source");
+    assert!(
+        dynamo_outbox::error::chain(&err).contains("TransactionCanceledException")
+            || format!("{source:?}").contains("TransactionCanceledException"),
+        "{source:?}"
+    );
     // DynamoDB Local's cancellation, counted at the wire as one refused condition.
     assert_eq!(
         wire.refusals(),

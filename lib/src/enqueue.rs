@@ -221,7 +221,7 @@ impl EnqueueService {
             ),
             Err(e) => warn!(
                 bus = notifier.bus(),
-                error = %e,
+                error = %crate::error::chain(&e),
                 "commit notification failed (the messages are committed; relays find them on their next poll)"
             ),
         }

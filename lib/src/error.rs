@@ -70,6 +70,9 @@ pub enum Error {
         reasons: Vec<String>,
         /// Whether a retry may succeed (conflicts, throttling), as opposed to a failed condition.
         retryable: bool,
+        /// The SDK error (with the request id and the cancellation messages).
+        #[source]
+        source: BoxError,
     },
     /// A DynamoDB request failed.
     #[error("dynamodb {operation} failed{}", if *.retryable { " (retryable)" } else { "" })]

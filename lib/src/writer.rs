@@ -368,7 +368,11 @@ where
                 "TransactionConflict" | "ThrottlingError" | "ProvisionedThroughputExceeded"
             )
         });
-        return Error::TransactionCanceled { reasons, retryable };
+        return Error::TransactionCanceled {
+            reasons,
+            retryable,
+            source: Box::new(err),
+        };
     }
     from_sdk("TransactWriteItems", err)
 }

@@ -74,8 +74,13 @@ impl EventBridgeNotifier {
         &self.bus
     }
 
-    /// Sends `notification` as one event; gives up at `by`. The error names what failed.
-    pub async fn send(&self, notification: &CommitNotification, by: Instant) -> Result<(), String> {
+    /// Sends `notification` as one event; gives up at `by`. The error says what failed and
+    /// keeps the SDK's error as its source.
+    pub async fn send(
+        &self,
+        notification: &CommitNotification,
+        by: Instant,
+    ) -> Result<(), NotifyError> {
         let result = self.put(notification, by).await;
         let counter = if result.is_ok() {
             &self.sent
@@ -86,7 +91,7 @@ impl EventBridgeNotifier {
         result
     }
 
-    async fn put(&self, notification: &CommitNotification, by: Instant) -> Result<(), String> {
+    async fn put(&self, notification: &CommitNotification, by: Instant) -> Result<(), NotifyError> {
         let entry = PutEventsRequestEntry::builder()
             .event_bus_name(&self.bus)
             .source(SOURCE)
@@ -95,21 +100,38 @@ impl EventBridgeNotifier {
             .build();
         let sent = tokio::time::timeout_at(by, self.client.put_events().entries(entry).send())
             .await
-            .map_err(|_| "PutEvents did not finish in time".to_owned())?
-            .map_err(|e| {
-                format!(
-                    "PutEvents failed: {}",
-                    aws_sdk_eventbridge::error::DisplayErrorContext(e)
-                )
-            })?;
+            .map_err(|_| NotifyError::TimedOut)?
+            .map_err(|e| NotifyError::Request(Box::new(e)))?;
         if sent.failed_entry_count() > 0 {
             let entry = sent.entries().first();
-            return Err(format!(
-                "EventBridge refused the event: {} {}",
-                entry.and_then(|e| e.error_code()).unwrap_or("?"),
-                entry.and_then(|e| e.error_message()).unwrap_or("")
-            ));
+            return Err(NotifyError::Refused {
+                code: entry.and_then(|e| e.error_code()).unwrap_or("?").to_owned(),
+                message: entry
+                    .and_then(|e| e.error_message())
+                    .unwrap_or("")
+                    .to_owned(),
+            });
         }
         Ok(())
     }
+}
+
+/// Why a commit notification was not sent ([`EventBridgeNotifier::send`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotifyError {
+    /// `PutEvents` did not answer by the caller's time.
+    #[error("PutEvents did not finish in time")]
+    TimedOut,
+    /// The request failed (its SDK error is the source).
+    #[error("PutEvents failed")]
+    Request(#[source] crate::error::BoxError),
+    /// EventBridge answered and refused the event.
+    #[error("EventBridge refused the event: {code} {message}")]
+    Refused {
+        /// The entry's error code.
+        code: String,
+        /// The entry's error message.
+        message: String,
+    },
 }

@@ -35,7 +35,7 @@ pub mod event;
 #[cfg(feature = "eventbridge")]
 mod eventbridge;
 #[cfg(feature = "eventbridge")]
-pub use eventbridge::{EventBridgeNotifier, NOTIFY_TIMEOUT};
+pub use eventbridge::{EventBridgeNotifier, NotifyError, NOTIFY_TIMEOUT};
 
 /// The environment variable naming the event bus (name or ARN) for commit notifications;
 /// unset or empty for none.

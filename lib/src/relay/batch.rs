@@ -44,7 +44,12 @@ pub(super) enum BatchResult {
     /// The bucket is stuck on an unreadable item or a record the broker rejects, after
     /// `deleted` messages went through.
     Poison {
-        reason: String,
+        /// What is wrong: the unreadable item ([`Error::Corrupt`]), a topic outside the
+        /// allow-list ([`Error::InvalidMessage`]), the broker's refusal
+        /// ([`Error::KafkaRejected`], with the client's error as its source).
+        error: Error,
+        /// The message the bucket is stuck on (its id and sequence), when it could be read.
+        at: Option<(String, u64)>,
         deleted: usize,
         last: Option<u64>,
     },
@@ -201,7 +206,8 @@ impl<P: Publisher> Relay<P> {
             Ok(Ok(f)) => f,
             Ok(Err(e @ Error::Corrupt { .. })) => {
                 return Ok(BatchResult::Poison {
-                    reason: e.to_string(),
+                    error: e,
+                    at: None,
                     deleted: 0,
                     last: None,
                 })
@@ -223,21 +229,23 @@ impl<P: Publisher> Relay<P> {
             .position(|m| !allowed.allows(&m.message.topic))
             .map(|i| {
                 let m = &fetched.messages[i];
-                let reason = format!(
-                    "bucket {bucket} (message {}, sequence {}): {}; not published",
-                    m.message.message_id,
-                    m.sequence,
-                    allowed.refusal(&m.message.topic)
-                );
-                (i, reason)
+                let error = Error::InvalidMessage {
+                    field: "topic".into(),
+                    rule: format!("{}; not published", allowed.refusal(&m.message.topic)),
+                };
+                (i, error, (m.message.message_id.to_string(), m.sequence))
             });
-        if let Some((0, reason)) = refused {
-            return Ok(BatchResult::Poison {
-                reason,
-                deleted: 0,
-                last: None,
-            });
-        }
+        let refused = match refused {
+            Some((0, error, at)) => {
+                return Ok(BatchResult::Poison {
+                    error,
+                    at: Some(at),
+                    deleted: 0,
+                    last: None,
+                });
+            }
+            other => other,
+        };
         let publishable =
             &fetched.messages[..refused.as_ref().map_or(fetched.messages.len(), |r| r.0)];
         if Instant::now() >= limit {
@@ -277,11 +285,15 @@ impl<P: Publisher> Relay<P> {
         let last = deleted.checked_sub(1).map(|i| sequences[i]);
         match outcome.error {
             // Everything in front of the refused message went through: park at it.
-            None if deleted == sequences.len() && refused.is_some() => Ok(BatchResult::Poison {
-                reason: refused.map(|r| r.1).unwrap_or_default(),
-                deleted,
-                last,
-            }),
+            None if deleted == sequences.len() && refused.is_some() => {
+                let (_, error, at) = refused.expect("checked in the guard");
+                Ok(BatchResult::Poison {
+                    error,
+                    at: Some(at),
+                    deleted,
+                    last,
+                })
+            }
             None if deleted == sequences.len() => Ok(BatchResult::Done {
                 fetched: fetched.messages.len(),
                 deleted,
@@ -293,19 +305,15 @@ impl<P: Publisher> Relay<P> {
                 last,
                 publish_failed: false,
             }),
-            Some(e @ Error::KafkaRejected { .. }) => {
-                let at = fetched.messages.get(acked).map_or_else(String::new, |m| {
-                    format!(
-                        " (message {}, sequence {})",
-                        m.message.message_id, m.sequence
-                    )
-                });
-                Ok(BatchResult::Poison {
-                    reason: format!("bucket {bucket}{at}: {e}"),
-                    deleted,
-                    last,
-                })
-            }
+            Some(e @ Error::KafkaRejected { .. }) => Ok(BatchResult::Poison {
+                error: e,
+                at: fetched
+                    .messages
+                    .get(acked)
+                    .map(|m| (m.message.message_id.to_string(), m.sequence)),
+                deleted,
+                last,
+            }),
             Some(e) => {
                 warn!(bucket, acknowledged = acked, error = %e, "publish failed");
                 Ok(BatchResult::Failed {

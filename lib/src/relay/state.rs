@@ -261,7 +261,8 @@ impl RunState {
                 );
             }
             Ok(BatchResult::Poison {
-                reason,
+                error,
+                at,
                 deleted,
                 last,
             }) => {
@@ -270,7 +271,15 @@ impl RunState {
                 if last.is_some() {
                     o.last_removed = last;
                 }
-                error!(bucket, reason = %reason, "bucket stuck on an item it cannot publish; quarantine it with `outboxctl quarantine`");
+                let (message_id, sequence) =
+                    at.map_or((None, None), |(id, seq)| (Some(id), Some(seq)));
+                error!(
+                    bucket,
+                    message_id,
+                    sequence,
+                    error = %crate::error::chain(&error),
+                    "bucket stuck on an item it cannot publish; quarantine it with `outboxctl quarantine`"
+                );
                 metrics.poison_item(bucket);
                 self.publish_failures += 1;
                 o.dirty = true;
@@ -503,7 +512,8 @@ mod tests {
         assert_eq!((s.published, s.publish_failures), (16, 1));
 
         let poison = BatchResult::Poison {
-            reason: "bad".into(),
+            error: Error::Misconfiguration("bad".into()),
+            at: None,
             deleted: 0,
             last: None,
         };
