@@ -1,25 +1,25 @@
 //! `outboxctl drain`: waits until every bucket is empty, showing the messages left and
 //! the rate (a bar on a terminal, plain lines otherwise).
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::Duration;
 
-use dynamo_outbox::options::parse_duration;
 use dynamo_outbox::DynamoDbOutboxStore;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::time::Instant;
 
-use crate::{dynamodb, failure, human_duration, outbox_options, usage, Cli, Failure};
+use crate::{dynamodb, failure, human_duration, outbox_options, Cli, Failure};
 
 /// Flags of `outboxctl drain`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// Give up (exit 1) when the table is not empty after this long, e.g. 90s, 10m.
-    #[arg(long, value_name = "DURATION", default_value = "10m")]
-    timeout: String,
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = crate::args::duration)]
+    timeout: Duration,
     /// How often to count the messages (each count reads every pending message, up to
     /// the pending count limit per bucket).
-    #[arg(long, value_name = "DURATION", default_value = "1s")]
-    interval: String,
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = crate::args::positive_duration)]
+    interval: Duration,
 }
 
 /// The messages left: the sum over the buckets, and whether a count stopped at the cap.
@@ -35,29 +35,11 @@ async fn count(store: &DynamoDbOutboxStore) -> Result<(u64, bool), Failure> {
     Ok((left, capped))
 }
 
-/// A progress line: bar (when `width` > 0), messages left, rate and time to go.
-pub(crate) fn progress_line(
-    start: u64,
-    left: u64,
-    capped: bool,
-    rate: Option<f64>,
-    width: usize,
-) -> String {
-    let mut line = String::new();
-    if width > 0 {
-        let done = if start == 0 {
-            1.0
-        } else {
-            (start.saturating_sub(left)) as f64 / start as f64
-        };
-        let filled = ((done * width as f64).round() as usize).min(width);
-        line.push('[');
-        line.push_str(&"#".repeat(filled));
-        line.push_str(&"-".repeat(width - filled));
-        line.push_str(&format!("] {:>3.0}%  ", done * 100.0));
-    }
+/// The progress text: messages left, rate and time to go (after the bar on a terminal,
+/// alone in the plain lines).
+pub(crate) fn progress_text(left: u64, capped: bool, rate: Option<f64>) -> String {
     let at_least = if capped { ">=" } else { "" };
-    line.push_str(&format!("{at_least}{left} messages left"));
+    let mut line = format!("{at_least}{left} messages left");
     match rate {
         Some(r) if r > 0.0 => {
             line.push_str(&format!(", {r:.1} msg/s"));
@@ -71,55 +53,72 @@ pub(crate) fn progress_line(
     line
 }
 
+/// Where the progress goes: an indicatif bar on a terminal (it hides itself elsewhere),
+/// and a plain line every 5 s otherwise, for logs.
+struct Progress {
+    bar: ProgressBar,
+    terminal: bool,
+    last_plain: Option<Instant>,
+}
+
+impl Progress {
+    fn new(start: u64) -> Self {
+        // On stdout, as the plain lines: stderr keeps the logs.
+        let bar = ProgressBar::with_draw_target(Some(start), ProgressDrawTarget::stdout());
+        bar.set_style(
+            ProgressStyle::with_template("[{bar:30}] {percent:>3}%  {msg}")
+                .expect("a valid template")
+                .progress_chars("#-"),
+        );
+        Progress {
+            bar,
+            terminal: std::io::stdout().is_terminal(),
+            last_plain: None,
+        }
+    }
+
+    fn show(&mut self, start: u64, left: u64, capped: bool, rate: Option<f64>) {
+        let text = progress_text(left, capped, rate);
+        // More may arrive while it drains: the bar grows with the backlog.
+        self.bar.set_length(start.max(left).max(1));
+        self.bar.set_position(start.max(left) - left);
+        self.bar.set_message(text.clone());
+        if !self.terminal
+            && self
+                .last_plain
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(5))
+        {
+            println!("drain: {text}");
+            self.last_plain = Some(Instant::now());
+        }
+    }
+}
+
 pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
     let options = outbox_options(cli, None)?;
-    let timeout = parse_duration("--timeout", &args.timeout)?;
-    let interval = parse_duration("--interval", &args.interval)?;
-    if interval.is_zero() {
-        return Err(usage("--interval must be greater than zero"));
-    }
+    let (timeout, interval) = (args.timeout, args.interval);
     let store = DynamoDbOutboxStore::new(dynamodb().await, options)?;
-    let terminal = std::io::stdout().is_terminal();
     let started = Instant::now();
     let deadline = started + timeout;
     let (start, mut capped) = count(&store).await?;
     let mut left = start;
     let mut last = (started, start);
     let mut rate: Option<f64> = None;
-    let mut last_plain = None::<Instant>;
-    let mut out = std::io::stdout();
+    let mut progress = Progress::new(start);
     loop {
         if left == 0 {
-            if terminal {
-                let _ = writeln!(out, "\r{}\x1b[K", progress_line(start, 0, false, rate, 30));
-            }
-            let _ = writeln!(
-                out,
+            progress.show(start, 0, false, rate);
+            progress.bar.finish();
+            println!(
                 "drained: every bucket is empty ({} messages in {})",
                 start,
                 human_duration(started.elapsed().as_secs_f64())
             );
             return Ok(());
         }
-        if terminal {
-            let _ = write!(
-                out,
-                "\r{}\x1b[K",
-                progress_line(start.max(left), left, capped, rate, 30)
-            );
-            let _ = out.flush();
-        } else if last_plain.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
-            let _ = writeln!(
-                out,
-                "drain: {}",
-                progress_line(start, left, capped, rate, 0)
-            );
-            last_plain = Some(Instant::now());
-        }
+        progress.show(start, left, capped, rate);
         if Instant::now() + interval > deadline {
-            if terminal {
-                let _ = writeln!(out);
-            }
+            progress.bar.abandon();
             let at_least = if capped { "at least " } else { "" };
             return Err(failure(format!(
                 "{at_least}{left} messages still pending after {}: are relays running for every \
@@ -147,19 +146,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn progress_lines() {
+    fn progress_texts() {
         assert_eq!(
-            progress_line(100, 25, false, Some(5.0), 10),
-            "[########--]  75%  25 messages left, 5.0 msg/s, ~5s to go"
+            progress_text(25, false, Some(5.0)),
+            "25 messages left, 5.0 msg/s, ~5s to go"
         );
-        assert_eq!(progress_line(100, 100, false, None, 0), "100 messages left");
+        assert_eq!(progress_text(100, false, None), "100 messages left");
         assert_eq!(
-            progress_line(20_000, 10_000, true, Some(0.0), 0),
+            progress_text(10_000, true, Some(0.0)),
             ">=10000 messages left, 0.0 msg/s"
-        );
-        assert_eq!(
-            progress_line(0, 0, false, None, 4),
-            "[####] 100%  0 messages left"
         );
     }
 }

@@ -5,6 +5,7 @@
 //! 0 ok, 1 operational failure, 2 what the caller must fix (bad usage, bad input, a
 //! misconfiguration); [`exit_code`] decides it from the error's type, for every command.
 
+mod args;
 mod demo;
 mod drain;
 mod enqueue;

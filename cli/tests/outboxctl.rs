@@ -77,6 +77,20 @@ fn help_explains_every_command_and_usage_errors_exit_2() {
     assert_eq!(code(&outboxctl(&["status", "--no-such-flag"], None)), 2);
     let bad = outboxctl(&["drain", "--table", "t-123", "--timeout", "soon"], None);
     assert_eq!(code(&bad), 2, "{}", text(&bad.stderr));
+    // A duration flag's error names the flag and the rule (clap parses it).
+    assert!(
+        text(&bad.stderr).contains("--timeout")
+            && text(&bad.stderr).contains("is not a duration like 500ms, 30s"),
+        "{}",
+        text(&bad.stderr)
+    );
+    let bad = outboxctl(&["drain", "--table", "t-123", "--interval", "0s"], None);
+    assert_eq!(code(&bad), 2, "{}", text(&bad.stderr));
+    assert!(
+        text(&bad.stderr).contains("--interval") && text(&bad.stderr).contains("greater than zero"),
+        "{}",
+        text(&bad.stderr)
+    );
 }
 
 #[tokio::test]
