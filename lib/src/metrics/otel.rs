@@ -16,7 +16,7 @@
 //! | `dekaf.outbox.lease.expirations` | counter, `{event}` | leases lost: a refused renewal, a lease a peer holds now (one per bucket) |
 //! | `dekaf.outbox.publish.duration` | histogram, `s` | one batch of a bucket: fetch, publish, delete |
 //! | `dekaf.outbox.cycle.duration` | histogram, `s` | one acquisition round: heartbeat, read, plan, renew, release, claim |
-//! | `dekaf.outbox.owned_buckets` | gauge, `{bucket}` | buckets owned after the last round |
+//! | `dekaf.outbox.owned_buckets` | gauge, `{bucket}` | buckets this relay publishes (its ownership changes, reported after each round; 0 once it stopped) |
 //! | `dekaf.outbox.pending.messages` | gauge, `{message}` | the whole table's backlog from the latest sample |
 //! | `dekaf.outbox.pending.oldest_age` | gauge, `s` | age of the oldest pending message: the sampled age plus the time since the sample; 0 with an empty backlog |
 //! | `dekaf.outbox.pending.available` | gauge, `1` | 1 while this relay has a backlog sample, else 0 |
@@ -88,7 +88,8 @@ pub const MAX_NAME_CHARS: usize = 64;
 /// What the gauges report, updated by the relay and read at each collection.
 #[derive(Debug, Default)]
 struct Gauges {
-    owned_buckets: u64,
+    /// The buckets this relay publishes, from its ownership changes.
+    owned: std::collections::BTreeSet<u32>,
     /// Latest sample per bucket: pending, head age, when it was taken.
     backlog: BTreeMap<u32, (u32, Option<Duration>, Instant)>,
 }
@@ -153,7 +154,7 @@ impl OtelMetrics {
                 .u64_observable_gauge(OWNED_BUCKETS)
                 .with_unit("{bucket}")
                 .with_description("Buckets this relay owns after its last acquisition round.")
-                .with_callback(move |o| o.observe(lock(&g).owned_buckets, &a))
+                .with_callback(move |o| o.observe(lock(&g).owned.len() as u64, &a))
                 .build()
         };
         let pending = {
@@ -203,7 +204,7 @@ impl OtelMetrics {
                 .with_boundaries(DURATION_BOUNDARIES.to_vec())
                 .build()
         };
-        Ok(OtelMetrics {
+        let metrics = OtelMetrics {
             acknowledged: meter
                 .u64_counter(ACKNOWLEDGED)
                 .with_unit("{message}")
@@ -232,7 +233,17 @@ impl OtelMetrics {
             attributes,
             gauges,
             _observed: (owned, pending, oldest, available),
-        })
+        };
+        // Every counter's series exists from the start at 0: a rate or an "increase > 0"
+        // alert needs the zero, and a missing series then means a missing relay.
+        for counter in [
+            &metrics.acknowledged,
+            &metrics.failures,
+            &metrics.lease_expirations,
+        ] {
+            counter.add(0, &metrics.attributes);
+        }
+        Ok(metrics)
     }
 }
 
@@ -245,10 +256,6 @@ impl RelayMetrics for OtelMetrics {
 
     fn publish_failed(&self, _bucket: u32, _permanent: bool) {
         self.failures.add(1, &self.attributes);
-    }
-
-    fn owned_buckets(&self, count: usize) {
-        lock(&self.gauges).owned_buckets = count as u64;
     }
 
     fn leases_lost(&self, count: usize) {
@@ -264,9 +271,15 @@ impl RelayMetrics for OtelMetrics {
     }
 
     fn ownership(&self, bucket: u32, owned: bool) {
-        // Only the owner of bucket zero samples: without it, the sample goes stale.
-        if bucket == 0 && !owned {
-            lock(&self.gauges).backlog.clear();
+        let mut g = lock(&self.gauges);
+        if owned {
+            g.owned.insert(bucket);
+        } else {
+            g.owned.remove(&bucket);
+            // Only the owner of bucket zero samples: without it, the sample goes stale.
+            if bucket == 0 {
+                g.backlog.clear();
+            }
         }
     }
 
