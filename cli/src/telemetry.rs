@@ -16,7 +16,8 @@
 //!
 //! The SDK's periodic reader exports from a thread of its own; the HTTP request runs on
 //! the relay's tokio runtime (hyper, the client the AWS SDK already brings), and a failed
-//! export is logged at `warn` and dropped: metrics never hold the relay up.
+//! export is logged at `warn` and dropped: metrics never hold the relay up (its stop waits
+//! for the last export, at most 5 s: the SDK's bound on a reader's shutdown).
 
 use std::sync::Arc;
 use std::time::Duration;

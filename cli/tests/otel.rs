@@ -18,8 +18,8 @@ use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, Metric}
 use outbox_integration_tests::*;
 use prost::Message as _;
 
-/// Every request the receiver got: path, content type, decoded body.
-type Received = Arc<Mutex<Vec<(String, String, ExportMetricsServiceRequest)>>>;
+/// Every request the receiver got: path, content type, authorization header, decoded body.
+type Received = Arc<Mutex<Vec<(String, String, String, ExportMetricsServiceRequest)>>>;
 
 /// An OTLP/HTTP receiver on a free loopback port: answers every request of every
 /// connection with 200 and an empty `ExportMetricsServiceResponse`.
@@ -46,7 +46,8 @@ fn serve_otlp(stream: TcpStream, store: &Received) {
             return;
         }
         let path = line.split(' ').nth(1).unwrap_or("").to_string();
-        let (mut length, mut content_type) = (0usize, String::new());
+        let (mut length, mut content_type, mut authorization) =
+            (0usize, String::new(), String::new());
         loop {
             let mut header = String::new();
             reader.read_line(&mut header).unwrap();
@@ -58,6 +59,7 @@ fn serve_otlp(stream: TcpStream, store: &Received) {
             match name.to_ascii_lowercase().as_str() {
                 "content-length" => length = value.trim().parse().unwrap(),
                 "content-type" => content_type = value.trim().to_string(),
+                "authorization" => authorization = value.trim().to_string(),
                 _ => {}
             }
         }
@@ -65,7 +67,10 @@ fn serve_otlp(stream: TcpStream, store: &Received) {
         reader.read_exact(&mut body).unwrap();
         let request = ExportMetricsServiceRequest::decode(body.as_slice())
             .expect("the body is an ExportMetricsServiceRequest");
-        store.lock().unwrap().push((path, content_type, request));
+        store
+            .lock()
+            .unwrap()
+            .push((path, content_type, authorization, request));
         stream
             .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")
             .unwrap();
@@ -208,6 +213,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
 
     let (endpoint, received) = receiver();
     let relay_id = random_name("otel-relay");
+    let token = random_name("token");
     let mut child = Command::new(env!("CARGO_BIN_EXE_outboxctl"))
         .args([
             "relay",
@@ -218,8 +224,12 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
             "--health-listen",
             "127.0.0.1:0",
         ])
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "trace")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            format!("authorization=Bearer {token}"),
+        )
         .env("OTEL_METRIC_EXPORT_INTERVAL", "500")
         .env("OTEL_SERVICE_NAME", "orders-relay")
         .env("OUTBOX_METRICS_NAME", "orders")
@@ -284,7 +294,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
         || {
             let got = received.lock().unwrap();
             got.iter()
-                .any(|(_, _, r)| acknowledged(r) == Some(30.0))
+                .any(|(_, _, _, r)| acknowledged(r) == Some(30.0))
                 .then_some(())
         },
     );
@@ -295,7 +305,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
         || {
             let got = received.lock().unwrap();
             got.iter()
-                .any(|(_, _, r)| metrics_of(r).contains_key("dekaf.outbox.pending.messages"))
+                .any(|(_, _, _, r)| metrics_of(r).contains_key("dekaf.outbox.pending.messages"))
                 .then_some(())
         },
     );
@@ -328,11 +338,24 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
         "periodic exports and the final one: {}",
         got.len()
     );
-    for (path, content_type, _) in got.iter() {
+    for (path, content_type, authorization, _) in got.iter() {
         assert_eq!(path, "/v1/metrics");
         assert_eq!(content_type, "application/x-protobuf");
+        assert_eq!(
+            authorization,
+            &format!("Bearer {token}"),
+            "OTEL_EXPORTER_OTLP_HEADERS"
+        );
     }
-    let (_, _, last) = got.last().unwrap();
+    assert!(
+        logs.contains("hyper_util::client"),
+        "trace logs of the export's HTTP client are on"
+    );
+    assert!(
+        !logs.contains(&token),
+        "the header's token is never logged, even at trace"
+    );
+    let (_, _, _, last) = got.last().unwrap();
     let resource = last.resource_metrics[0].resource.as_ref().unwrap();
     assert_eq!(
         string_attr(&resource.attributes, "service.name").as_deref(),
@@ -345,7 +368,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
     // Every instrument over the run (the backlog gauges only while the relay owned bucket
     // zero and had sampled it), the latest point of each.
     let mut metrics = BTreeMap::new();
-    for (_, _, r) in got.iter() {
+    for (_, _, _, r) in got.iter() {
         metrics.extend(metrics_of(r));
     }
     let names: BTreeSet<&str> = metrics.keys().map(String::as_str).collect();
@@ -403,7 +426,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
         );
     }
     // The relay owned every bucket (bucket zero among them: it sampled the backlog).
-    let owned_seen = got.iter().any(|(_, _, r)| {
+    let owned_seen = got.iter().any(|(_, _, _, r)| {
         metrics_of(r)
             .get("dekaf.outbox.owned_buckets")
             .is_some_and(|m| point_value(m, "orders") == 4.0)
@@ -413,7 +436,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
     // bucket, and its last export says it has none (the next owner reports it).
     let sampled = got
         .iter()
-        .map(|(_, _, r)| metrics_of(r))
+        .map(|(_, _, _, r)| metrics_of(r))
         .find(|m| m.contains_key("dekaf.outbox.pending.messages"))
         .expect("an export with a backlog sample");
     assert_eq!(
@@ -458,4 +481,66 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
             "{name}: seconds, not milliseconds"
         );
     }
+}
+
+/// Readiness is not a constant: a relay whose DynamoDB refuses every connection is live
+/// (its loop runs and retries) and not ready (no lease round completes). Without an OTLP
+/// endpoint in the environment, or `--otlp`, nothing is exported.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_that_cannot_reach_dynamodb_is_live_and_not_ready() {
+    stack_var("KAFKA_BOOTSTRAP_SERVERS");
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outboxctl"))
+        .args([
+            "relay",
+            "--table",
+            &random_name("unreachable"),
+            "--health-listen",
+            "127.0.0.1:0",
+        ])
+        .env("RUST_LOG", "info")
+        .env("AWS_ENDPOINT_URL_DYNAMODB", format!("http://{closed}"))
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        .env("OUTBOX_LEASE_DURATION", "3s")
+        .env("OUTBOX_LEASE_RENEW_INTERVAL", "1s")
+        .env("OUTBOX_ERROR_BACKOFF", "200ms")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run outboxctl relay");
+    let stderr = child.stderr.take().unwrap();
+    let _relay = Relay(child);
+    let (tx, lines) = mpsc::channel();
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            kept.lock().unwrap().push(line.clone());
+            let _ = tx.send(line);
+        }
+    });
+    let line = wait_for_line(&lines, "health endpoint listening", Duration::from_secs(60));
+    let addr = strip_ansi(&line)
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("addr=").map(str::to_string))
+        .unwrap_or_else(|| panic!("the log line names the address: {line:?}"));
+    // Its first lease rounds fail (connection refused) and are retried.
+    wait_for_line(&lines, "round failed", Duration::from_secs(60));
+    let (status, body) = get(&addr, "/healthz");
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "live: the relay loop is running")
+    );
+    let (status, body) = get(&addr, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("no acquisition round has completed yet"),
+        "{body}"
+    );
+    let logs = log.lock().unwrap().join("\n");
+    assert!(!logs.contains("OTLP"), "no export configured: {logs}");
 }
