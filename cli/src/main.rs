@@ -9,7 +9,9 @@ mod args;
 mod demo;
 mod drain;
 mod enqueue;
+mod health;
 mod status;
+mod telemetry;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -98,6 +100,20 @@ enum Command {
         /// How often --emf flushes.
         #[arg(long, value_name = "DURATION", default_value = "60s")]
         emf_interval: String,
+        /// Export the relay's metrics over OTLP/HTTP (protobuf) with the instrument names of
+        /// the reference implementation (dekaf.outbox.*, attribute outbox.name from
+        /// OUTBOX_METRICS_NAME). Also on without the flag when OTEL_EXPORTER_OTLP_ENDPOINT or
+        /// OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set; the standard OTEL_* variables
+        /// configure it (default endpoint http://localhost:4318, OTEL_METRIC_EXPORT_INTERVAL
+        /// 60000 ms, OTEL_SERVICE_NAME outbox-relay); OTEL_SDK_DISABLED=true turns it off.
+        #[arg(long)]
+        otlp: bool,
+        /// Answer liveness and readiness probes over HTTP on ADDR (e.g. 0.0.0.0:8080):
+        /// GET /healthz is 200 while the relay loop runs, GET /readyz is 200 while the relay
+        /// is connected and heartbeating (its last lease round completed within a lease
+        /// duration, its heartbeat not refused, no owned bucket's latest batch failed).
+        #[arg(long, value_name = "ADDR", env = "OUTBOX_HEALTH_LISTEN")]
+        health_listen: Option<String>,
     },
     /// Show who owns which bucket, the backlog, the relays, and what needs attention.
     ///
@@ -281,6 +297,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             grace,
             emf,
             emf_interval,
+            otlp,
+            health_listen,
         } => {
             let options = outbox_options(&cli, None)?;
             let grace = parse_duration("--grace", grace)?;
@@ -292,6 +310,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             if emf_interval.is_zero() {
                 return Err(usage("--emf-interval must be greater than zero"));
             }
+            let relay_opts = relay_options(&options)?;
+            let health = Arc::new(health::Health::new(relay_opts.lease_duration));
+            if let Some(listen) = health_listen {
+                health::serve(listen, health.clone()).await?;
+            }
+            let otel =
+                telemetry::Otlp::start(*otlp, &relay_opts.relay_id, &relay_opts.metrics_name)?;
             // The client with attempt and operation timeouts (lib/src/client.rs): a
             // half-open connection must not hold a renewal past the lease.
             let client = dynamo_outbox::client::dynamodb_client_from_env().await;
@@ -307,10 +332,16 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 None => store,
             };
             let publisher = kafka(Instant::now() + Duration::from_secs(30)).await?;
-            let relay = Relay::new(store, publisher, relay_options(&options)?)?;
+            let relay = Relay::new(store, publisher, relay_opts)?;
             let metrics = emf.then(|| Arc::new(EmfMetrics::from_env(&options.table_name)));
-            let relay = match &metrics {
-                Some(m) => relay.with_metrics(m.clone()),
+            let mut sinks: Vec<Arc<dyn dynamo_outbox::metrics::RelayMetrics>> = Vec::new();
+            sinks.extend(metrics.clone().map(|m| m as _));
+            sinks.extend(otel.as_ref().map(|o| o.metrics.clone() as _));
+            if health_listen.is_some() {
+                sinks.push(health.clone());
+            }
+            let relay = match telemetry::Fanout::of(sinks) {
+                Some(m) => relay.with_metrics(m),
                 None => relay,
             };
             let flusher = metrics.clone().map(|m| {
@@ -323,10 +354,22 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     }
                 })
             });
+            health.started();
+            let signal = {
+                let health = health.clone();
+                async move {
+                    shutdown_signal().await;
+                    health.stopping();
+                }
+            };
             let result = match run_for {
                 Some(d) => relay.run_until(Instant::now() + d).await,
-                None => relay.run_until_shutdown(shutdown_signal(), grace).await,
+                None => relay.run_until_shutdown(signal, grace).await,
             };
+            health.ended();
+            if let Some(o) = otel {
+                o.shutdown().await;
+            }
             if let Some(f) = flusher {
                 f.abort();
             }

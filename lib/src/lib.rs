@@ -35,7 +35,8 @@
 //!   `eventbridge`), and Lambda payloads (schedule tick, notification, stream doorbell;
 //!   feature `lambda`).
 //! - [`metrics`]: the relay's measurements, behind a trait for exporters, and
-//!   [`metrics::emf`], the CloudWatch Embedded Metric Format exporter.
+//!   [`metrics::emf`], the CloudWatch Embedded Metric Format exporter, and (feature
+//!   `otel`) `metrics::otel`, the reference implementation's OpenTelemetry instruments.
 //! - [`status`]: the state of an outbox as the table says it is (`outboxctl status`).
 //! - [`accounting`]: an SDK interceptor counting DynamoDB attempts by operation and outcome.
 //! - [`client`]: a DynamoDB client with attempt and operation timeouts.

@@ -1,8 +1,10 @@
 //! What the relay reports, behind a small trait so that exporters (CloudWatch EMF in the
-//! Lambda, a Prometheus endpoint in a long-lived process) plug in without the relay
-//! knowing them. Every method has a no-op default.
+//! Lambda, OpenTelemetry in a long-lived process) plug in without the relay knowing them.
+//! Every method has a no-op default.
 
 pub mod emf;
+#[cfg(feature = "otel")]
+pub mod otel;
 
 use std::fmt::Debug;
 use std::time::Duration;

@@ -1,0 +1,546 @@
+//! `outboxctl relay` outside Lambda: its OpenTelemetry metrics received by a real OTLP/HTTP
+//! receiver (a small one in this test: it decodes each `ExportMetricsServiceRequest` with
+//! opentelemetry-proto's types, as a collector does), and its health endpoint answering
+//! probes, with the relay binary publishing messages on the local stack. Run through
+//! scripts/stack.sh; never skipped.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dynamo_outbox::DynamoDbOutboxWriter;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
+use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, Metric};
+use outbox_integration_tests::*;
+use prost::Message as _;
+
+/// Every request the receiver got: path, content type, authorization header, decoded body.
+type Received = Arc<Mutex<Vec<(String, String, String, ExportMetricsServiceRequest)>>>;
+
+/// An OTLP/HTTP receiver on a free loopback port: answers every request of every
+/// connection with 200 and an empty `ExportMetricsServiceResponse`.
+fn receiver() -> (String, Received) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let received: Received = Arc::default();
+    let store = received.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let store = store.clone();
+            std::thread::spawn(move || serve_otlp(stream, &store));
+        }
+    });
+    (endpoint, received)
+}
+
+fn serve_otlp(stream: TcpStream, store: &Received) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut stream = stream;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let path = line.split(' ').nth(1).unwrap_or("").to_string();
+        let (mut length, mut content_type, mut authorization) =
+            (0usize, String::new(), String::new());
+        loop {
+            let mut header = String::new();
+            reader.read_line(&mut header).unwrap();
+            let header = header.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            let (name, value) = header.split_once(':').unwrap();
+            match name.to_ascii_lowercase().as_str() {
+                "content-length" => length = value.trim().parse().unwrap(),
+                "content-type" => content_type = value.trim().to_string(),
+                "authorization" => authorization = value.trim().to_string(),
+                _ => {}
+            }
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).unwrap();
+        let request = ExportMetricsServiceRequest::decode(body.as_slice())
+            .expect("the body is an ExportMetricsServiceRequest");
+        store
+            .lock()
+            .unwrap()
+            .push((path, content_type, authorization, request));
+        stream
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")
+            .unwrap();
+    }
+}
+
+/// One HTTP GET: status and body.
+fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the health endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nhost: {addr}\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let status = answer.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = answer
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    (status, body)
+}
+
+fn string_attr(attrs: &[KeyValue], key: &str) -> Option<String> {
+    attrs.iter().find(|kv| kv.key == key).and_then(|kv| {
+        match kv.value.as_ref()?.value.as_ref()? {
+            any_value::Value::StringValue(s) => Some(s.clone()),
+            _ => None,
+        }
+    })
+}
+
+/// The metrics of one export by name, with the export's resource attributes.
+fn metrics_of(request: &ExportMetricsServiceRequest) -> BTreeMap<String, Metric> {
+    let mut out = BTreeMap::new();
+    for rm in &request.resource_metrics {
+        for sm in &rm.scope_metrics {
+            let scope = sm.scope.as_ref().map(|s| s.name.as_str()).unwrap_or("");
+            assert_eq!(scope, "Dekaf.Outbox", "the reference's meter name");
+            for m in &sm.metrics {
+                out.insert(m.name.clone(), m.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The value of a counter or gauge's single data point (as f64), after checking that the
+/// point's only attribute is `outbox.name` = `name`.
+fn point_value(m: &Metric, name: &str) -> f64 {
+    let points = match m.data.as_ref().unwrap() {
+        metric::Data::Sum(s) => &s.data_points,
+        metric::Data::Gauge(g) => &g.data_points,
+        other => panic!("{}: not a number metric: {other:?}", m.name),
+    };
+    assert_eq!(points.len(), 1, "{}: one series per outbox", m.name);
+    let p = &points[0];
+    assert_eq!(p.attributes.len(), 1, "{}: {:?}", m.name, p.attributes);
+    assert_eq!(
+        string_attr(&p.attributes, "outbox.name").as_deref(),
+        Some(name)
+    );
+    match p.value.unwrap() {
+        number_data_point::Value::AsInt(v) => v as f64,
+        number_data_point::Value::AsDouble(v) => v,
+    }
+}
+
+/// `line` without terminal colour codes (`ESC [ ... m`).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn wait_for_line(lines: &mpsc::Receiver<String>, what: &str, timeout: Duration) -> String {
+    let until = Instant::now() + timeout;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains(what) => return line,
+            Ok(_) => {}
+            Err(_) => panic!("no stderr line with {what:?} within {timeout:?}"),
+        }
+    }
+}
+
+fn wait_until<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let until = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < until,
+            "timed out after {timeout:?}: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+struct Relay(Child);
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_probes() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let topic = random_name("otel");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let messages: Vec<_> = (0..30)
+        .map(|i| {
+            writer
+                .message(topic.as_str())
+                .with_key(format!("k{}", i % 7))
+                .with_value(format!("m{i}"))
+        })
+        .collect();
+    writer.enqueue(&messages[..20]).await.unwrap();
+    writer.enqueue(&messages[20..]).await.unwrap();
+    let written = id_set(&messages);
+
+    let (endpoint, received) = receiver();
+    let relay_id = random_name("otel-relay");
+    let token = random_name("token");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outboxctl"))
+        .args([
+            "relay",
+            "--table",
+            &options.table_name,
+            "--bucket-count",
+            "4",
+            "--health-listen",
+            "127.0.0.1:0",
+        ])
+        .env("RUST_LOG", "trace")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            format!("authorization=Bearer {token}"),
+        )
+        .env("OTEL_METRIC_EXPORT_INTERVAL", "500")
+        .env("OTEL_SERVICE_NAME", "orders-relay")
+        .env("OUTBOX_METRICS_NAME", "orders")
+        .env("OUTBOX_RELAY_ID", &relay_id)
+        .env("OUTBOX_LEASE_DURATION", "3s")
+        .env("OUTBOX_LEASE_RENEW_INTERVAL", "1s")
+        .env("OUTBOX_POLL_INTERVAL", "100ms")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run outboxctl relay");
+    let stderr = child.stderr.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut relay = Relay(child);
+    let (tx, lines) = mpsc::channel();
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            kept.lock().unwrap().push(line.clone());
+            let _ = tx.send(line);
+        }
+    });
+
+    // The health endpoint: its address from the log (port 0 picked a free one).
+    let line = wait_for_line(&lines, "health endpoint listening", Duration::from_secs(60));
+    let addr = strip_ansi(&line)
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("addr="))
+        .unwrap_or_else(|| panic!("the log line names the address: {line:?}"))
+        .to_string();
+    let (status, body) = get(&addr, "/healthz");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = wait_until("the relay is ready", Duration::from_secs(60), || {
+        let (s, b) = get(&addr, "/readyz");
+        (s == 200).then_some((s, b))
+    });
+    assert!(body.starts_with("ready: "), "{status} {body}");
+    assert_eq!(get(&addr, "/nothing-here").0, 404);
+
+    // Every message in Kafka, then an export that counted every one of them.
+    let read = tokio::task::spawn_blocking({
+        let (topic, written) = (topic.clone(), written.clone());
+        move || {
+            wait_until("every message in Kafka", Duration::from_secs(90), || {
+                let d = topic_deliveries(&topic);
+                d.missing(&written).is_empty().then_some(d)
+            })
+        }
+    })
+    .await
+    .unwrap();
+    assert!(read.unexpected(&written).is_empty());
+    let acknowledged = |r: &ExportMetricsServiceRequest| {
+        metrics_of(r)
+            .get("dekaf.outbox.publish.acknowledged")
+            .map(|m| point_value(m, "orders"))
+    };
+    wait_until(
+        "an export with publish.acknowledged = 30",
+        Duration::from_secs(60),
+        || {
+            let got = received.lock().unwrap();
+            got.iter()
+                .any(|(_, _, _, r)| acknowledged(r) == Some(30.0))
+                .then_some(())
+        },
+    );
+    // The owner of bucket zero samples the backlog from its second round on (1 s here).
+    wait_until(
+        "an export with a backlog sample",
+        Duration::from_secs(60),
+        || {
+            let got = received.lock().unwrap();
+            got.iter()
+                .any(|(_, _, _, r)| metrics_of(r).contains_key("dekaf.outbox.pending.messages"))
+                .then_some(())
+        },
+    );
+    let (status, body) = get(&addr, "/readyz");
+    assert_eq!(status, 200, "still ready after publishing: {body}");
+
+    // A graceful stop: the last export after it still says 30, and so does the relay.
+    let pid = relay.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let exit = wait_until("the relay exits", Duration::from_secs(60), || {
+        relay.0.try_wait().unwrap()
+    });
+    let mut out = String::new();
+    BufReader::new(stdout).read_to_string(&mut out).unwrap();
+    let logs = log.lock().unwrap().join("\n");
+    assert!(exit.success(), "{exit:?}\n{out}\n{logs}");
+    assert!(out.contains("published 30,"), "{out}");
+    assert!(
+        !logs.contains("export failed") && !logs.contains("export refused"),
+        "{logs}"
+    );
+
+    let got = received.lock().unwrap();
+    assert!(
+        got.len() >= 2,
+        "periodic exports and the final one: {}",
+        got.len()
+    );
+    for (path, content_type, authorization, _) in got.iter() {
+        assert_eq!(path, "/v1/metrics");
+        assert_eq!(content_type, "application/x-protobuf");
+        assert_eq!(
+            authorization,
+            &format!("Bearer {token}"),
+            "OTEL_EXPORTER_OTLP_HEADERS"
+        );
+    }
+    assert!(
+        logs.contains("hyper_util::client"),
+        "trace logs of the export's HTTP client are on"
+    );
+    assert!(
+        !logs.contains(&token),
+        "the header's token is never logged, even at trace"
+    );
+    let (_, _, _, last) = got.last().unwrap();
+    let resource = last.resource_metrics[0].resource.as_ref().unwrap();
+    assert_eq!(
+        string_attr(&resource.attributes, "service.name").as_deref(),
+        Some("orders-relay")
+    );
+    assert_eq!(
+        string_attr(&resource.attributes, "service.instance.id").as_deref(),
+        Some(relay_id.as_str())
+    );
+    // Every instrument over the run (the backlog gauges only while the relay owned bucket
+    // zero and had sampled it), the latest point of each.
+    let mut metrics = BTreeMap::new();
+    for (_, _, _, r) in got.iter() {
+        metrics.extend(metrics_of(r));
+    }
+    let names: BTreeSet<&str> = metrics.keys().map(String::as_str).collect();
+    let expected: BTreeSet<&str> = dynamo_outbox::metrics::otel::INSTRUMENT_NAMES
+        .into_iter()
+        .collect();
+    assert_eq!(names, expected, "the reference's instruments, no others");
+    for name in [
+        "dekaf.outbox.pending.messages",
+        "dekaf.outbox.pending.oldest_age",
+        "dekaf.outbox.owned_buckets",
+        "dekaf.outbox.publish.acknowledged",
+        "dekaf.outbox.publish.failures",
+        "dekaf.outbox.publish.duration",
+        "dekaf.outbox.lease.expirations",
+        "dekaf.outbox.cycle.duration",
+    ] {
+        assert!(names.contains(name), "{name} in {names:?}");
+    }
+    let unit = |n: &str| metrics[n].unit.as_str();
+    // Kinds and units as the reference declares them.
+    for (name, u) in [
+        ("dekaf.outbox.publish.acknowledged", "{message}"),
+        ("dekaf.outbox.publish.failures", "{attempt}"),
+        ("dekaf.outbox.lease.expirations", "{event}"),
+    ] {
+        assert_eq!(unit(name), u, "{name}");
+        match metrics[name].data.as_ref().unwrap() {
+            metric::Data::Sum(s) => assert!(s.is_monotonic, "{name} is a counter"),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        point_value(&metrics["dekaf.outbox.publish.acknowledged"], "orders"),
+        30.0
+    );
+    assert_eq!(
+        point_value(&metrics["dekaf.outbox.publish.failures"], "orders"),
+        0.0
+    );
+    assert_eq!(
+        point_value(&metrics["dekaf.outbox.lease.expirations"], "orders"),
+        0.0
+    );
+    for (name, u) in [
+        ("dekaf.outbox.owned_buckets", "{bucket}"),
+        ("dekaf.outbox.pending.messages", "{message}"),
+        ("dekaf.outbox.pending.oldest_age", "s"),
+        ("dekaf.outbox.pending.available", "1"),
+    ] {
+        assert_eq!(unit(name), u, "{name}");
+        assert!(
+            matches!(metrics[name].data, Some(metric::Data::Gauge(_))),
+            "{name} is a gauge"
+        );
+    }
+    // The relay owned every bucket (bucket zero among them: it sampled the backlog).
+    let owned_seen = got.iter().any(|(_, _, _, r)| {
+        metrics_of(r)
+            .get("dekaf.outbox.owned_buckets")
+            .is_some_and(|m| point_value(m, "orders") == 4.0)
+    });
+    assert!(owned_seen, "owned_buckets reported 4");
+    // While it owned bucket zero it had a backlog sample; stopped, it released every
+    // bucket, and its last export says it has none (the next owner reports it).
+    let sampled = got
+        .iter()
+        .map(|(_, _, _, r)| metrics_of(r))
+        .find(|m| m.contains_key("dekaf.outbox.pending.messages"))
+        .expect("an export with a backlog sample");
+    assert_eq!(
+        point_value(&sampled["dekaf.outbox.pending.available"], "orders"),
+        1.0
+    );
+    let pending = point_value(&sampled["dekaf.outbox.pending.messages"], "orders");
+    assert!((0.0..=30.0).contains(&pending), "{pending}");
+    let age = point_value(&sampled["dekaf.outbox.pending.oldest_age"], "orders");
+    assert!((0.0..600.0).contains(&age), "seconds: {age}");
+    let last = metrics_of(last);
+    assert_eq!(
+        point_value(&last["dekaf.outbox.pending.available"], "orders"),
+        0.0
+    );
+    assert!(!last.contains_key("dekaf.outbox.pending.messages"));
+    assert_eq!(
+        point_value(&last["dekaf.outbox.owned_buckets"], "orders"),
+        0.0
+    );
+    assert_eq!(
+        point_value(&last["dekaf.outbox.publish.acknowledged"], "orders"),
+        30.0
+    );
+    for name in [
+        "dekaf.outbox.publish.duration",
+        "dekaf.outbox.cycle.duration",
+    ] {
+        assert_eq!(unit(name), "s", "{name}");
+        let Some(metric::Data::Histogram(h)) = &metrics[name].data else {
+            panic!("{name} is a histogram");
+        };
+        assert_eq!(h.data_points.len(), 1);
+        let p = &h.data_points[0];
+        assert!(p.count >= 1, "{name}: {}", p.count);
+        assert_eq!(
+            string_attr(&p.attributes, "outbox.name").as_deref(),
+            Some("orders")
+        );
+        assert!(
+            p.sum.unwrap() / (p.count as f64) < 30.0,
+            "{name}: seconds, not milliseconds"
+        );
+    }
+}
+
+/// Readiness is not a constant: a relay whose DynamoDB refuses every connection is live
+/// (its loop runs and retries) and not ready (no lease round completes). Without an OTLP
+/// endpoint in the environment, or `--otlp`, nothing is exported.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_that_cannot_reach_dynamodb_is_live_and_not_ready() {
+    stack_var("KAFKA_BOOTSTRAP_SERVERS");
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outboxctl"))
+        .args([
+            "relay",
+            "--table",
+            &random_name("unreachable"),
+            "--health-listen",
+            "127.0.0.1:0",
+        ])
+        .env("RUST_LOG", "info")
+        .env("AWS_ENDPOINT_URL_DYNAMODB", format!("http://{closed}"))
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        .env("OUTBOX_LEASE_DURATION", "3s")
+        .env("OUTBOX_LEASE_RENEW_INTERVAL", "1s")
+        .env("OUTBOX_ERROR_BACKOFF", "200ms")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run outboxctl relay");
+    let stderr = child.stderr.take().unwrap();
+    let _relay = Relay(child);
+    let (tx, lines) = mpsc::channel();
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            kept.lock().unwrap().push(line.clone());
+            let _ = tx.send(line);
+        }
+    });
+    let line = wait_for_line(&lines, "health endpoint listening", Duration::from_secs(60));
+    let addr = strip_ansi(&line)
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("addr=").map(str::to_string))
+        .unwrap_or_else(|| panic!("the log line names the address: {line:?}"));
+    // Its first lease rounds fail (connection refused) and are retried.
+    wait_for_line(&lines, "round failed", Duration::from_secs(60));
+    let (status, body) = get(&addr, "/healthz");
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "live: the relay loop is running")
+    );
+    let (status, body) = get(&addr, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("no acquisition round has completed yet"),
+        "{body}"
+    );
+    let logs = log.lock().unwrap().join("\n");
+    assert!(!logs.contains("OTLP"), "no export configured: {logs}");
+}
