@@ -11,13 +11,26 @@ use tokio::time::Instant;
 
 use crate::{dynamodb, kafka, outbox_options, relay_options, usage, Cli, Failure};
 
-pub(crate) async fn demo(
-    cli: &Cli,
-    topic: &str,
+/// Flags of `outboxctl demo`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Topic to publish to (created with --partitions).
+    #[arg(long, default_value = "orders")]
+    topic: String,
+    /// Partitions of the topic.
+    #[arg(long, default_value_t = 3)]
     partitions: i32,
+    /// Orders to place (one message each).
+    #[arg(long, default_value_t = 300)]
     orders: u32,
+    /// Distinct keys (customers) the orders spread over.
+    #[arg(long, default_value_t = 12)]
     keys: u32,
-) -> Result<(), Failure> {
+}
+
+pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
+    let (topic, partitions, orders, keys) =
+        (args.topic.as_str(), args.partitions, args.orders, args.keys);
     if keys == 0 || orders == 0 {
         return Err(usage("--orders and --keys must be at least 1"));
     }

@@ -10,19 +10,18 @@ mod demo;
 mod drain;
 mod enqueue;
 mod health;
+mod quarantine;
+mod relay;
 mod status;
 mod telemetry;
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use dynamo_outbox::metrics::emf::EmfMetrics;
-use dynamo_outbox::options::parse_duration;
 use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
 use dynamo_outbox::table::{self, Provisioned};
-use dynamo_outbox::{DynamoDbOutboxStore, Error, OutboxOptions, Relay, RelayOptions};
+use dynamo_outbox::{Error, OutboxOptions, RelayOptions};
 use tokio::time::Instant;
 
 /// Operate a DynamoDB transactional outbox that publishes to Kafka.
@@ -83,38 +82,7 @@ enum Command {
     /// deletes them after the broker acknowledged them. Relay settings come from the
     /// OUTBOX_* relay variables (OUTBOX_RELAY_ID, OUTBOX_LEASE_DURATION, OUTBOX_BATCH_SIZE,
     /// ...), the broker from KAFKA_*.
-    Relay {
-        /// Stop after this long (e.g. 30s, 5m) instead of waiting for a signal.
-        #[arg(long = "for", value_name = "DURATION")]
-        run_for: Option<String>,
-        /// Time allowed for the graceful stop after a signal.
-        #[arg(long, default_value = "10s")]
-        grace: String,
-        /// Print the relay's metrics to stdout as CloudWatch Embedded Metric Format
-        /// documents (one JSON line each, as the Lambda relay does; namespace from
-        /// POWERTOOLS_METRICS_NAMESPACE, default Outbox) every --emf-interval and at the end.
-        /// A log shipper with EMF support (CloudWatch agent, Fluent Bit) turns them into
-        /// CloudWatch metrics.
-        #[arg(long)]
-        emf: bool,
-        /// How often --emf flushes.
-        #[arg(long, value_name = "DURATION", default_value = "60s")]
-        emf_interval: String,
-        /// Export the relay's metrics over OTLP/HTTP (protobuf) with the instrument names of
-        /// the reference implementation (dekaf.outbox.*, attribute outbox.name from
-        /// OUTBOX_METRICS_NAME). Also on without the flag when OTEL_EXPORTER_OTLP_ENDPOINT or
-        /// OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set; the standard OTEL_* variables
-        /// configure it (default endpoint http://localhost:4318, OTEL_METRIC_EXPORT_INTERVAL
-        /// 60000 ms, OTEL_SERVICE_NAME outbox-relay); OTEL_SDK_DISABLED=true turns it off.
-        #[arg(long)]
-        otlp: bool,
-        /// Answer liveness and readiness probes over HTTP on ADDR (e.g. 0.0.0.0:8080):
-        /// GET /healthz is 200 while the relay loop runs, GET /readyz is 200 while the relay
-        /// is connected and heartbeating (its last lease round completed within a lease
-        /// duration, its heartbeat not refused, no owned bucket's latest batch failed).
-        #[arg(long, value_name = "ADDR", env = "OUTBOX_HEALTH_LISTEN")]
-        health_listen: Option<String>,
-    },
+    Relay(relay::Args),
     /// Show who owns which bucket, the backlog, the relays, and what needs attention.
     ///
     /// One strongly consistent read of the coordination partition (leases and heartbeats)
@@ -142,31 +110,10 @@ enum Command {
     /// `{bucket:010}#{sequence:019}`, keeping its original key in OriginalPK / OriginalSK.
     /// Relays never read that partition; `outboxctl status` lists what is there. Find the
     /// bucket and sequence in the relay's error log or in `outboxctl status`.
-    Quarantine {
-        /// The bucket of the item.
-        bucket: u32,
-        /// The item's sequence number (its sort key, without the zero padding).
-        sequence: u64,
-        /// Print the moved item as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Quarantine(quarantine::Args),
     /// The whole path on the local stack: table, topic, business transactions carrying
     /// messages, a relay publishing them; prints what the relay published.
-    Demo {
-        /// Topic to publish to (created with --partitions).
-        #[arg(long, default_value = "orders")]
-        topic: String,
-        /// Partitions of the topic.
-        #[arg(long, default_value_t = 3)]
-        partitions: i32,
-        /// Orders to place (one message each).
-        #[arg(long, default_value_t = 300)]
-        orders: u32,
-        /// Distinct keys (customers) the orders spread over.
-        #[arg(long, default_value_t = 12)]
-        keys: u32,
-    },
+    Demo(demo::Args),
 }
 
 /// A failure with its exit code.
@@ -280,183 +227,25 @@ pub(crate) async fn kafka(deadline: Instant) -> Result<Arc<KafkaPublisher>, Fail
 
 async fn run(cli: Cli) -> Result<(), Failure> {
     match &cli.command {
-        Command::CreateTable => {
-            let options = outbox_options(&cli, None)?;
-            let outcome = table::create_if_not_exists(&dynamodb().await, &options).await?;
-            match outcome {
-                Provisioned::Created => println!("created table {}", options.table_name),
-                Provisioned::Existed => println!("table {} exists", options.table_name),
-            }
-            Ok(())
-        }
+        Command::CreateTable => create_table(&cli).await,
         Command::Enqueue(args) => enqueue::run(&cli, args).await,
         Command::Status(args) => status::run(&cli, args).await,
         Command::Drain(args) => drain::run(&cli, args).await,
-        Command::Relay {
-            run_for,
-            grace,
-            emf,
-            emf_interval,
-            otlp,
-            health_listen,
-        } => {
-            let options = outbox_options(&cli, None)?;
-            let grace = parse_duration("--grace", grace)?;
-            let run_for = run_for
-                .as_deref()
-                .map(|d| parse_duration("--for", d))
-                .transpose()?;
-            let emf_interval = parse_duration("--emf-interval", emf_interval)?;
-            if emf_interval.is_zero() {
-                return Err(usage("--emf-interval must be greater than zero"));
-            }
-            let relay_opts = relay_options(&options)?;
-            let health = Arc::new(health::Health::new(relay_opts.lease_duration));
-            if let Some(listen) = health_listen {
-                health::serve(listen, health.clone()).await?;
-            }
-            let otel =
-                telemetry::Otlp::start(*otlp, &relay_opts.relay_id, &relay_opts.metrics_name)?;
-            // The client with attempt and operation timeouts (lib/src/client.rs): a
-            // half-open connection must not hold a renewal past the lease.
-            let client = dynamo_outbox::client::dynamodb_client_from_env().await;
-            let store = DynamoDbOutboxStore::new(client, options.clone())?;
-            let store = match test_clock_offset()? {
-                Some(ticks) => {
-                    tracing::warn!(
-                        offset_ticks = ticks,
-                        "OUTBOX_TEST_CLOCK_OFFSET is set: this relay's lease clock is offset (tests only)"
-                    );
-                    store.with_clock(Arc::new(dynamo_outbox::clock::OffsetClock::new(ticks)))
-                }
-                None => store,
-            };
-            let publisher = kafka(Instant::now() + Duration::from_secs(30)).await?;
-            let relay = Relay::new(store, publisher, relay_opts)?;
-            let metrics = emf.then(|| Arc::new(EmfMetrics::from_env(&options.table_name)));
-            let mut sinks: Vec<Arc<dyn dynamo_outbox::metrics::RelayMetrics>> = Vec::new();
-            sinks.extend(metrics.clone().map(|m| m as _));
-            sinks.extend(otel.as_ref().map(|o| o.metrics.clone() as _));
-            if health_listen.is_some() {
-                sinks.push(health.clone());
-            }
-            let relay = match telemetry::Fanout::of(sinks) {
-                Some(m) => relay.with_metrics(m),
-                None => relay,
-            };
-            let flusher = metrics.clone().map(|m| {
-                tokio::spawn(async move {
-                    let mut tick = tokio::time::interval(emf_interval);
-                    tick.tick().await;
-                    loop {
-                        tick.tick().await;
-                        let _ = m.flush_to(&mut std::io::stdout().lock());
-                    }
-                })
-            });
-            health.started();
-            let signal = {
-                let health = health.clone();
-                async move {
-                    shutdown_signal().await;
-                    health.stopping();
-                }
-            };
-            let result = match run_for {
-                Some(d) => relay.run_until(Instant::now() + d).await,
-                None => relay.run_until_shutdown(signal, grace).await,
-            };
-            health.ended();
-            if let Some(o) = otel {
-                o.shutdown().await;
-            }
-            if let Some(f) = flusher {
-                f.abort();
-            }
-            if let Some(m) = &metrics {
-                let _ = m.flush_to(&mut std::io::stdout().lock());
-            }
-            let report = result?;
-            println!(
-                "relay {} stopped ({}): published {}, refused writes {}, leases released: {}",
-                report.relay_id,
-                report.stop_reason.as_str(),
-                report.published,
-                report.refused_total(),
-                report.released
-            );
-            Ok(())
-        }
-        Command::Quarantine {
-            bucket,
-            sequence,
-            json,
-        } => {
-            let options = outbox_options(&cli, None)?;
-            if *bucket >= options.bucket_count {
-                return Err(usage(format!(
-                    "bucket: {bucket} is not below the bucket count {}",
-                    options.bucket_count
-                )));
-            }
-            let store = DynamoDbOutboxStore::new(dynamodb().await, options)?;
-            let moved = store.quarantine(*bucket, *sequence).await?;
-            let (pk, sk) = store.keys().key_of(&moved);
-            if *json {
-                println!(
-                    "{}",
-                    serde_json::json!({"bucket": bucket, "sequence": sequence, "pk": pk, "sk": sk})
-                );
-            } else {
-                println!("moved bucket {bucket}, sequence {sequence} to {pk} / {sk}");
-            }
-            Ok(())
-        }
-        Command::Demo {
-            topic,
-            partitions,
-            orders,
-            keys,
-        } => demo::demo(&cli, topic, *partitions, *orders, *keys).await,
+        Command::Relay(args) => relay::run(&cli, args).await,
+        Command::Quarantine(args) => quarantine::run(&cli, args).await,
+        Command::Demo(args) => demo::run(&cli, args).await,
     }
 }
 
-/// The test-only lease clock offset of `outboxctl relay`: `OUTBOX_TEST_CLOCK_OFFSET`, a
-/// duration with an optional sign (`-5s`, `+2s`, `1500ms`), in ticks. Used by the
-/// fault-injection harness (`harness/`) to run a relay whose clock is off.
-fn test_clock_offset() -> Result<Option<i64>, Failure> {
-    const VAR: &str = "OUTBOX_TEST_CLOCK_OFFSET";
-    match std::env::var(VAR) {
-        Ok(value) => Ok(Some(parse_clock_offset(VAR, &value)?)),
-        Err(_) => Ok(None),
+/// `outboxctl create-table`.
+async fn create_table(cli: &Cli) -> Result<(), Failure> {
+    let options = outbox_options(cli, None)?;
+    let outcome = table::create_if_not_exists(&dynamodb().await, &options).await?;
+    match outcome {
+        Provisioned::Created => println!("created table {}", options.table_name),
+        Provisioned::Existed => println!("table {} exists", options.table_name),
     }
-}
-
-/// A signed duration (`-5s`, `+2s`, `1500ms`) in ticks.
-fn parse_clock_offset(field: &str, value: &str) -> Result<i64, Failure> {
-    let value = value.trim();
-    let (sign, magnitude) = match value.strip_prefix('-') {
-        Some(rest) => (-1, rest),
-        None => (1, value.strip_prefix('+').unwrap_or(value)),
-    };
-    let d = parse_duration(field, magnitude)?;
-    Ok(sign * dynamo_outbox::clock::duration_to_ticks(d))
-}
-
-/// Completes on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    Ok(())
 }
 
 /// Formats a duration for people: `850ms`, `12s`, `3m 4s`, `2h 3m`, `4d 5h`.
@@ -482,15 +271,6 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn test_clock_offsets_take_a_sign() {
-        let s = dynamo_outbox::clock::TICKS_PER_SECOND;
-        assert_eq!(parse_clock_offset("x", "-5s").unwrap(), -5 * s);
-        assert_eq!(parse_clock_offset("x", "+2s").unwrap(), 2 * s);
-        assert_eq!(parse_clock_offset("x", "1500ms").unwrap(), 15 * s / 10);
-        assert_eq!(parse_clock_offset("x", "soon").unwrap_err().code, 2);
     }
 
     #[test]

@@ -3,7 +3,6 @@
 
 use std::fmt::Write as _;
 
-use dynamo_outbox::options::parse_duration;
 use dynamo_outbox::status::{read_status, BucketStatus, RelayStatus, StatusReport};
 use dynamo_outbox::DynamoDbOutboxStore;
 
@@ -17,14 +16,14 @@ pub(crate) struct Args {
     json: bool,
     /// The relays' lease duration, which decides whether a heartbeat counts as live
     /// (overrides OUTBOX_LEASE_DURATION; default 30s).
-    #[arg(long, value_name = "DURATION")]
-    lease_duration: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::positive_duration)]
+    lease_duration: Option<std::time::Duration>,
 }
 
 pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
     let options = outbox_options(cli, None)?;
-    let lease_duration = match &args.lease_duration {
-        Some(d) => parse_duration("--lease-duration", d)?,
+    let lease_duration = match args.lease_duration {
+        Some(d) => d,
         None => relay_options(&options)?.lease_duration,
     };
     let store = DynamoDbOutboxStore::new(dynamodb().await, options)?;

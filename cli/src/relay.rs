@@ -1,0 +1,186 @@
+//! `outboxctl relay`: a long-lived relay, stopped by SIGTERM or SIGINT (or after `--for`),
+//! with EMF on stdout, OpenTelemetry over OTLP and a health endpoint when asked.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dynamo_outbox::metrics::emf::EmfMetrics;
+use dynamo_outbox::options::parse_duration;
+use dynamo_outbox::{DynamoDbOutboxStore, Relay};
+use tokio::time::Instant;
+
+use crate::{health, kafka, outbox_options, relay_options, telemetry, Cli, Failure};
+
+/// Flags of `outboxctl relay`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Stop after this long (e.g. 30s, 5m) instead of waiting for a signal.
+    #[arg(long = "for", value_name = "DURATION", value_parser = crate::args::positive_duration)]
+    pub(crate) run_for: Option<Duration>,
+    /// Time allowed for the graceful stop after a signal.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = crate::args::duration)]
+    pub(crate) grace: Duration,
+    /// Print the relay's metrics to stdout as CloudWatch Embedded Metric Format
+    /// documents (one JSON line each, as the Lambda relay does; namespace from
+    /// POWERTOOLS_METRICS_NAMESPACE, default Outbox) every --emf-interval and at the end.
+    /// A log shipper with EMF support (CloudWatch agent, Fluent Bit) turns them into
+    /// CloudWatch metrics.
+    #[arg(long)]
+    pub(crate) emf: bool,
+    /// How often --emf flushes.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::args::positive_duration)]
+    pub(crate) emf_interval: Duration,
+    /// Export the relay's metrics over OTLP/HTTP (protobuf) with the instrument names of
+    /// the reference implementation (dekaf.outbox.*, attribute outbox.name from
+    /// OUTBOX_METRICS_NAME). Also on without the flag when OTEL_EXPORTER_OTLP_ENDPOINT or
+    /// OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set; the standard OTEL_* variables
+    /// configure it (default endpoint http://localhost:4318, OTEL_METRIC_EXPORT_INTERVAL
+    /// 60000 ms, OTEL_SERVICE_NAME outbox-relay); OTEL_SDK_DISABLED=true turns it off.
+    #[arg(long)]
+    pub(crate) otlp: bool,
+    /// Answer liveness and readiness probes over HTTP on ADDR (e.g. 0.0.0.0:8080):
+    /// GET /healthz is 200 while the relay loop runs, GET /readyz is 200 while the relay
+    /// is connected and heartbeating (its last lease round completed within a lease
+    /// duration, its heartbeat not refused, no owned bucket's latest batch failed).
+    #[arg(long, value_name = "ADDR", env = "OUTBOX_HEALTH_LISTEN")]
+    pub(crate) health_listen: Option<String>,
+}
+
+pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
+    let options = outbox_options(cli, None)?;
+    let Args {
+        run_for,
+        grace,
+        emf,
+        emf_interval,
+        otlp,
+        ref health_listen,
+    } = *args;
+    let relay_opts = relay_options(&options)?;
+    let health = Arc::new(health::Health::new(relay_opts.lease_duration));
+    if let Some(listen) = health_listen {
+        health::serve(listen, health.clone()).await?;
+    }
+    let otel = telemetry::Otlp::start(otlp, &relay_opts.relay_id, &relay_opts.metrics_name)?;
+    // The client with attempt and operation timeouts (lib/src/client.rs): a
+    // half-open connection must not hold a renewal past the lease.
+    let client = dynamo_outbox::client::dynamodb_client_from_env().await;
+    let store = DynamoDbOutboxStore::new(client, options.clone())?;
+    let store = match test_clock_offset()? {
+        Some(ticks) => {
+            tracing::warn!(
+                offset_ticks = ticks,
+                "OUTBOX_TEST_CLOCK_OFFSET is set: this relay's lease clock is offset (tests only)"
+            );
+            store.with_clock(Arc::new(dynamo_outbox::clock::OffsetClock::new(ticks)))
+        }
+        None => store,
+    };
+    let publisher = kafka(Instant::now() + Duration::from_secs(30)).await?;
+    let relay = Relay::new(store, publisher, relay_opts)?;
+    let metrics = emf.then(|| Arc::new(EmfMetrics::from_env(&options.table_name)));
+    let mut sinks: Vec<Arc<dyn dynamo_outbox::metrics::RelayMetrics>> = Vec::new();
+    sinks.extend(metrics.clone().map(|m| m as _));
+    sinks.extend(otel.as_ref().map(|o| o.metrics.clone() as _));
+    if health_listen.is_some() {
+        sinks.push(health.clone());
+    }
+    let relay = match telemetry::Fanout::of(sinks) {
+        Some(m) => relay.with_metrics(m),
+        None => relay,
+    };
+    let flusher = metrics.clone().map(|m| {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(emf_interval);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let _ = m.flush_to(&mut std::io::stdout().lock());
+            }
+        })
+    });
+    health.started();
+    let signal = {
+        let health = health.clone();
+        async move {
+            shutdown_signal().await;
+            health.stopping();
+        }
+    };
+    let result = match run_for {
+        Some(d) => relay.run_until(Instant::now() + d).await,
+        None => relay.run_until_shutdown(signal, grace).await,
+    };
+    health.ended();
+    if let Some(o) = otel {
+        o.shutdown().await;
+    }
+    if let Some(f) = flusher {
+        f.abort();
+    }
+    if let Some(m) = &metrics {
+        let _ = m.flush_to(&mut std::io::stdout().lock());
+    }
+    let report = result?;
+    println!(
+        "relay {} stopped ({}): published {}, refused writes {}, leases released: {}",
+        report.relay_id,
+        report.stop_reason.as_str(),
+        report.published,
+        report.refused_total(),
+        report.released
+    );
+    Ok(())
+}
+
+/// The test-only lease clock offset of `outboxctl relay`: `OUTBOX_TEST_CLOCK_OFFSET`, a
+/// duration with an optional sign (`-5s`, `+2s`, `1500ms`), in ticks. Used by the
+/// fault-injection harness (`harness/`) to run a relay whose clock is off.
+fn test_clock_offset() -> Result<Option<i64>, Failure> {
+    const VAR: &str = "OUTBOX_TEST_CLOCK_OFFSET";
+    match std::env::var(VAR) {
+        Ok(value) => Ok(Some(parse_clock_offset(VAR, &value)?)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// A signed duration (`-5s`, `+2s`, `1500ms`) in ticks.
+fn parse_clock_offset(field: &str, value: &str) -> Result<i64, Failure> {
+    let value = value.trim();
+    let (sign, magnitude) = match value.strip_prefix('-') {
+        Some(rest) => (-1, rest),
+        None => (1, value.strip_prefix('+').unwrap_or(value)),
+    };
+    let d = parse_duration(field, magnitude)?;
+    Ok(sign * dynamo_outbox::clock::duration_to_ticks(d))
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_clock_offsets_take_a_sign() {
+        let s = dynamo_outbox::clock::TICKS_PER_SECOND;
+        assert_eq!(parse_clock_offset("x", "-5s").unwrap(), -5 * s);
+        assert_eq!(parse_clock_offset("x", "+2s").unwrap(), 2 * s);
+        assert_eq!(parse_clock_offset("x", "1500ms").unwrap(), 15 * s / 10);
+        assert_eq!(parse_clock_offset("x", "soon").unwrap_err().code, 2);
+    }
+}
