@@ -6,6 +6,11 @@
 //! starts over. Print each document as one line on stdout (the Lambda runtime ships stdout
 //! to CloudWatch Logs): [`EmfMetrics::flush_to`] does that.
 //!
+//! Hand-written on purpose: the `metrics`-facade crates (and their EMF exporters) install
+//! one process-wide recorder, which would fight the per-relay [`RelayMetrics`] seam (each
+//! relay, and each Lambda invocation, flushes its own aggregate; tests run several relays
+//! in one process), and the format is small: JSON documents of a fixed shape.
+//!
 //! Every document has the namespace (`POWERTOOLS_METRICS_NAMESPACE`, default `Outbox`) and
 //! one dimension set: `service` (`POWERTOOLS_SERVICE_NAME`, default `outbox-relay`), `table`
 //! and any added with [`EmfMetrics::with_dimension`]. The metrics:
