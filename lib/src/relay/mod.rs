@@ -142,9 +142,10 @@ impl<P: Publisher> Relay<P> {
         self.run(None, Some(Box::pin(signal)), grace).await
     }
 
-    /// Runs until `deadline` or `signal`, whichever comes first.
+    /// Runs until `deadline` or `signal`, whichever comes first (the two public entry
+    /// points above are its only callers).
     #[instrument(skip_all, fields(relay_id = %self.options.relay_id))]
-    pub async fn run(
+    async fn run(
         &self,
         deadline: Option<Instant>,
         signal: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
