@@ -738,8 +738,87 @@ async fn write(
     failed
 }
 
+/// How long a fault's stop or start waits for the fleet to settle (or a new relay to join).
+const SETTLE_BOUND: Duration = Duration::from_secs(10);
+
+/// One scenario's resources, from its table to its fleet. The fields drop in this order:
+/// the proxy, the relays, then the private broker.
+struct Setup {
+    /// Every relay reaches DynamoDB through it ([`Fault::proxy_mix`]).
+    proxy: proxy::HttpFaultProxy,
+    /// Its faults are switched on while the writers run.
+    inject_dynamodb_faults: bool,
+    fleet: Fleet,
+    writer: DynamoDbOutboxWriter,
+    /// Each writer's key and topic.
+    keys: Vec<(String, String)>,
+    /// The private broker's, when the scenario has one.
+    bootstrap: Option<String>,
+    private_broker: Option<broker::ProxiedBroker>,
+    topics: Vec<String>,
+    options: dynamo_outbox::OutboxOptions,
+    client: aws_sdk_dynamodb::Client,
+    dir: PathBuf,
+}
+
+/// What the faults of a scenario counted while the writers ran.
+#[derive(Debug, Default)]
+struct Injected {
+    /// Faults injected (kills, stalls, restarts).
+    faults: usize,
+    /// Graceful stops (SIGTERM or a `--for` run's end).
+    graceful_stops: usize,
+}
+
+impl Injected {
+    fn faults(faults: usize) -> Self {
+        Injected {
+            faults,
+            graceful_stops: 0,
+        }
+    }
+}
+
+/// What the writers left for the drain and the checks.
+struct Written {
+    acks: Arc<Mutex<Vec<Ack>>>,
+    failed_enqueues: u64,
+    writes_started_us: i64,
+    write_seconds: f64,
+    injected: Injected,
+}
+
+/// One scenario, by phase: its resources, the initial relays, the settle wait, the writes
+/// under its fault, then the drain and the checks.
 async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcome, String> {
     let started = tokio::time::Instant::now();
+    let mut setup = set_up(config, s, seed).await?;
+    for (i, offset) in s.relays.iter().enumerate() {
+        if i > 0 && !s.stagger.is_zero() {
+            tokio::time::sleep(s.stagger).await;
+        }
+        start_relay(&mut setup.fleet, &config.outboxctl, *offset, None)?;
+    }
+    settle(&mut setup.fleet, s, &setup.dir).await?;
+    let written = write_while_faulted(config, s, seed, &mut setup).await?;
+    finish(config, s, setup, written, started).await
+}
+
+/// Starts one relay (`--for run_for` when given); the error names the binary.
+fn start_relay(
+    fleet: &mut Fleet,
+    outboxctl: &Path,
+    offset: Option<&str>,
+    run_for: Option<Duration>,
+) -> Result<usize, String> {
+    fleet
+        .start_for(offset, run_for)
+        .map_err(|e| format!("starting {}: {e}", outboxctl.display()))
+}
+
+/// The scenario's table, topics, private broker (scenario 6), writer, DynamoDB proxy and
+/// (empty) fleet.
+async fn set_up(config: &Config, s: &Scenario, seed: u64) -> Result<Setup, String> {
     let dir = config.out_dir.join(s.name);
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let client = outbox_integration_tests::dynamodb().await;
@@ -771,44 +850,54 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
         s.bucket_count,
         &format!("{}-{run_tag}", s.name),
     );
-    // Every relay reaches DynamoDB through the proxy, which counts the refused conditions
-    // at the wire; it injects faults only in scenario 5, and only while the writers run.
-    let proxy = {
-        let endpoint = std::env::var("AWS_ENDPOINT_URL_DYNAMODB").unwrap_or_default();
-        let upstream: std::net::SocketAddr = endpoint
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .parse()
-            .map_err(|e| format!("AWS_ENDPOINT_URL_DYNAMODB {endpoint:?}: {e}"))?;
-        let mix = s.fault.proxy_mix().unwrap_or_default();
-        let p = proxy::HttpFaultProxy::start(upstream, mix, seed)
-            .await
-            .map_err(|e| format!("starting the DynamoDB proxy: {e}"))?;
-        p.set_enabled(false);
-        fleet.dynamodb_endpoint = Some(p.url());
-        p
-    };
-    let inject_dynamodb_faults = s.fault.proxy_mix().is_some();
+    let proxy = start_dynamodb_proxy(s, seed, &mut fleet).await?;
     fleet.kafka_bootstrap = bootstrap.clone();
     fleet.extra_env = s
         .relay_env
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let start = |fleet: &mut Fleet, offset: Option<&str>| {
-        fleet
-            .start(offset)
-            .map_err(|e| format!("starting {}: {e}", config.outboxctl.display()))
-    };
-    for (i, offset) in s.relays.iter().enumerate() {
-        if i > 0 && !s.stagger.is_zero() {
-            tokio::time::sleep(s.stagger).await;
-        }
-        start(&mut fleet, *offset)?;
-    }
-    // The writers start once the fleet has settled: every relay with the system clock owns
-    // a bucket (when there are buckets enough for every relay: no join is still under way),
-    // every bucket owned, no ownership change for one and a half renew intervals.
+    Ok(Setup {
+        proxy,
+        inject_dynamodb_faults: s.fault.proxy_mix().is_some(),
+        fleet,
+        writer,
+        keys,
+        bootstrap,
+        private_broker,
+        topics,
+        options,
+        client,
+        dir,
+    })
+}
+
+/// Every relay reaches DynamoDB through the proxy, which counts the refused conditions
+/// at the wire; it injects faults only in scenario 5, and only while the writers run.
+async fn start_dynamodb_proxy(
+    s: &Scenario,
+    seed: u64,
+    fleet: &mut Fleet,
+) -> Result<proxy::HttpFaultProxy, String> {
+    let endpoint = std::env::var("AWS_ENDPOINT_URL_DYNAMODB").unwrap_or_default();
+    let upstream: std::net::SocketAddr = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .map_err(|e| format!("AWS_ENDPOINT_URL_DYNAMODB {endpoint:?}: {e}"))?;
+    let mix = s.fault.proxy_mix().unwrap_or_default();
+    let p = proxy::HttpFaultProxy::start(upstream, mix, seed)
+        .await
+        .map_err(|e| format!("starting the DynamoDB proxy: {e}"))?;
+    p.set_enabled(false);
+    fleet.dynamodb_endpoint = Some(p.url());
+    Ok(p)
+}
+
+/// The writers start once the fleet has settled: every relay with the system clock owns
+/// a bucket (when there are buckets enough for every relay: no join is still under way),
+/// every bucket owned, no ownership change for one and a half renew intervals.
+async fn settle(fleet: &mut Fleet, s: &Scenario, dir: &Path) -> Result<(), String> {
     if s.relays.len() <= s.bucket_count as usize {
         let settle_by = tokio::time::Instant::now() + Duration::from_secs(20);
         for (i, offset) in s.relays.iter().enumerate() {
@@ -829,317 +918,402 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
             dir.display()
         ));
     }
+    Ok(())
+}
 
-    // Writers run while the fault is injected.
+/// Writers run while the fault is injected; then they stop.
+async fn write_while_faulted(
+    config: &Config,
+    s: &Scenario,
+    seed: u64,
+    setup: &mut Setup,
+) -> Result<Written, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let acks = Arc::new(Mutex::new(Vec::new()));
     let writes_started_us = now_us();
+    let keys = std::mem::take(&mut setup.keys);
+    let writer = setup.writer.clone();
     let writers = tokio::spawn(write(writer, keys, s.load, stop.clone(), acks.clone()));
-    if inject_dynamodb_faults {
-        proxy.set_enabled(true);
+    if setup.inject_dynamodb_faults {
+        setup.proxy.set_enabled(true);
     }
     let writes_for = config.profile.writes_for();
-    let writes_until = tokio::time::Instant::now() + writes_for;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut faults = 0;
-    let mut graceful_stops = 0;
-    let mut initial: Vec<usize> = (0..s.relays.len()).collect();
-    match &s.fault {
-        Fault::None | Fault::DynamoProxy(_) => tokio::time::sleep_until(writes_until).await,
-        Fault::Kill9 => loop {
-            let pause = Duration::from_millis(rng.gen_range(1500..3000));
-            if tokio::time::Instant::now() + pause >= writes_until {
-                tokio::time::sleep_until(writes_until).await;
-                break;
-            }
-            tokio::time::sleep(pause).await;
-            let alive = fleet.alive();
-            if let Some(&victim) = alive.get(rng.gen_range(0..alive.len().max(1))) {
-                if fleet.kill9(victim) {
-                    faults += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(rng.gen_range(0..1000))).await;
-                start(&mut fleet, None)?;
-            }
-        },
-        Fault::Stall { stop_for, every } => {
-            tokio::time::sleep(Duration::from_millis(1000)).await;
-            while tokio::time::Instant::now() + *stop_for < writes_until {
-                let owners = fleet.current_owners();
-                let alive = fleet.alive();
-                // A relay that owns buckets, chosen at random among those.
-                let owning: Vec<usize> = alive
-                    .iter()
-                    .copied()
-                    .filter(|&i| owners.values().any(|o| o.contains(&fleet.relays[i].id)))
-                    .collect();
-                // No owner (by the logs) injects nothing: the scenario then misses
-                // "its fault was never injected" rather than passing unfaulted.
-                let Some(&victim) = owning.get(rng.gen_range(0..owning.len().max(1))) else {
-                    break;
-                };
-                if fleet.pause(victim) {
-                    faults += 1;
-                }
-                tokio::time::sleep(*stop_for).await;
-                fleet.resume(victim);
-                let next = tokio::time::Instant::now() + *every;
-                tokio::time::sleep_until(next.min(writes_until)).await;
-            }
-            tokio::time::sleep_until(writes_until).await;
-        }
-        Fault::Rolling { every, settle } => loop {
-            let quiet = SETTLE_QUIET;
-            let bound = Duration::from_secs(10);
-            let cycle = if *settle {
-                Duration::from_secs(3)
-            } else {
-                *every
-            };
-            if tokio::time::Instant::now() + cycle >= writes_until {
-                tokio::time::sleep_until(writes_until).await;
-                break;
-            }
-            tokio::time::sleep(*every).await;
-            let alive = fleet.alive();
-            if let Some(&oldest) = alive.first() {
-                fleet.terminate(&[oldest]).await;
-                faults += 1; // alive() just now: a running relay was stopped
-                if *settle {
-                    fleet.wait_settled(quiet, bound).await;
-                }
-                let new = start(&mut fleet, None)?;
-                if *settle {
-                    fleet.wait_joined(new, quiet, bound).await;
-                }
-            }
-        },
-        Fault::KafkaProxy => {
-            let proxy = &private_broker.as_ref().expect("started above").proxy;
-            loop {
-                let pause = Duration::from_millis(rng.gen_range(1500..3000));
-                if tokio::time::Instant::now() + pause >= writes_until {
-                    tokio::time::sleep_until(writes_until).await;
-                    break;
-                }
-                tokio::time::sleep(pause).await;
-                faults += 1;
-                match rng.gen_range(0..3) {
-                    0 => proxy.cut(),
-                    1 => {
-                        proxy.stall();
-                        tokio::time::sleep(Duration::from_millis(rng.gen_range(1000..4000))).await;
-                        proxy.pass();
-                    }
-                    _ => {
-                        proxy.refuse();
-                        tokio::time::sleep(Duration::from_millis(rng.gen_range(1000..3000))).await;
-                        proxy.pass();
-                    }
-                }
-            }
-            proxy.pass();
-        }
-        Fault::Stops { .. } => {
-            let quiet = SETTLE_QUIET;
-            let bound = Duration::from_secs(10);
-            // Relays running without a deadline, oldest first.
-            let signalled = |fleet: &mut Fleet| -> Vec<usize> {
-                fleet
-                    .alive()
-                    .into_iter()
-                    .filter(|&i| fleet.relays[i].run_for.is_none())
-                    .collect()
-            };
-            let mut pattern = 0usize;
-            // Every pattern once, then on until the writes' time is up.
-            while pattern < 3 || tokio::time::Instant::now() < writes_until {
-                tokio::time::sleep(Duration::from_millis(rng.gen_range(0..500))).await;
-                let alive = signalled(&mut fleet);
-                match pattern % 3 {
-                    // One stop after another.
-                    0 => {
-                        if let Some(&oldest) = alive.first() {
-                            fleet.terminate(&[oldest]).await;
-                            graceful_stops += 1;
-                            fleet.wait_settled(quiet, bound).await;
-                            let new = start(&mut fleet, None)?;
-                            fleet.wait_joined(new, quiet, bound).await;
-                        }
-                    }
-                    // Two overlapping stops: SIGTERM to both at once.
-                    1 => {
-                        if alive.len() >= 2 {
-                            fleet.terminate(&alive[..2]).await;
-                            graceful_stops += 2;
-                            fleet.wait_settled(quiet, bound).await;
-                            for _ in 0..2 {
-                                let new = start(&mut fleet, None)?;
-                                fleet.wait_joined(new, quiet, bound).await;
-                            }
-                        }
-                    }
-                    // A deadline stop (announced in the heartbeats, so every peer re-reads
-                    // at once) overlapping a SIGTERM to the oldest relay.
-                    _ => {
-                        let run_for = Duration::from_secs(9);
-                        let started_at = tokio::time::Instant::now();
-                        let deadline_run = fleet
-                            .start_for(None, Some(run_for))
-                            .map_err(|e| format!("starting {}: {e}", config.outboxctl.display()))?;
-                        fleet.wait_joined(deadline_run, quiet, bound).await;
-                        let stops_working = started_at + run_for - fleet::STOP_RESERVE;
-                        let jitter = rng.gen_range(0..600);
-                        tokio::time::sleep_until(
-                            stops_working - Duration::from_millis(300)
-                                + Duration::from_millis(jitter),
-                        )
-                        .await;
-                        let mut leavers = vec![deadline_run];
-                        leavers.extend(signalled(&mut fleet).first());
-                        fleet.terminate(&leavers).await;
-                        graceful_stops += leavers.len();
-                        fleet.wait_settled(quiet, bound).await;
-                        if leavers.len() == 2 {
-                            let new = start(&mut fleet, None)?;
-                            fleet.wait_joined(new, quiet, bound).await;
-                        }
-                    }
-                }
-                pattern += 1;
-            }
-            faults += graceful_stops;
-        }
-        Fault::Churn { kill, .. } => {
-            let quiet = SETTLE_QUIET;
-            let bound = Duration::from_secs(10);
-            let mut step = 0usize;
-            // At least a join and a leave, then on until the writes' time is up.
-            while step < 2 || tokio::time::Instant::now() < writes_until {
-                tokio::time::sleep(Duration::from_millis(rng.gen_range(1000..2500))).await;
-                let alive = fleet.alive();
-                // 0 join, 1 graceful leave, 2 kill -9.
-                let action = match (step, alive.len()) {
-                    (_, 0 | 1) | (0, _) => 0,
-                    (1, _) => 1,
-                    (_, n) if n >= 4 => rng.gen_range(1..if *kill { 3 } else { 2 }),
-                    _ => rng.gen_range(0..if *kill { 3 } else { 2 }),
-                };
-                match action {
-                    0 => {
-                        let new = start(&mut fleet, None)?;
-                        fleet.wait_joined(new, quiet, bound).await;
-                    }
-                    1 => {
-                        let victim = alive[rng.gen_range(0..alive.len())];
-                        fleet.terminate(&[victim]).await;
-                        graceful_stops += 1;
-                        faults += 1;
-                    }
-                    _ => {
-                        let victim = alive[rng.gen_range(0..alive.len())];
-                        if fleet.kill9(victim) {
-                            faults += 1;
-                        }
-                    }
-                }
-                fleet.wait_settled(quiet, bound).await;
-                step += 1;
-            }
-        }
-        Fault::RestartOne { after, index } => {
-            tokio::time::sleep(*after).await;
-            if let Some(&i) = initial.get(*index) {
-                let offset = fleet.relays[i].clock_offset.clone();
-                let was_running = fleet.alive().contains(&i);
-                fleet.terminate(&[i]).await;
-                if was_running {
-                    faults += 1;
-                }
-                let new = start(&mut fleet, offset.as_deref())?;
-                initial[*index] = new;
-            }
-            tokio::time::sleep_until(writes_until).await;
-        }
-    }
+    let mut injector = Injector {
+        fleet: &mut setup.fleet,
+        outboxctl: &config.outboxctl,
+        writes_until: tokio::time::Instant::now() + writes_for,
+        rng: rand::rngs::StdRng::seed_from_u64(seed),
+    };
+    let injected = injector
+        .inject(&s.fault, s.relays.len(), setup.private_broker.as_ref())
+        .await?;
     stop.store(true, Ordering::SeqCst);
     let failed_enqueues = writers.await.unwrap_or(0);
     let write_seconds = (now_us() - writes_started_us) as f64 / 1e6;
+    Ok(Written {
+        acks,
+        failed_enqueues,
+        writes_started_us,
+        write_seconds,
+        injected,
+    })
+}
 
-    // Final drain with a healthy relay.
-    proxy.set_enabled(false);
-    let proxy_stats = if inject_dynamodb_faults {
-        let st = &proxy.stats;
-        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        faults += (load(&st.throttled)
-            + load(&st.server_errors)
-            + load(&st.dropped_responses)
-            + load(&st.delayed)
-            + load(&st.held_stop_releases)) as usize;
-        Some(serde_json::to_value(&*proxy.stats).unwrap_or_default())
-    } else {
-        private_broker
-            .as_ref()
-            .map(|b| serde_json::to_value(&*b.proxy.stats).unwrap_or_default())
-    };
-    for i in 0..fleet.relays.len() {
-        fleet.resume(i);
-    }
-    let healthy = fleet
-        .alive()
-        .into_iter()
-        .any(|i| fleet.relays[i].clock_offset.is_none());
-    if !healthy {
-        start(&mut fleet, None)?;
-    }
-    let drain_until = tokio::time::Instant::now() + config.profile.drain_timeout();
-    loop {
-        let empty = left_message_ids(&client, &options)
-            .await
-            .is_ok_and(|ids| ids.is_empty());
-        if empty || tokio::time::Instant::now() >= drain_until {
-            break;
+/// What every fault injection works with: the fleet, the fault schedule's random numbers
+/// (seeded: a seed reproduces the schedule), and when the writes end.
+struct Injector<'a> {
+    fleet: &'a mut Fleet,
+    outboxctl: &'a Path,
+    rng: rand::rngs::StdRng,
+    writes_until: tokio::time::Instant,
+}
+
+impl Injector<'_> {
+    /// Injects `fault` until the writes' time is up.
+    async fn inject(
+        &mut self,
+        fault: &Fault,
+        initial_relays: usize,
+        private_broker: Option<&broker::ProxiedBroker>,
+    ) -> Result<Injected, String> {
+        match fault {
+            Fault::None | Fault::DynamoProxy(_) => {
+                self.until_the_end().await;
+                Ok(Injected::default())
+            }
+            Fault::Kill9 => self.inject_kill9().await,
+            Fault::Stall { stop_for, every } => Ok(self.inject_stalls(*stop_for, *every).await),
+            Fault::Rolling { every, settle } => self.inject_rolling(*every, *settle).await,
+            Fault::KafkaProxy => {
+                let proxy = &private_broker.expect("started above").proxy;
+                Ok(self.inject_kafka_faults(proxy).await)
+            }
+            Fault::Stops { .. } => self.inject_stops().await,
+            Fault::Churn { kill, .. } => self.inject_churn(*kill).await,
+            Fault::RestartOne { after, index } => {
+                self.restart_one(*after, *index, initial_relays).await
+            }
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let all = fleet.alive();
-    fleet.terminate(&all).await;
-    let mut left_in_table = left_message_ids(&client, &options).await;
-    for _ in 0..3 {
-        if left_in_table.is_ok() {
-            break;
+
+    fn start(&mut self, offset: Option<&str>) -> Result<usize, String> {
+        start_relay(self.fleet, self.outboxctl, offset, None)
+    }
+
+    /// Starts a relay with the system clock and waits until it owns a bucket.
+    async fn start_joined(&mut self) -> Result<usize, String> {
+        let new = self.start(None)?;
+        self.joined(new).await;
+        Ok(new)
+    }
+
+    async fn joined(&mut self, i: usize) {
+        self.fleet.wait_joined(i, SETTLE_QUIET, SETTLE_BOUND).await;
+    }
+
+    async fn settled(&mut self) {
+        self.fleet.wait_settled(SETTLE_QUIET, SETTLE_BOUND).await;
+    }
+
+    async fn until_the_end(&self) {
+        tokio::time::sleep_until(self.writes_until).await;
+    }
+
+    /// `false` (once the writes' time is up) when `next` would end past it.
+    async fn time_for(&self, next: Duration) -> bool {
+        if tokio::time::Instant::now() + next >= self.writes_until {
+            self.until_the_end().await;
+            return false;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        left_in_table = left_message_ids(&client, &options).await;
+        true
     }
-    let left_in_table = left_in_table.map_err(|e| format!("{}: {e}", s.name))?;
+
+    /// [`Fault::Kill9`].
+    async fn inject_kill9(&mut self) -> Result<Injected, String> {
+        let mut faults = 0;
+        loop {
+            let pause = Duration::from_millis(self.rng.gen_range(1500..3000));
+            if !self.time_for(pause).await {
+                return Ok(Injected::faults(faults));
+            }
+            tokio::time::sleep(pause).await;
+            let alive = self.fleet.alive();
+            if let Some(&victim) = alive.get(self.rng.gen_range(0..alive.len().max(1))) {
+                if self.fleet.kill9(victim) {
+                    faults += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(self.rng.gen_range(0..1000))).await;
+                self.start(None)?;
+            }
+        }
+    }
+
+    /// [`Fault::Stall`].
+    async fn inject_stalls(&mut self, stop_for: Duration, every: Duration) -> Injected {
+        let mut faults = 0;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        while tokio::time::Instant::now() + stop_for < self.writes_until {
+            let owners = self.fleet.current_owners();
+            let alive = self.fleet.alive();
+            // A relay that owns buckets, chosen at random among those.
+            let owning: Vec<usize> = alive
+                .iter()
+                .copied()
+                .filter(|&i| {
+                    owners
+                        .values()
+                        .any(|o| o.contains(&self.fleet.relays[i].id))
+                })
+                .collect();
+            // No owner (by the logs) injects nothing: the scenario then misses
+            // "its fault was never injected" rather than passing unfaulted.
+            let Some(&victim) = owning.get(self.rng.gen_range(0..owning.len().max(1))) else {
+                break;
+            };
+            if self.fleet.pause(victim) {
+                faults += 1;
+            }
+            tokio::time::sleep(stop_for).await;
+            self.fleet.resume(victim);
+            let next = tokio::time::Instant::now() + every;
+            tokio::time::sleep_until(next.min(self.writes_until)).await;
+        }
+        self.until_the_end().await;
+        Injected::faults(faults)
+    }
+
+    /// [`Fault::Rolling`].
+    async fn inject_rolling(&mut self, every: Duration, settle: bool) -> Result<Injected, String> {
+        let mut faults = 0;
+        let cycle = if settle {
+            Duration::from_secs(3)
+        } else {
+            every
+        };
+        while self.time_for(cycle).await {
+            tokio::time::sleep(every).await;
+            let alive = self.fleet.alive();
+            if let Some(&oldest) = alive.first() {
+                self.fleet.terminate(&[oldest]).await;
+                faults += 1; // alive() just now: a running relay was stopped
+                if settle {
+                    self.settled().await;
+                }
+                let new = self.start(None)?;
+                if settle {
+                    self.joined(new).await;
+                }
+            }
+        }
+        Ok(Injected::faults(faults))
+    }
+
+    /// [`Fault::KafkaProxy`].
+    async fn inject_kafka_faults(&mut self, proxy: &broker::TcpFaultProxy) -> Injected {
+        let mut faults = 0;
+        loop {
+            let pause = Duration::from_millis(self.rng.gen_range(1500..3000));
+            if !self.time_for(pause).await {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            faults += 1;
+            match self.rng.gen_range(0..3) {
+                0 => proxy.cut(),
+                1 => {
+                    proxy.stall();
+                    self.sleep_ms(1000..4000).await;
+                    proxy.pass();
+                }
+                _ => {
+                    proxy.refuse();
+                    self.sleep_ms(1000..3000).await;
+                    proxy.pass();
+                }
+            }
+        }
+        proxy.pass();
+        Injected::faults(faults)
+    }
+
+    /// Sleeps a random number of milliseconds in `range`.
+    async fn sleep_ms(&mut self, range: std::ops::Range<u64>) {
+        tokio::time::sleep(Duration::from_millis(self.rng.gen_range(range))).await;
+    }
+
+    /// Relays running without a deadline, oldest first.
+    fn signalled(&mut self) -> Vec<usize> {
+        self.fleet
+            .alive()
+            .into_iter()
+            .filter(|&i| self.fleet.relays[i].run_for.is_none())
+            .collect()
+    }
+
+    /// [`Fault::Stops`]: every pattern once, then on until the writes' time is up.
+    async fn inject_stops(&mut self) -> Result<Injected, String> {
+        let mut graceful_stops = 0;
+        let mut pattern = 0usize;
+        while pattern < 3 || tokio::time::Instant::now() < self.writes_until {
+            self.sleep_ms(0..500).await;
+            let alive = self.signalled();
+            graceful_stops += match pattern % 3 {
+                0 => self.stop_one_after_another(&alive).await?,
+                1 => self.stop_two_at_once(&alive).await?,
+                _ => self.stop_by_deadline_and_signal().await?,
+            };
+            pattern += 1;
+        }
+        Ok(Injected {
+            faults: graceful_stops,
+            graceful_stops,
+        })
+    }
+
+    /// One stop after another; the graceful stops.
+    async fn stop_one_after_another(&mut self, alive: &[usize]) -> Result<usize, String> {
+        let Some(&oldest) = alive.first() else {
+            return Ok(0);
+        };
+        self.fleet.terminate(&[oldest]).await;
+        self.settled().await;
+        self.start_joined().await?;
+        Ok(1)
+    }
+
+    /// Two overlapping stops: SIGTERM to both at once; the graceful stops.
+    async fn stop_two_at_once(&mut self, alive: &[usize]) -> Result<usize, String> {
+        if alive.len() < 2 {
+            return Ok(0);
+        }
+        self.fleet.terminate(&alive[..2]).await;
+        self.settled().await;
+        for _ in 0..2 {
+            self.start_joined().await?;
+        }
+        Ok(2)
+    }
+
+    /// A deadline stop (announced in the heartbeats, so every peer re-reads at once)
+    /// overlapping a SIGTERM to the oldest relay; the graceful stops.
+    async fn stop_by_deadline_and_signal(&mut self) -> Result<usize, String> {
+        let run_for = Duration::from_secs(9);
+        let started_at = tokio::time::Instant::now();
+        let deadline_run = start_relay(self.fleet, self.outboxctl, None, Some(run_for))?;
+        self.joined(deadline_run).await;
+        let stops_working = started_at + run_for - fleet::STOP_RESERVE;
+        let jitter = self.rng.gen_range(0..600);
+        tokio::time::sleep_until(
+            stops_working - Duration::from_millis(300) + Duration::from_millis(jitter),
+        )
+        .await;
+        let mut leavers = vec![deadline_run];
+        leavers.extend(self.signalled().first());
+        self.fleet.terminate(&leavers).await;
+        self.settled().await;
+        if leavers.len() == 2 {
+            self.start_joined().await?;
+        }
+        Ok(leavers.len())
+    }
+
+    /// [`Fault::Churn`]: at least a join and a leave, then on until the writes' time is up.
+    async fn inject_churn(&mut self, kill: bool) -> Result<Injected, String> {
+        let mut injected = Injected::default();
+        let mut step = 0usize;
+        while step < 2 || tokio::time::Instant::now() < self.writes_until {
+            self.sleep_ms(1000..2500).await;
+            let alive = self.fleet.alive();
+            // 0 join, 1 graceful leave, 2 kill -9.
+            let actions = if kill { 3 } else { 2 };
+            let action = match (step, alive.len()) {
+                (_, 0 | 1) | (0, _) => 0,
+                (1, _) => 1,
+                (_, n) if n >= 4 => self.rng.gen_range(1..actions),
+                _ => self.rng.gen_range(0..actions),
+            };
+            if action == 0 {
+                self.start_joined().await?;
+            } else {
+                let victim = alive[self.rng.gen_range(0..alive.len())];
+                if action == 1 {
+                    self.fleet.terminate(&[victim]).await;
+                    injected.graceful_stops += 1;
+                    injected.faults += 1;
+                } else if self.fleet.kill9(victim) {
+                    injected.faults += 1;
+                }
+            }
+            self.settled().await;
+            step += 1;
+        }
+        Ok(injected)
+    }
+
+    /// [`Fault::RestartOne`]: a graceful restart of initial relay `index` (of
+    /// `initial_relays`) after `after`.
+    async fn restart_one(
+        &mut self,
+        after: Duration,
+        index: usize,
+        initial_relays: usize,
+    ) -> Result<Injected, String> {
+        let mut faults = 0;
+        tokio::time::sleep(after).await;
+        if index < initial_relays {
+            // The initial relays are the first started: relay `index` is `index`.
+            let i = index;
+            let offset = self.fleet.relays[i].clock_offset.clone();
+            let was_running = self.fleet.alive().contains(&i);
+            self.fleet.terminate(&[i]).await;
+            if was_running {
+                faults += 1;
+            }
+            self.start(offset.as_deref())?;
+        }
+        self.until_the_end().await;
+        Ok(Injected::faults(faults))
+    }
+}
+
+/// The final drain with a healthy relay, the stop of every relay, the read of every topic
+/// from offset 0, and the checks.
+async fn finish(
+    config: &Config,
+    s: &Scenario,
+    mut setup: Setup,
+    written: Written,
+    started: tokio::time::Instant,
+) -> Result<Outcome, String> {
+    let Written {
+        acks,
+        failed_enqueues,
+        writes_started_us,
+        write_seconds,
+        injected,
+    } = written;
+    setup.proxy.set_enabled(false);
+    let (proxy_faults, proxy_stats) = fault_proxy_stats(&setup);
+    let faults = injected.faults + proxy_faults;
+    let left_in_table = drain(config, s, &mut setup).await?;
     let window_end = now_us();
     // Large values take memory in DynamoDB Local (in memory, shared by the whole test
     // run) until their items are deleted; whatever is left goes with the table.
     if s.load.value_bytes > 0 {
-        let _ = client
+        let _ = setup
+            .client
             .delete_table()
-            .table_name(&options.table_name)
+            .table_name(&setup.options.table_name)
             .send()
             .await;
     }
-
-    // Read every topic back from offset 0.
-    let mut deliveries = Vec::new();
-    let reads: Vec<Result<Vec<Delivery>, String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = topics
-            .iter()
-            .map(|t| scope.spawn(|| read_topic(bootstrap.as_deref(), t, s.load.value_bytes > 0)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("reader panicked".into())))
-            .collect()
-    });
-    for r in reads {
-        deliveries.extend(r?);
-    }
+    let deliveries = read_topics(
+        &setup.topics,
+        setup.bootstrap.as_deref(),
+        s.load.value_bytes,
+    )?;
     let acks = std::mem::take(&mut *acks.lock().unwrap_or_else(|e| e.into_inner()));
+    let fleet = &mut setup.fleet;
     let history = History {
         bucket_count: s.bucket_count,
         acks,
@@ -1150,8 +1324,10 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
         window_us: (writes_started_us, window_end),
         value_bytes: (s.load.value_bytes > 0).then_some(s.load.value_bytes),
     };
-    save_history(&dir, &history);
+    let dir = &setup.dir;
+    save_history(dir, &history);
     let figures = check::check(&history);
+    let stats = &setup.proxy.stats;
     let outcome = Outcome {
         name: s.name.into(),
         number: s.number.into(),
@@ -1162,12 +1338,12 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
         faults,
         fault_expected: s.fault != Fault::None,
         unclean_stops: fleet.relays.iter().filter(|r| r.unclean_stop).count(),
-        graceful_stops,
+        graceful_stops: injected.graceful_stops,
         unreleased_stops: fleet.unreleased_stops(),
-        held_stop_releases: proxy.stats.held_stop_releases.load(Ordering::Relaxed),
+        held_stop_releases: stats.held_stop_releases.load(Ordering::Relaxed),
         holds_releases: matches!(s.fault, Fault::Stops { .. }),
         summary_refused: fleet.summary_refused(),
-        wire_refused: proxy.stats.condition_refused.load(Ordering::Relaxed),
+        wire_refused: stats.condition_refused.load(Ordering::Relaxed),
         refusal_disagreements: fleet.refusal_disagreements(),
         write_seconds,
         seconds: started.elapsed().as_secs_f64(),
@@ -1181,6 +1357,91 @@ async fn run_scenario(config: &Config, s: &Scenario, seed: u64) -> Result<Outcom
     );
     fleet.kill_all();
     Ok(outcome)
+}
+
+/// The faults the DynamoDB proxy injected (when it injects any) and what the fault proxy
+/// of the scenario did (the DynamoDB proxy's or the private broker's).
+fn fault_proxy_stats(setup: &Setup) -> (usize, Option<serde_json::Value>) {
+    if setup.inject_dynamodb_faults {
+        let st = &setup.proxy.stats;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let faults = (load(&st.throttled)
+            + load(&st.server_errors)
+            + load(&st.dropped_responses)
+            + load(&st.delayed)
+            + load(&st.held_stop_releases)) as usize;
+        (
+            faults,
+            Some(serde_json::to_value(&**st).unwrap_or_default()),
+        )
+    } else {
+        let stats = setup
+            .private_broker
+            .as_ref()
+            .map(|b| serde_json::to_value(&*b.proxy.stats).unwrap_or_default());
+        (0, stats)
+    }
+}
+
+/// Drains the table with a healthy relay (started if none is left alive), up to the
+/// profile's drain timeout, stops every relay gracefully; the message ids left.
+async fn drain(config: &Config, s: &Scenario, setup: &mut Setup) -> Result<Vec<String>, String> {
+    let fleet = &mut setup.fleet;
+    for i in 0..fleet.relays.len() {
+        fleet.resume(i);
+    }
+    let healthy = fleet
+        .alive()
+        .into_iter()
+        .any(|i| fleet.relays[i].clock_offset.is_none());
+    if !healthy {
+        start_relay(fleet, &config.outboxctl, None, None)?;
+    }
+    let (client, options) = (&setup.client, &setup.options);
+    let drain_until = tokio::time::Instant::now() + config.profile.drain_timeout();
+    loop {
+        let empty = left_message_ids(client, options)
+            .await
+            .is_ok_and(|ids| ids.is_empty());
+        if empty || tokio::time::Instant::now() >= drain_until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let all = fleet.alive();
+    fleet.terminate(&all).await;
+    let mut left_in_table = left_message_ids(client, options).await;
+    for _ in 0..3 {
+        if left_in_table.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        left_in_table = left_message_ids(client, options).await;
+    }
+    left_in_table.map_err(|e| format!("{}: {e}", s.name))
+}
+
+/// Every topic read back from offset 0, in parallel.
+fn read_topics(
+    topics: &[String],
+    bootstrap: Option<&str>,
+    value_bytes: usize,
+) -> Result<Vec<Delivery>, String> {
+    let mut deliveries = Vec::new();
+    let reads: Vec<Result<Vec<Delivery>, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = topics
+            .iter()
+            .map(|t| scope.spawn(|| read_topic(bootstrap, t, value_bytes > 0)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("reader panicked".into())))
+            .collect()
+    });
+    for r in reads {
+        deliveries.extend(r?);
+    }
+    Ok(deliveries)
 }
 
 /// Runs scripts/kafka.py (the independent client) with the stack's python; its stdout.
