@@ -2,6 +2,8 @@
 //! environment (set by `scripts/stack.sh`), clients, random names.
 #![allow(unreachable_pub)]
 
+pub mod lambda;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use aws_sdk_dynamodb::Client;

@@ -3,27 +3,17 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use base64::Engine;
 use dynamo_outbox::schema;
-use lambda_runtime::{Config, Context, LambdaEvent};
+use lambda_runtime::LambdaEvent;
 use outbox_enqueue_function::EnqueueFunction;
 use outbox_integration_tests::*;
 use serde_json::{json, Value};
 
 fn event(payload: Value, time_left: Duration) -> LambdaEvent<Value> {
-    let mut context = Context::default();
-    context.request_id = uuid::Uuid::new_v4().to_string();
-    context.deadline = (SystemTime::now() + time_left)
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    context.env_config = Arc::new(Config {
-        function_name: "outbox-enqueue-test".into(),
-        ..Config::default()
-    });
-    LambdaEvent::new(payload, context)
+    outbox_integration_tests::lambda::invocation_in("outbox-enqueue-test", payload, time_left)
 }
 
 #[tokio::test]

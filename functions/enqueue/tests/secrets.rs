@@ -8,10 +8,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use dynamo_outbox::accounting::RequestCounter;
-use lambda_runtime::{Config, Context, LambdaEvent};
+use lambda_runtime::LambdaEvent;
 use outbox_enqueue_function::EnqueueFunction;
 use outbox_integration_tests::*;
 use outbox_relay_function::{RelayFunction, RelaySettings};
@@ -31,17 +31,7 @@ impl std::io::Write for Captured {
 }
 
 fn event(function: &str, payload: Value, time_left: Duration) -> LambdaEvent<Value> {
-    let mut context = Context::default();
-    context.request_id = uuid::Uuid::new_v4().to_string();
-    context.deadline = (SystemTime::now() + time_left)
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    context.env_config = Arc::new(Config {
-        function_name: function.into(),
-        ..Config::default()
-    });
-    LambdaEvent::new(payload, context)
+    outbox_integration_tests::lambda::invocation_in(function, payload, time_left)
 }
 
 fn marker(prefix: &str) -> String {

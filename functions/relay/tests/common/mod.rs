@@ -3,11 +3,10 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use dynamo_outbox::OutboxOptions;
-use lambda_runtime::{Config, Context, LambdaEvent};
+use lambda_runtime::LambdaEvent;
 use outbox_integration_tests::stack_var;
 use outbox_relay_function::RelaySettings;
 use serde_json::Value;
@@ -15,22 +14,17 @@ use serde_json::Value;
 /// An invocation of the function `outbox-relay-test` with `payload`, whose context has
 /// the request id and the deadline (Unix milliseconds) Lambda would send.
 pub(crate) fn invocation(request_id: &str, deadline_ms: u64, payload: Value) -> LambdaEvent<Value> {
-    let mut context = Context::default();
-    context.request_id = request_id.into();
-    context.deadline = deadline_ms;
-    context.env_config = Arc::new(Config {
-        function_name: "outbox-relay-test".into(),
-        ..Config::default()
-    });
-    LambdaEvent::new(payload, context)
+    outbox_integration_tests::lambda::invocation(
+        "outbox-relay-test",
+        request_id,
+        deadline_ms,
+        payload,
+    )
 }
 
 /// The Unix milliseconds `time_left` from now.
 pub(crate) fn in_ms(time_left: Duration) -> u64 {
-    (SystemTime::now() + time_left)
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
+    outbox_integration_tests::lambda::deadline_in(time_left)
 }
 
 /// The function's settings for the outbox `options` on the local stack (poll interval
