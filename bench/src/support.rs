@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
 use aws_sdk_dynamodb::Client;
 use dynamo_outbox::metrics::RelayMetrics;
@@ -39,16 +38,10 @@ pub async fn sdk_config() -> Result<aws_config::SdkConfig> {
     Ok(aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await)
 }
 
-/// A client with the library's timeouts ([`dynamo_outbox::client`]) and, when given, the
-/// classifier.
+/// A client with the library's timeouts ([`dynamo_outbox::client::dynamodb_config`]) and,
+/// when given, the classifier.
 pub fn client(config: &aws_config::SdkConfig, classifier: Option<&Classifier>) -> Client {
-    let mut builder = aws_sdk_dynamodb::config::Builder::from(config).timeout_config(
-        TimeoutConfig::builder()
-            .connect_timeout(Duration::from_secs(3))
-            .operation_attempt_timeout(dynamo_outbox::client::ATTEMPT_TIMEOUT)
-            .operation_timeout(dynamo_outbox::client::OPERATION_TIMEOUT)
-            .build(),
-    );
+    let mut builder = dynamo_outbox::client::dynamodb_config(config);
     if let Some(c) = classifier {
         builder = builder.interceptor(c.clone());
     }

@@ -17,7 +17,7 @@ pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(8);
 /// A client for the standard configuration (`aws_config::load_defaults`) with
 /// [`ATTEMPT_TIMEOUT`] and [`OPERATION_TIMEOUT`].
 pub fn dynamodb_client(config: &aws_config::SdkConfig) -> Client {
-    Client::from_conf(builder(config).build())
+    Client::from_conf(dynamodb_config(config).build())
 }
 
 /// [`dynamodb_client`] with `counter` attached: every attempt is counted by operation and
@@ -26,10 +26,12 @@ pub fn counted_dynamodb_client(
     config: &aws_config::SdkConfig,
     counter: crate::accounting::RequestCounter,
 ) -> Client {
-    Client::from_conf(builder(config).interceptor(counter).build())
+    Client::from_conf(dynamodb_config(config).interceptor(counter).build())
 }
 
-fn builder(config: &aws_config::SdkConfig) -> aws_sdk_dynamodb::config::Builder {
+/// The configuration of [`dynamodb_client`], to add to (an interceptor of one's own, say)
+/// before building the client.
+pub fn dynamodb_config(config: &aws_config::SdkConfig) -> aws_sdk_dynamodb::config::Builder {
     aws_sdk_dynamodb::config::Builder::from(config).timeout_config(
         TimeoutConfig::builder()
             .connect_timeout(Duration::from_secs(3))
