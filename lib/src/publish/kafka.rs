@@ -112,10 +112,13 @@ impl KafkaPublisher {
             let provider = Arc::new(MskIamTokenProvider::new(region, credentials));
             builder = builder.sasl_config(provider.sasl_config());
         }
-        let client = builder
-            .build()
-            .await
-            .map_err(|e| client_error("connecting to the brokers", e))?;
+        if config.auth.uses_password() {
+            builder = builder.sasl_config(sasl_config(&config).await?);
+        }
+        let client = match builder.build().await {
+            Ok(client) => client,
+            Err(e) => return Err(connect_error(&config, e).await),
+        };
         info!(
             servers = ?config.bootstrap_servers,
             auth = ?config.auth,
@@ -713,6 +716,93 @@ fn client_error(what: &str, e: ClientError) -> Error {
         retryable,
         source: Some(Box::new(e)),
     }
+}
+
+/// rskafka's SASL configuration for SCRAM or PLAIN, with the credentials resolved (the
+/// secret read once per process).
+async fn sasl_config(config: &KafkaConfig) -> Result<rskafka::client::SaslConfig> {
+    use rskafka::client::{Credentials, SaslConfig};
+    let source = config.sasl.as_ref().ok_or_else(|| {
+        Error::option(
+            "sasl",
+            format!(
+                "is required for {} (a username and password)",
+                config.auth.name()
+            ),
+        )
+    })?;
+    let up = source.resolve().await?;
+    let credentials = Credentials::new(up.username, up.password.expose().to_owned());
+    Ok(match config.auth {
+        KafkaAuth::ScramSha256 => SaslConfig::ScramSha256(credentials),
+        KafkaAuth::ScramSha512 => SaslConfig::ScramSha512(credentials),
+        _ => SaslConfig::Plain(credentials),
+    })
+}
+
+/// The error of a failed connect, saying what the user can check: refused credentials
+/// (which are then forgotten, so the next connect reads a rotated secret again).
+async fn connect_error(config: &KafkaConfig, e: ClientError) -> Error {
+    if sasl_refused(&e) {
+        let mechanism = match config.auth {
+            KafkaAuth::MskIam => "OAUTHBEARER (MSK IAM)",
+            KafkaAuth::ScramSha256 => "SCRAM-SHA-256",
+            KafkaAuth::ScramSha512 => "SCRAM-SHA-512",
+            KafkaAuth::Plain => "PLAIN",
+            KafkaAuth::None => "",
+        };
+        let check = match &config.sasl {
+            Some(source) => {
+                source.forget().await;
+                let user = match source {
+                    super::sasl::SaslCredentials::Static(up) => format!(" as user {:?}", up.username),
+                    super::sasl::SaslCredentials::SecretsManager(_) => String::new(),
+                };
+                format!("{user}: check the username and password in {}", source.source_hint())
+            }
+            None => ": check the role's kafka-cluster:Connect permission and the cluster's IAM access control".into(),
+        };
+        return Error::Kafka {
+            message: format!("the brokers refused SASL/{mechanism} authentication{check}"),
+            retryable: false,
+            source: Some(Box::new(e)),
+        };
+    }
+    if connect_failure_text(&e).contains("SaslFailed(") {
+        // the handshake failed: a mechanism the brokers do not enable, or a broken exchange
+        return Error::Kafka {
+            message: format!(
+                "the SASL/{} exchange with the brokers failed (is KAFKA_AUTH={} enabled on this listener?)",
+                config.auth.name().to_ascii_uppercase(),
+                config.auth.name()
+            ),
+            retryable: false,
+            source: Some(Box::new(e)),
+        };
+    }
+    client_error("connecting to the brokers", e)
+}
+
+/// The text that finds a connect failure's cause. A failed connect reaches us as
+/// `RetryFailed(DeadlineExceded { source: MultiError([...]) })`, and rskafka's
+/// `MultiError` keeps its errors private (no `source()`, no accessor), so the only way to
+/// their kind is their `Debug` text, which names the variants.
+fn connect_failure_text(e: &ClientError) -> String {
+    format!("{e:?}")
+}
+
+/// Whether the brokers answered the SASL exchange with `SASL_AUTHENTICATION_FAILED`.
+fn sasl_refused(e: &ClientError) -> bool {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = current {
+        if let Some(rskafka::SaslError::ApiError(ProtocolError::SaslAuthenticationFailed)) =
+            err.downcast_ref::<rskafka::SaslError>()
+        {
+            return true;
+        }
+        current = err.source();
+    }
+    connect_failure_text(e).contains("SaslFailed(ApiError(SaslAuthenticationFailed))")
 }
 
 /// TLS with the system's trusted roots, on the ring provider (rustls cannot pick one by
