@@ -86,6 +86,9 @@ pub(crate) enum Auth {
         username: String,
         password: String,
     },
+    /// SCRAM as [`Auth::Scram`], but the server-final message carries a forged server
+    /// signature (a broker that does not know the password): the client must refuse it.
+    ScramForgedServer { hash: Scram, username: String },
 }
 
 impl Auth {
@@ -93,7 +96,7 @@ impl Auth {
         match self {
             Auth::Accept | Auth::Refuse => "OAUTHBEARER",
             Auth::Plain { .. } => "PLAIN",
-            Auth::Scram { hash, .. } => hash.mechanism(),
+            Auth::Scram { hash, .. } | Auth::ScramForgedServer { hash, .. } => hash.mechanism(),
         }
     }
 }
@@ -260,6 +263,16 @@ async fn serve(
                         username,
                         password,
                     } => scram_step(*hash, username, password, &mut scram, &bytes),
+                    Auth::ScramForgedServer { hash, username } => {
+                        match scram_step(*hash, username, "", &mut scram, &bytes) {
+                            // the proof cannot verify without the password: claim it did
+                            Step::Refuse(_) if !bytes.starts_with(b"n,,") => {
+                                let forged = vec![0u8; hash.len()];
+                                Step::Done(format!("v={}", B64.encode(forged)).into_bytes())
+                            }
+                            other => other,
+                        }
+                    }
                 };
                 let (code, message, server_bytes) = match step {
                     Step::Continue(b) => (0i16, None, b),
@@ -706,6 +719,30 @@ mod tests {
         );
         // the next connect reads the secret again
         assert!(!creds.holds_secret().await);
+    }
+
+    #[tokio::test]
+    async fn the_client_refuses_a_broker_whose_server_signature_is_forged() {
+        let broker = FakeBroker::start(Auth::ScramForgedServer {
+            hash: Scram::Sha512,
+            username: "alice".into(),
+        })
+        .await;
+        let config = sasl_config(
+            &broker,
+            KafkaAuth::ScramSha512,
+            SaslCredentials::new("alice", "pw"),
+        );
+        let err = KafkaPublisher::connect(
+            config,
+            tokio::time::Instant::now() + Duration::from_secs(10),
+        )
+        .await
+        .expect_err("a forged server signature");
+        assert!(!err.is_retryable(), "{err:?}");
+        // the fake claimed success, and the client hung up instead of going on
+        assert_eq!(broker.verdicts.lock().unwrap()[0], Verdict::Accepted);
+        assert!(broker.after_auth.lock().unwrap().is_empty());
     }
 
     #[tokio::test]
