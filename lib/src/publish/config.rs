@@ -2,6 +2,7 @@
 //! are read from the environment.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use aws_credential_types::provider::SharedCredentialsProvider;
@@ -29,6 +30,15 @@ pub mod env {
     pub const ALLOW_PLAIN_WITHOUT_TLS: &str = "KAFKA_ALLOW_PLAIN_WITHOUT_TLS";
     /// [`KafkaConfig::tls`](super::KafkaConfig::tls): `true` or `false`.
     pub const TLS: &str = "KAFKA_TLS";
+    /// [`KafkaConfig::tls_ca_file`](super::KafkaConfig::tls_ca_file): a PEM bundle of the
+    /// trusted roots, instead of the system's.
+    pub const TLS_CA_FILE: &str = "KAFKA_TLS_CA_FILE";
+    /// [`KafkaConfig::tls_cert_file`](super::KafkaConfig::tls_cert_file): the client
+    /// certificate (PEM, leaf first) for mutual TLS.
+    pub const TLS_CERT_FILE: &str = "KAFKA_TLS_CERT_FILE";
+    /// [`KafkaConfig::tls_key_file`](super::KafkaConfig::tls_key_file): the client
+    /// certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub const TLS_KEY_FILE: &str = "KAFKA_TLS_KEY_FILE";
     /// [`KafkaConfig::client_id`](super::KafkaConfig::client_id).
     pub const CLIENT_ID: &str = "KAFKA_CLIENT_ID";
     /// [`KafkaConfig::publish_timeout`](super::KafkaConfig::publish_timeout).
@@ -109,6 +119,12 @@ pub struct KafkaConfig {
     pub sasl: Option<SaslCredentials>,
     /// Lets [`KafkaAuth::Plain`] run without TLS (false): PLAIN sends the password itself.
     pub allow_plain_without_tls: bool,
+    /// PEM bundle of the roots to trust instead of the system's (none: the system's).
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate chain (PEM) for mutual TLS, with [`tls_key_file`](Self::tls_key_file).
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of [`tls_cert_file`](Self::tls_cert_file).
+    pub tls_key_file: Option<PathBuf>,
     /// AWS region of the MSK cluster; required for [`KafkaAuth::MskIam`] because the token
     /// is signed for `kafka.{region}.amazonaws.com`.
     pub region: Option<String>,
@@ -147,6 +163,10 @@ impl fmt::Debug for KafkaConfig {
             // the username and where the password comes from, never the password
             .field("sasl", &self.sasl)
             .field("allow_plain_without_tls", &self.allow_plain_without_tls)
+            // paths only: the key file's contents are never read into the configuration
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
             .field("region", &self.region)
             .field("client_id", &self.client_id)
             .field("message_id_header", &self.message_id_header)
@@ -174,6 +194,9 @@ impl KafkaConfig {
             tls: false,
             sasl: None,
             allow_plain_without_tls: false,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             region: None,
             client_id: "dynamo-outbox".into(),
             message_id_header: "x-outbox-message-id".into(),
@@ -254,11 +277,48 @@ impl KafkaConfig {
                 )
             })?;
         }
+        let path = |name: &str| {
+            lookup(name)
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| PathBuf::from(v.trim()))
+        };
+        config.tls_ca_file = path(env::TLS_CA_FILE);
+        config.tls_cert_file = path(env::TLS_CERT_FILE);
+        config.tls_key_file = path(env::TLS_KEY_FILE);
+        let tls_file = [env::TLS_CA_FILE, env::TLS_CERT_FILE, env::TLS_KEY_FILE]
+            .into_iter()
+            .zip([
+                &config.tls_ca_file,
+                &config.tls_cert_file,
+                &config.tls_key_file,
+            ])
+            .find_map(|(name, v)| v.as_ref().map(|_| name));
         config.tls = match lookup(env::TLS) {
             Some(v) => parse_bool(&v)
                 .ok_or_else(|| Error::option(env::TLS, format!("{v:?} is not true or false")))?,
-            None => config.auth != KafkaAuth::None,
+            None => config.auth != KafkaAuth::None || tls_file.is_some(),
         };
+        if let (false, Some(name)) = (config.tls, tls_file) {
+            return Err(Error::option(
+                name,
+                "is set but KAFKA_TLS=false: TLS files need TLS",
+            ));
+        }
+        match (&config.tls_cert_file, &config.tls_key_file) {
+            (Some(_), None) => {
+                return Err(Error::option(
+                    env::TLS_KEY_FILE,
+                    format!("is required with {}", env::TLS_CERT_FILE),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(Error::option(
+                    env::TLS_CERT_FILE,
+                    format!("is required with {}", env::TLS_KEY_FILE),
+                ))
+            }
+            _ => {}
+        }
         config.sasl = sasl_from_lookup(&lookup, config.auth)?;
         if let Some(v) = lookup(env::ALLOW_PLAIN_WITHOUT_TLS).filter(|v| !v.trim().is_empty()) {
             config.allow_plain_without_tls = parse_bool(&v).ok_or_else(|| {
@@ -345,6 +405,22 @@ impl KafkaConfig {
                 return Err(Error::option("sasl", "the username must not be empty"))
             }
             _ => {}
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            return Err(Error::option(
+                "tls_cert_file",
+                "and tls_key_file go together (a client certificate and its key)",
+            ));
+        }
+        if !self.tls
+            && (self.tls_ca_file.is_some()
+                || self.tls_cert_file.is_some()
+                || self.tls_key_file.is_some())
+        {
+            return Err(Error::option(
+                "tls",
+                "is off but TLS files are set (tls_ca_file, tls_cert_file, tls_key_file)",
+            ));
         }
         if self.auth == KafkaAuth::Plain && !self.tls && !self.allow_plain_without_tls {
             return Err(Error::option(
@@ -739,6 +815,50 @@ mod tests {
         let s = format!("{c:?} {:#?}", c);
         assert!(!s.contains("hunter2"), "{s}");
         assert!(s.contains("alice") && s.contains("<redacted>"), "{s}");
+    }
+
+    #[test]
+    fn tls_files_turn_tls_on_and_go_together() {
+        let c = KafkaConfig::from_lookup(lookup(&[
+            (env::BOOTSTRAP_SERVERS, "h:9094"),
+            (env::TLS_CA_FILE, "/etc/kafka/ca.pem"),
+            (env::TLS_CERT_FILE, "/etc/kafka/client.pem"),
+            (env::TLS_KEY_FILE, "/etc/kafka/client.key"),
+        ]))
+        .unwrap();
+        assert!(c.tls);
+        assert_eq!(
+            (
+                c.tls_ca_file.as_deref(),
+                c.tls_cert_file.as_deref(),
+                c.tls_key_file.as_deref()
+            ),
+            (
+                Some("/etc/kafka/ca.pem".as_ref()),
+                Some("/etc/kafka/client.pem".as_ref()),
+                Some("/etc/kafka/client.key".as_ref())
+            )
+        );
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (
+                &[(env::TLS_CERT_FILE, "/c.pem")],
+                "KAFKA_TLS_KEY_FILE: is required with KAFKA_TLS_CERT_FILE",
+            ),
+            (
+                &[(env::TLS_KEY_FILE, "/k.pem")],
+                "KAFKA_TLS_CERT_FILE: is required with KAFKA_TLS_KEY_FILE",
+            ),
+            (
+                &[(env::TLS_CA_FILE, "/ca.pem"), (env::TLS, "false")],
+                "KAFKA_TLS_CA_FILE: is set but KAFKA_TLS=false: TLS files need TLS",
+            ),
+        ];
+        for (pairs, expected) in cases {
+            let mut all = vec![(env::BOOTSTRAP_SERVERS, "h:1")];
+            all.extend_from_slice(pairs);
+            let e = KafkaConfig::from_lookup(lookup(&all)).unwrap_err();
+            assert_eq!(e.to_string(), *expected);
+        }
     }
 
     #[test]

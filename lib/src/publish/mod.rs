@@ -8,6 +8,8 @@
 //! - [`kafka`]: [`KafkaPublisher`], rskafka clients, metadata cache, retries.
 //! - [`msk_iam`]: the Amazon MSK IAM token (a SigV4-presigned URL) and its cache.
 //! - [`sasl`]: SCRAM and PLAIN credentials, from the environment or Secrets Manager.
+//! - `tls`: the trusted roots (the system's or `KAFKA_TLS_CA_FILE`) and the client
+//!   certificate of mutual TLS.
 //!
 //! # Contract
 //! A batch is one bucket's messages in sequence order. The publisher writes them with
@@ -28,6 +30,7 @@ pub mod msk_iam;
 pub mod record;
 pub mod route;
 pub mod sasl;
+mod tls;
 
 #[cfg(test)]
 mod fake_broker;
