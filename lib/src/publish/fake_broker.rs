@@ -535,6 +535,12 @@ mod tests {
             started.elapsed()
         );
         assert!(matches!(err, crate::Error::Kafka { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "kafka: the brokers refused SASL/OAUTHBEARER (MSK IAM) authentication: check the \
+             role's kafka-cluster:Connect permission and the cluster's IAM access control"
+        );
+        assert!(!err.is_retryable());
         assert!(!broker.auth_bytes.lock().unwrap().is_empty());
     }
 
