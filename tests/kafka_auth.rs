@@ -13,6 +13,10 @@ use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, SaslCredentials};
 use outbox_integration_tests::{random_name, stack_var};
 use tracing_subscriber::util::SubscriberInitExt as _;
 
+/// One test at a time: the log capture below is a thread's default subscriber, and a
+/// concurrent test without one can leave the SDK's callsites disabled for it.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn secrets_manager() -> aws_sdk_secretsmanager::Client {
     stack_var("AWS_ENDPOINT_URL_SECRETS_MANAGER");
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
@@ -69,6 +73,7 @@ impl<'w> tracing_subscriber::fmt::MakeWriter<'w> for Captured {
 
 #[tokio::test]
 async fn the_secret_is_read_once_per_process_and_again_after_forget() {
+    let _serial = SERIAL.lock().await;
     let client = secrets_manager().await;
     // a marker that cannot occur by chance in a log line
     let password = format!("pw-{}", uuid::Uuid::new_v4().simple());
@@ -89,7 +94,12 @@ async fn the_secret_is_read_once_per_process_and_again_after_forget() {
     assert_eq!(read.username, "outbox-relay");
     assert_eq!(read.password.expose(), password);
     let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    assert!(logs.contains("GetSecretValue"), "no trace output: {logs}");
+    // the operation's own target and the HTTP client's trace lines were captured
+    assert!(
+        logs.contains("aws_sdk_secretsmanager::operation::get_secret_value")
+            && logs.contains("TRACE"),
+        "no trace output of the read: {logs}"
+    );
     assert!(!logs.contains(&password), "the password is in the logs");
     let debug = format!("{config:?} {sasl:?} {read:?}");
     assert!(!debug.contains(&password), "{debug}");
@@ -117,6 +127,7 @@ async fn the_secret_is_read_once_per_process_and_again_after_forget() {
 
 #[tokio::test]
 async fn a_missing_or_malformed_secret_is_a_clear_error_without_its_contents() {
+    let _serial = SERIAL.lock().await;
     let client = secrets_manager().await;
     let missing = "arn:aws:secretsmanager:us-east-1:123456789012:secret:AmazonMSK_missing-AbCdEf";
     let e = config_for("plain", missing)

@@ -183,10 +183,18 @@ impl TlsProxy {
                     refs.clone(),
                 );
                 tokio::spawn(async move {
-                    let tls = match acceptor.accept(tcp).await {
+                    let tls = match acceptor.accept(tcp).into_fallible().await {
                         Ok(tls) => tls,
-                        Err(e) => {
+                        Err((e, mut tcp)) => {
                             refs.lock().unwrap().push(e.to_string());
+                            // keep the socket open until the client hangs up: closing it
+                            // with the client's request unread would reset the connection,
+                            // and a reset can discard the alert before the client reads it
+                            let mut sink = [0u8; 4096];
+                            let drain = async {
+                                while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {}
+                            };
+                            let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
                             return;
                         }
                     };

@@ -486,6 +486,11 @@ mod tests {
     use crate::publish::msk_iam::tests::{static_credentials, verify_token, SECRET_KEY};
     use crate::publish::{KafkaAuth, KafkaConfig, KafkaPublisher, SaslCredentials};
 
+    /// One connecting test at a time: the SCRAM test captures logs through its thread's
+    /// default subscriber, and a test registering rskafka's callsites at the same moment on
+    /// a thread without one can leave them disabled for it.
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     fn config(broker: &FakeBroker) -> KafkaConfig {
         let mut config = KafkaConfig::new([broker.address.clone()])
             .with_msk_iam("eu-west-1")
@@ -497,6 +502,7 @@ mod tests {
 
     #[tokio::test]
     async fn oauthbearer_carries_a_valid_msk_iam_token() {
+        let _serial = SERIAL.lock().await;
         let broker = FakeBroker::start(Auth::Accept).await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let publisher = KafkaPublisher::connect(config(&broker), deadline)
@@ -523,6 +529,7 @@ mod tests {
 
     #[tokio::test]
     async fn refused_authentication_fails_the_connect_in_bounded_time() {
+        let _serial = SERIAL.lock().await;
         let broker = FakeBroker::start(Auth::Refuse).await;
         let started = tokio::time::Instant::now();
         let deadline = started + Duration::from_secs(10);
@@ -581,6 +588,7 @@ mod tests {
 
     #[tokio::test]
     async fn scram_sha_256_and_512_send_rfc_5802_messages_whose_proof_verifies() {
+        let _serial = SERIAL.lock().await;
         // the username needs RFC 5802's escaping ("=" and "," in a saslname)
         let (username, password) = ("al=ice,ops", "correct horse 7f3a9c5e2b1d");
         for (hash, auth) in [
@@ -628,6 +636,7 @@ mod tests {
 
     #[tokio::test]
     async fn plain_sends_exactly_nul_username_nul_password() {
+        let _serial = SERIAL.lock().await;
         let broker = FakeBroker::start(Auth::Plain {
             username: "alice".into(),
             password: "pw 1".into(),
@@ -650,6 +659,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wrong_password_is_refused_with_an_error_naming_the_user_and_the_variables() {
+        let _serial = SERIAL.lock().await;
         for (auth, broker_auth, name) in [
             (
                 KafkaAuth::ScramSha256,
@@ -701,6 +711,7 @@ mod tests {
 
     #[tokio::test]
     async fn refused_credentials_from_a_secret_are_forgotten_and_the_error_names_the_secret() {
+        let _serial = SERIAL.lock().await;
         let broker = FakeBroker::start(scram_auth(Scram::Sha512, "alice", "rotated")).await;
         let creds = SaslCredentials::secrets_manager_read(
             "arn:aws:secretsmanager:eu-west-1:111122223333:secret:AmazonMSK_outbox",
@@ -729,6 +740,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_client_refuses_a_broker_whose_server_signature_is_forged() {
+        let _serial = SERIAL.lock().await;
         let broker = FakeBroker::start(Auth::ScramForgedServer {
             hash: Scram::Sha512,
             username: "alice".into(),
@@ -753,6 +765,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_mechanism_the_broker_does_not_enable_fails_the_connect() {
+        let _serial = SERIAL.lock().await;
         let broker = FakeBroker::start(scram_auth(Scram::Sha512, "alice", "pw")).await;
         let config = sasl_config(
             &broker,
@@ -777,6 +790,7 @@ mod tests {
 
     #[tokio::test]
     async fn connect_gives_up_at_the_deadline() {
+        let _serial = SERIAL.lock().await;
         // a listener that accepts and never answers
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
