@@ -21,8 +21,9 @@
 #     unless already set; boto3/SAM read only this one)
 #   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (local/local unless already set)
 #   KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:PORT, KAFKA_AUTH=none
-#   AWS_ENDPOINT_URL_EVENTBRIDGE, AWS_ENDPOINT_URL_SQS=http://127.0.0.1:PORT
-#     (moto's server; only the EventBridge and SQS clients use it)
+#   AWS_ENDPOINT_URL_EVENTBRIDGE, AWS_ENDPOINT_URL_SQS,
+#   AWS_ENDPOINT_URL_SECRETS_MANAGER=http://127.0.0.1:PORT
+#     (moto's server; only the EventBridge, SQS and Secrets Manager clients use it)
 #   OUTBOX_STACK_PYTHON   the venv python that has confluent-kafka
 #   OUTBOX_STACK_SCRIPTS  absolute path of this scripts directory
 #
@@ -266,6 +267,7 @@ export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT
 export KAFKA_AUTH=none
 export AWS_ENDPOINT_URL_EVENTBRIDGE=http://127.0.0.1:$MOTO_PORT
 export AWS_ENDPOINT_URL_SQS=http://127.0.0.1:$MOTO_PORT
+export AWS_ENDPOINT_URL_SECRETS_MANAGER=http://127.0.0.1:$MOTO_PORT
 export OUTBOX_STACK_PYTHON=$PY
 export OUTBOX_STACK_SCRIPTS=$SCRIPTS_DIR
 EOF

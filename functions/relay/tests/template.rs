@@ -166,6 +166,9 @@ fn the_relay_gets_exactly_its_actions() {
             "kafka-cluster:DescribeCluster",
             "kafka-cluster:DescribeTopic",
             "kafka-cluster:WriteData",
+            // Only with a SASL secret (and its key), on them only (see below).
+            "secretsmanager:GetSecretValue",
+            "kms:Decrypt",
             // Only with the stream doorbell, on its stream only (see below).
             "dynamodb:DescribeStream",
             "dynamodb:GetRecords",
@@ -1123,4 +1126,135 @@ fn kafka_topics_has_no_default_and_is_both_allow_lists_and_the_relays_topic_arns
     }
     // The functions trim spaces around an entry, IAM would not: the pattern refuses them.
     assert!(!kafka_topics_pattern_matches(" orders"));
+}
+
+/// The policy entry of `RelayFunction` that holds the statement `sid`: from the `- !If`
+/// before it to the `- !Ref AWS::NoValue` that closes it.
+fn conditional_policy(lines: &[&str], sid: &str) -> String {
+    let text = lines.join("\n");
+    let at = text
+        .find(&format!("- Sid: {sid}\n"))
+        .unwrap_or_else(|| panic!("no statement {sid}"));
+    let start = text[..at].rfind("- !If\n").unwrap();
+    let end = at + text[at..].find("- !Ref AWS::NoValue").unwrap();
+    text[start..end].to_owned()
+}
+
+#[test]
+fn sasl_auth_reads_its_secret_and_key_only_when_they_are_named() {
+    let t = template();
+    let parameters = section(&t, "Parameters");
+    let auth = entry(&parameters, "KafkaAuth");
+    assert_eq!(value(&auth, "Default"), "msk-iam");
+    let allowed = value(&auth, "AllowedValues");
+    let values: Vec<&str> = allowed
+        .trim_matches(['[', ']'])
+        .split(',')
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        values,
+        ["msk-iam", "scram-sha-512", "scram-sha-256", "plain"]
+    );
+    // every allowed value is one the relay reads, with what the template passes it
+    let secret = "arn:aws:secretsmanager:eu-west-1:111122223333:secret:AmazonMSK_outbox-AbCdEf";
+    for v in &values {
+        let vars = [
+            ("KAFKA_BOOTSTRAP_SERVERS", "b-1.example:9096"),
+            ("KAFKA_AUTH", v),
+            ("AWS_REGION", "eu-west-1"),
+            (
+                "KAFKA_SASL_SECRET_ARN",
+                if *v == "msk-iam" { "" } else { secret },
+            ),
+        ];
+        let config = dynamo_outbox::publish::KafkaConfig::from_lookup(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+        .unwrap_or_else(|e| panic!("KafkaAuth={v}: {e}"));
+        assert_eq!(config.auth.name(), *v);
+        assert!(config.tls, "KafkaAuth={v} is over TLS");
+    }
+    for (name, pattern) in [
+        (
+            "KafkaSaslSecretArn",
+            r#""^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[^\\s]+)?$""#,
+        ),
+        (
+            "KafkaSaslSecretKmsKeyArn",
+            r#""^(arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/[^\\s]+)?$""#,
+        ),
+    ] {
+        let p = entry(&parameters, name);
+        assert_eq!(value(&p, "Default"), "\"\"", "{name}");
+        assert_eq!(value(&p, "AllowedPattern"), pattern, "{name}");
+    }
+
+    // The relay is told the mechanism and the secret, the secret only when named.
+    let relay = resource(&t, "RelayFunction");
+    let text = relay.join("\n");
+    assert_eq!(value(&text, "KAFKA_AUTH"), "!Ref KafkaAuth");
+    assert_eq!(
+        value(&text, "KAFKA_SASL_SECRET_ARN"),
+        "!If [HasSaslSecret, !Ref KafkaSaslSecretArn, !Ref AWS::NoValue]"
+    );
+    let conditions = section(&t, "Conditions");
+    assert_eq!(
+        entry(&conditions, "HasSaslSecret"),
+        "!Not [!Equals [!Ref KafkaSaslSecretArn, \"\"]]"
+    );
+    assert_eq!(
+        entry(&conditions, "HasSaslSecretKmsKey"),
+        "!And\n- !Condition HasSaslSecret\n- !Not [!Equals [!Ref KafkaSaslSecretKmsKeyArn, \"\"]]"
+    );
+
+    // GetSecretValue on that secret, under HasSaslSecret only.
+    let policy = conditional_policy(&relay, "KafkaSaslSecret");
+    assert_eq!(
+        policy.lines().nth(1).map(str::trim),
+        Some("- HasSaslSecret")
+    );
+    let read = statement(&relay, "KafkaSaslSecret");
+    assert_eq!(
+        actions(&read.lines().collect::<Vec<_>>()),
+        set(&["secretsmanager:GetSecretValue"])
+    );
+    assert_eq!(value(&read, "Resource"), "!Ref KafkaSaslSecretArn");
+    // kms:Decrypt on that key, through Secrets Manager, under HasSaslSecretKmsKey only.
+    let policy = conditional_policy(&relay, "KafkaSaslSecretKey");
+    assert_eq!(
+        policy.lines().nth(1).map(str::trim),
+        Some("- HasSaslSecretKmsKey")
+    );
+    let decrypt = statement(&relay, "KafkaSaslSecretKey");
+    assert_eq!(
+        actions(&decrypt.lines().collect::<Vec<_>>()),
+        set(&["kms:Decrypt"])
+    );
+    assert_eq!(value(&decrypt, "Resource"), "!Ref KafkaSaslSecretKmsKeyArn");
+    assert_eq!(
+        value(&decrypt, "kms:ViaService"),
+        "!Sub \"secretsmanager.${AWS::Region}.amazonaws.com\""
+    );
+    // Neither action appears anywhere else.
+    assert_eq!(t.matches("secretsmanager:GetSecretValue").count(), 1);
+    assert_eq!(t.matches("kms:Decrypt").count(), 1);
+
+    // A SASL mechanism needs the secret; MSK IAM takes neither.
+    let rules = section(&t, "Rules");
+    let needs = entry(&rules, "SaslAuthNeedsASecret");
+    assert!(
+        needs.contains("RuleCondition: !Not [!Equals [!Ref KafkaAuth, msk-iam]]")
+            && needs.contains("- Assert: !Not [!Equals [!Ref KafkaSaslSecretArn, \"\"]]"),
+        "{needs}"
+    );
+    let none = entry(&rules, "MskIamTakesNoSecret");
+    assert!(
+        none.contains("RuleCondition: !Equals [!Ref KafkaAuth, msk-iam]")
+            && none.contains("- !Equals [!Ref KafkaSaslSecretArn, \"\"]")
+            && none.contains("- !Equals [!Ref KafkaSaslSecretKmsKeyArn, \"\"]"),
+        "{none}"
+    );
 }

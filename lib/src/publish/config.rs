@@ -2,10 +2,12 @@
 //! are read from the environment.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use aws_credential_types::provider::SharedCredentialsProvider;
 
+use super::sasl::SaslCredentials;
 use crate::error::{Error, Result};
 use crate::options::parse_duration;
 
@@ -13,10 +15,30 @@ use crate::options::parse_duration;
 pub mod env {
     /// [`KafkaConfig::bootstrap_servers`](super::KafkaConfig::bootstrap_servers), comma separated.
     pub const BOOTSTRAP_SERVERS: &str = "KAFKA_BOOTSTRAP_SERVERS";
-    /// [`KafkaConfig::auth`](super::KafkaConfig::auth): `none` or `msk-iam`.
+    /// [`KafkaConfig::auth`](super::KafkaConfig::auth): `none`, `msk-iam`, `scram-sha-256`,
+    /// `scram-sha-512` or `plain`.
     pub const AUTH: &str = "KAFKA_AUTH";
+    /// The SASL username of [`KafkaConfig::sasl`](super::KafkaConfig::sasl) (SCRAM, PLAIN).
+    pub const SASL_USERNAME: &str = "KAFKA_SASL_USERNAME";
+    /// The SASL password of [`KafkaConfig::sasl`](super::KafkaConfig::sasl) (SCRAM, PLAIN).
+    pub const SASL_PASSWORD: &str = "KAFKA_SASL_PASSWORD";
+    /// A Secrets Manager secret (ARN or name) with the SASL `username` and `password`, as
+    /// JSON (MSK's SCRAM convention), instead of [`SASL_USERNAME`] and [`SASL_PASSWORD`].
+    pub const SASL_SECRET_ARN: &str = "KAFKA_SASL_SECRET_ARN";
+    /// [`KafkaConfig::allow_plain_without_tls`](super::KafkaConfig::allow_plain_without_tls):
+    /// `true` lets `KAFKA_AUTH=plain` send the password over a plaintext connection.
+    pub const ALLOW_PLAIN_WITHOUT_TLS: &str = "KAFKA_ALLOW_PLAIN_WITHOUT_TLS";
     /// [`KafkaConfig::tls`](super::KafkaConfig::tls): `true` or `false`.
     pub const TLS: &str = "KAFKA_TLS";
+    /// [`KafkaConfig::tls_ca_file`](super::KafkaConfig::tls_ca_file): a PEM bundle of the
+    /// trusted roots, instead of the system's.
+    pub const TLS_CA_FILE: &str = "KAFKA_TLS_CA_FILE";
+    /// [`KafkaConfig::tls_cert_file`](super::KafkaConfig::tls_cert_file): the client
+    /// certificate (PEM, leaf first) for mutual TLS.
+    pub const TLS_CERT_FILE: &str = "KAFKA_TLS_CERT_FILE";
+    /// [`KafkaConfig::tls_key_file`](super::KafkaConfig::tls_key_file): the client
+    /// certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub const TLS_KEY_FILE: &str = "KAFKA_TLS_KEY_FILE";
     /// [`KafkaConfig::client_id`](super::KafkaConfig::client_id).
     pub const CLIENT_ID: &str = "KAFKA_CLIENT_ID";
     /// [`KafkaConfig::publish_timeout`](super::KafkaConfig::publish_timeout).
@@ -39,6 +61,15 @@ pub enum KafkaAuth {
     /// Amazon MSK IAM: SASL/OAUTHBEARER with a SigV4-presigned token, credentials from the
     /// standard AWS chain. MSK accepts it only over TLS (port 9098, or 9198 public).
     MskIam,
+    /// SASL/SCRAM-SHA-256 (RFC 7677) with [`KafkaConfig::sasl`]; TLS on by default.
+    ScramSha256,
+    /// SASL/SCRAM-SHA-512 with [`KafkaConfig::sasl`] (MSK's SCRAM, port 9096); TLS on by
+    /// default.
+    ScramSha512,
+    /// SASL/PLAIN (RFC 4616) with [`KafkaConfig::sasl`]: the password itself goes to the
+    /// broker, so it is refused without TLS unless
+    /// [`KafkaConfig::allow_plain_without_tls`].
+    Plain,
 }
 
 impl KafkaAuth {
@@ -47,7 +78,29 @@ impl KafkaAuth {
         match value.trim().to_ascii_lowercase().as_str() {
             "none" | "" => Some(KafkaAuth::None),
             "msk-iam" | "msk_iam" | "iam" => Some(KafkaAuth::MskIam),
+            "scram-sha-256" | "scram_sha_256" => Some(KafkaAuth::ScramSha256),
+            "scram-sha-512" | "scram_sha_512" => Some(KafkaAuth::ScramSha512),
+            "plain" => Some(KafkaAuth::Plain),
             _ => None,
+        }
+    }
+
+    /// Whether this mechanism takes a username and password ([`KafkaConfig::sasl`]).
+    pub fn uses_password(self) -> bool {
+        matches!(
+            self,
+            KafkaAuth::ScramSha256 | KafkaAuth::ScramSha512 | KafkaAuth::Plain
+        )
+    }
+
+    /// The value of [`env::AUTH`] that selects it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KafkaAuth::None => "none",
+            KafkaAuth::MskIam => "msk-iam",
+            KafkaAuth::ScramSha256 => "scram-sha-256",
+            KafkaAuth::ScramSha512 => "scram-sha-512",
+            KafkaAuth::Plain => "plain",
         }
     }
 }
@@ -59,9 +112,19 @@ pub struct KafkaConfig {
     pub bootstrap_servers: Vec<String>,
     /// How to authenticate ([`KafkaAuth::None`]).
     pub auth: KafkaAuth,
-    /// Whether to speak TLS to the brokers (on for MSK IAM, off otherwise); trusted roots
-    /// are the system's.
+    /// Whether to speak TLS to the brokers (on for MSK IAM, SCRAM and PLAIN, off
+    /// otherwise); trusted roots are the system's.
     pub tls: bool,
+    /// The username and password of SCRAM and PLAIN ([`KafkaAuth::uses_password`]).
+    pub sasl: Option<SaslCredentials>,
+    /// Lets [`KafkaAuth::Plain`] run without TLS (false): PLAIN sends the password itself.
+    pub allow_plain_without_tls: bool,
+    /// PEM bundle of the roots to trust instead of the system's (none: the system's).
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate chain (PEM) for mutual TLS, with [`tls_key_file`](Self::tls_key_file).
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of [`tls_cert_file`](Self::tls_cert_file).
+    pub tls_key_file: Option<PathBuf>,
     /// AWS region of the MSK cluster; required for [`KafkaAuth::MskIam`] because the token
     /// is signed for `kafka.{region}.amazonaws.com`.
     pub region: Option<String>,
@@ -97,6 +160,13 @@ impl fmt::Debug for KafkaConfig {
             .field("bootstrap_servers", &self.bootstrap_servers)
             .field("auth", &self.auth)
             .field("tls", &self.tls)
+            // the username and where the password comes from, never the password
+            .field("sasl", &self.sasl)
+            .field("allow_plain_without_tls", &self.allow_plain_without_tls)
+            // paths only: the key file's contents are never read into the configuration
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
             .field("region", &self.region)
             .field("client_id", &self.client_id)
             .field("message_id_header", &self.message_id_header)
@@ -122,6 +192,11 @@ impl KafkaConfig {
             bootstrap_servers: bootstrap_servers.into_iter().map(Into::into).collect(),
             auth: KafkaAuth::None,
             tls: false,
+            sasl: None,
+            allow_plain_without_tls: false,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             region: None,
             client_id: "dynamo-outbox".into(),
             message_id_header: "x-outbox-message-id".into(),
@@ -139,6 +214,14 @@ impl KafkaConfig {
     pub fn with_msk_iam(mut self, region: impl Into<String>) -> Self {
         self.auth = KafkaAuth::MskIam;
         self.region = Some(region.into());
+        self.tls = true;
+        self
+    }
+
+    /// Switches to SASL `auth` (SCRAM or PLAIN) with `credentials`, over TLS.
+    pub fn with_sasl(mut self, auth: KafkaAuth, credentials: SaslCredentials) -> Self {
+        self.auth = auth;
+        self.sasl = Some(credentials);
         self.tls = true;
         self
     }
@@ -186,14 +269,75 @@ impl KafkaConfig {
         let mut config = KafkaConfig::new(servers);
         if let Some(v) = lookup(env::AUTH) {
             config.auth = KafkaAuth::parse(&v).ok_or_else(|| {
-                Error::option(env::AUTH, format!("{v:?} is not one of none, msk-iam"))
+                Error::option(
+                    env::AUTH,
+                    format!(
+                        "{v:?} is not one of none, msk-iam, scram-sha-256, scram-sha-512, plain"
+                    ),
+                )
             })?;
         }
+        let path = |name: &str| {
+            lookup(name)
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| PathBuf::from(v.trim()))
+        };
+        config.tls_ca_file = path(env::TLS_CA_FILE);
+        config.tls_cert_file = path(env::TLS_CERT_FILE);
+        config.tls_key_file = path(env::TLS_KEY_FILE);
+        let tls_file = [env::TLS_CA_FILE, env::TLS_CERT_FILE, env::TLS_KEY_FILE]
+            .into_iter()
+            .zip([
+                &config.tls_ca_file,
+                &config.tls_cert_file,
+                &config.tls_key_file,
+            ])
+            .find_map(|(name, v)| v.as_ref().map(|_| name));
         config.tls = match lookup(env::TLS) {
             Some(v) => parse_bool(&v)
                 .ok_or_else(|| Error::option(env::TLS, format!("{v:?} is not true or false")))?,
-            None => config.auth == KafkaAuth::MskIam,
+            None => config.auth != KafkaAuth::None || tls_file.is_some(),
         };
+        if let (false, Some(name)) = (config.tls, tls_file) {
+            return Err(Error::option(
+                name,
+                "is set but KAFKA_TLS=false: TLS files need TLS",
+            ));
+        }
+        match (&config.tls_cert_file, &config.tls_key_file) {
+            (Some(_), None) => {
+                return Err(Error::option(
+                    env::TLS_KEY_FILE,
+                    format!("is required with {}", env::TLS_CERT_FILE),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(Error::option(
+                    env::TLS_CERT_FILE,
+                    format!("is required with {}", env::TLS_KEY_FILE),
+                ))
+            }
+            _ => {}
+        }
+        config.sasl = sasl_from_lookup(&lookup, config.auth)?;
+        if let Some(v) = lookup(env::ALLOW_PLAIN_WITHOUT_TLS).filter(|v| !v.trim().is_empty()) {
+            config.allow_plain_without_tls = parse_bool(&v).ok_or_else(|| {
+                Error::option(
+                    env::ALLOW_PLAIN_WITHOUT_TLS,
+                    format!("{v:?} is not true or false"),
+                )
+            })?;
+        }
+        if config.auth == KafkaAuth::Plain && !config.tls && !config.allow_plain_without_tls {
+            return Err(Error::option(
+                env::TLS,
+                format!(
+                    "KAFKA_AUTH=plain sends the password in clear: KAFKA_TLS=false is refused \
+                     unless {}=true",
+                    env::ALLOW_PLAIN_WITHOUT_TLS
+                ),
+            ));
+        }
         if config.auth == KafkaAuth::MskIam {
             let region = lookup(env::REGION)
                 .or_else(|| lookup(env::DEFAULT_REGION))
@@ -238,6 +382,52 @@ impl KafkaConfig {
                 .ok_or_else(|| Error::option("region", "is required for MSK IAM authentication"))?;
             check_region(region).map_err(|rule| Error::option("region", rule))?;
         }
+        match (&self.sasl, self.auth.uses_password()) {
+            (None, true) => {
+                return Err(Error::option(
+                    "sasl",
+                    format!(
+                        "is required for {} (a username and password)",
+                        self.auth.name()
+                    ),
+                ))
+            }
+            (Some(_), false) => {
+                return Err(Error::option(
+                    "sasl",
+                    format!(
+                        "is set but auth is {}: only scram-sha-256, scram-sha-512 and plain use it",
+                        self.auth.name()
+                    ),
+                ))
+            }
+            (Some(super::sasl::SaslCredentials::Static(up)), true) if up.username.is_empty() => {
+                return Err(Error::option("sasl", "the username must not be empty"))
+            }
+            _ => {}
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            return Err(Error::option(
+                "tls_cert_file",
+                "and tls_key_file go together (a client certificate and its key)",
+            ));
+        }
+        if !self.tls
+            && (self.tls_ca_file.is_some()
+                || self.tls_cert_file.is_some()
+                || self.tls_key_file.is_some())
+        {
+            return Err(Error::option(
+                "tls",
+                "is off but TLS files are set (tls_ca_file, tls_cert_file, tls_key_file)",
+            ));
+        }
+        if self.auth == KafkaAuth::Plain && !self.tls && !self.allow_plain_without_tls {
+            return Err(Error::option(
+                "tls",
+                "PLAIN sends the password in clear: it needs TLS unless allow_plain_without_tls",
+            ));
+        }
         if self.client_id.is_empty() {
             return Err(Error::option("client_id", "must not be empty"));
         }
@@ -260,6 +450,68 @@ impl KafkaConfig {
             return Err(Error::option("max_in_flight", "must be at least 1"));
         }
         Ok(())
+    }
+}
+
+/// The SASL credentials the variables name for `auth`: the secret, or the username and
+/// password; an error when they are missing, partial, both, or set for another `auth`.
+fn sasl_from_lookup(
+    lookup: &impl Fn(&str) -> Option<String>,
+    auth: KafkaAuth,
+) -> Result<Option<SaslCredentials>> {
+    // an empty value counts as unset (a template passes "" for an unused parameter)
+    let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+    let username = get(env::SASL_USERNAME);
+    let password = get(env::SASL_PASSWORD);
+    let secret = get(env::SASL_SECRET_ARN);
+    if !auth.uses_password() {
+        let set = [
+            (env::SASL_USERNAME, &username),
+            (env::SASL_PASSWORD, &password),
+            (env::SASL_SECRET_ARN, &secret),
+        ];
+        return match set.iter().find(|(_, v)| v.is_some()) {
+            Some((name, _)) => Err(Error::option(
+                *name,
+                format!(
+                    "is set but KAFKA_AUTH={}: only scram-sha-256, scram-sha-512 and plain use it",
+                    auth.name()
+                ),
+            )),
+            None => Ok(None),
+        };
+    }
+    match (secret, username, password) {
+        (Some(secret), None, None) => Ok(Some(SaslCredentials::secrets_manager(secret.trim()))),
+        (Some(_), _, _) => Err(Error::option(
+            env::SASL_SECRET_ARN,
+            format!(
+                "is set together with {}/{}: name the credentials one way",
+                env::SASL_USERNAME,
+                env::SASL_PASSWORD
+            ),
+        )),
+        (None, Some(username), Some(password)) => {
+            Ok(Some(SaslCredentials::new(username, password)))
+        }
+        (None, None, Some(_)) => Err(Error::option(
+            env::SASL_USERNAME,
+            format!("is required with {}", env::SASL_PASSWORD),
+        )),
+        (None, Some(_), None) => Err(Error::option(
+            env::SASL_PASSWORD,
+            format!("is required with {}", env::SASL_USERNAME),
+        )),
+        (None, None, None) => Err(Error::option(
+            env::AUTH,
+            format!(
+                "{} needs credentials: {} (a Secrets Manager secret with \"username\" and \"password\"), or {} and {}",
+                auth.name(),
+                env::SASL_SECRET_ARN,
+                env::SASL_USERNAME,
+                env::SASL_PASSWORD
+            ),
+        )),
     }
 }
 
@@ -386,7 +638,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "KAFKA_AUTH: \"scram\" is not one of none, msk-iam"
+            "KAFKA_AUTH: \"scram\" is not one of none, msk-iam, scram-sha-256, scram-sha-512, plain"
         );
         let e = KafkaConfig::from_lookup(lookup(&[
             (env::BOOTSTRAP_SERVERS, "h:1"),
@@ -401,6 +653,212 @@ mod tests {
         ]))
         .unwrap_err();
         assert!(e.to_string().starts_with("AWS_REGION: "), "{e}");
+    }
+
+    #[test]
+    fn scram_and_plain_take_credentials_from_the_environment_or_a_secret() {
+        let c = KafkaConfig::from_lookup(lookup(&[
+            (env::BOOTSTRAP_SERVERS, "b-1:9096"),
+            (env::AUTH, "SCRAM-SHA-512"),
+            (
+                env::SASL_SECRET_ARN,
+                "arn:aws:secretsmanager:eu-west-1:1:secret:AmazonMSK_a",
+            ),
+        ]))
+        .unwrap();
+        assert_eq!((c.auth, c.tls), (KafkaAuth::ScramSha512, true));
+        assert!(
+            matches!(&c.sasl, Some(SaslCredentials::SecretsManager(_))),
+            "{c:?}"
+        );
+        for (value, auth) in [
+            ("scram-sha-256", KafkaAuth::ScramSha256),
+            ("scram-sha-512", KafkaAuth::ScramSha512),
+            ("plain", KafkaAuth::Plain),
+        ] {
+            let c = KafkaConfig::from_lookup(lookup(&[
+                (env::BOOTSTRAP_SERVERS, "h:9093"),
+                (env::AUTH, value),
+                (env::SASL_USERNAME, "alice"),
+                (env::SASL_PASSWORD, "pw"),
+                // a template's unused parameter
+                (env::SASL_SECRET_ARN, ""),
+            ]))
+            .unwrap();
+            assert_eq!((c.auth, c.tls), (auth, true), "{value}");
+            match &c.sasl {
+                Some(SaslCredentials::Static(up)) => {
+                    assert_eq!(
+                        (up.username.as_str(), up.password.expose()),
+                        ("alice", "pw")
+                    )
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // SCRAM never sends the password: TLS may be turned off
+        let c = KafkaConfig::from_lookup(lookup(&[
+            (env::BOOTSTRAP_SERVERS, "h:9092"),
+            (env::AUTH, "scram-sha-256"),
+            (env::SASL_USERNAME, "alice"),
+            (env::SASL_PASSWORD, "pw"),
+            (env::TLS, "false"),
+        ]))
+        .unwrap();
+        assert!(!c.tls);
+    }
+
+    #[test]
+    fn plain_without_tls_is_refused_unless_allowed() {
+        let base = [
+            (env::BOOTSTRAP_SERVERS, "h:9092"),
+            (env::AUTH, "plain"),
+            (env::SASL_USERNAME, "alice"),
+            (env::SASL_PASSWORD, "pw"),
+            (env::TLS, "false"),
+        ];
+        let e = KafkaConfig::from_lookup(lookup(&base)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "KAFKA_TLS: KAFKA_AUTH=plain sends the password in clear: KAFKA_TLS=false is \
+             refused unless KAFKA_ALLOW_PLAIN_WITHOUT_TLS=true"
+        );
+        let mut allowed = base.to_vec();
+        allowed.push((env::ALLOW_PLAIN_WITHOUT_TLS, "true"));
+        let c = KafkaConfig::from_lookup(lookup(&allowed)).unwrap();
+        assert!(!c.tls && c.allow_plain_without_tls);
+        // the same rule for a configuration built in code
+        let mut c =
+            KafkaConfig::new(["h:1"]).with_sasl(KafkaAuth::Plain, SaslCredentials::new("a", "p"));
+        c.tls = false;
+        assert!(c.validate().unwrap_err().to_string().starts_with("tls: "));
+        c.allow_plain_without_tls = true;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn sasl_variables_must_be_complete_and_match_the_mechanism() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (
+                &[(env::AUTH, "scram-sha-512")],
+                "KAFKA_AUTH: scram-sha-512 needs credentials: KAFKA_SASL_SECRET_ARN (a Secrets \
+                 Manager secret with \"username\" and \"password\"), or KAFKA_SASL_USERNAME and \
+                 KAFKA_SASL_PASSWORD",
+            ),
+            (
+                &[(env::AUTH, "plain"), (env::SASL_USERNAME, "a")],
+                "KAFKA_SASL_PASSWORD: is required with KAFKA_SASL_USERNAME",
+            ),
+            (
+                &[(env::AUTH, "plain"), (env::SASL_PASSWORD, "p")],
+                "KAFKA_SASL_USERNAME: is required with KAFKA_SASL_PASSWORD",
+            ),
+            (
+                &[
+                    (env::AUTH, "scram-sha-256"),
+                    (env::SASL_SECRET_ARN, "arn:x"),
+                    (env::SASL_PASSWORD, "p"),
+                ],
+                "KAFKA_SASL_SECRET_ARN: is set together with \
+                 KAFKA_SASL_USERNAME/KAFKA_SASL_PASSWORD: name the credentials one way",
+            ),
+            (
+                &[(env::SASL_SECRET_ARN, "arn:x")],
+                "KAFKA_SASL_SECRET_ARN: is set but KAFKA_AUTH=none: only scram-sha-256, \
+                 scram-sha-512 and plain use it",
+            ),
+            (
+                &[
+                    (env::AUTH, "msk-iam"),
+                    (env::REGION, "eu-west-1"),
+                    (env::SASL_USERNAME, "a"),
+                ],
+                "KAFKA_SASL_USERNAME: is set but KAFKA_AUTH=msk-iam: only scram-sha-256, \
+                 scram-sha-512 and plain use it",
+            ),
+            (
+                &[
+                    (env::AUTH, "plain"),
+                    (env::SASL_USERNAME, "a"),
+                    (env::SASL_PASSWORD, "p"),
+                    (env::ALLOW_PLAIN_WITHOUT_TLS, "sure"),
+                ],
+                "KAFKA_ALLOW_PLAIN_WITHOUT_TLS: \"sure\" is not true or false",
+            ),
+        ];
+        for (pairs, expected) in cases {
+            let mut all = vec![(env::BOOTSTRAP_SERVERS, "h:1")];
+            all.extend_from_slice(pairs);
+            let e = KafkaConfig::from_lookup(lookup(&all)).unwrap_err();
+            assert_eq!(e.to_string(), *expected);
+        }
+        let c = KafkaConfig::new(["h:1"]);
+        let c = KafkaConfig {
+            auth: KafkaAuth::ScramSha256,
+            ..c
+        };
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "sasl: is required for scram-sha-256 (a username and password)"
+        );
+    }
+
+    #[test]
+    fn debug_never_shows_the_sasl_password() {
+        let c = KafkaConfig::from_lookup(lookup(&[
+            (env::BOOTSTRAP_SERVERS, "h:9096"),
+            (env::AUTH, "scram-sha-512"),
+            (env::SASL_USERNAME, "alice"),
+            (env::SASL_PASSWORD, "hunter2-e5f1c0d3-secret"),
+        ]))
+        .unwrap();
+        let s = format!("{c:?} {:#?}", c);
+        assert!(!s.contains("hunter2"), "{s}");
+        assert!(s.contains("alice") && s.contains("<redacted>"), "{s}");
+    }
+
+    #[test]
+    fn tls_files_turn_tls_on_and_go_together() {
+        let c = KafkaConfig::from_lookup(lookup(&[
+            (env::BOOTSTRAP_SERVERS, "h:9094"),
+            (env::TLS_CA_FILE, "/etc/kafka/ca.pem"),
+            (env::TLS_CERT_FILE, "/etc/kafka/client.pem"),
+            (env::TLS_KEY_FILE, "/etc/kafka/client.key"),
+        ]))
+        .unwrap();
+        assert!(c.tls);
+        assert_eq!(
+            (
+                c.tls_ca_file.as_deref(),
+                c.tls_cert_file.as_deref(),
+                c.tls_key_file.as_deref()
+            ),
+            (
+                Some("/etc/kafka/ca.pem".as_ref()),
+                Some("/etc/kafka/client.pem".as_ref()),
+                Some("/etc/kafka/client.key".as_ref())
+            )
+        );
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (
+                &[(env::TLS_CERT_FILE, "/c.pem")],
+                "KAFKA_TLS_KEY_FILE: is required with KAFKA_TLS_CERT_FILE",
+            ),
+            (
+                &[(env::TLS_KEY_FILE, "/k.pem")],
+                "KAFKA_TLS_CERT_FILE: is required with KAFKA_TLS_KEY_FILE",
+            ),
+            (
+                &[(env::TLS_CA_FILE, "/ca.pem"), (env::TLS, "false")],
+                "KAFKA_TLS_CA_FILE: is set but KAFKA_TLS=false: TLS files need TLS",
+            ),
+        ];
+        for (pairs, expected) in cases {
+            let mut all = vec![(env::BOOTSTRAP_SERVERS, "h:1")];
+            all.extend_from_slice(pairs);
+            let e = KafkaConfig::from_lookup(lookup(&all)).unwrap_err();
+            assert_eq!(e.to_string(), *expected);
+        }
     }
 
     #[test]

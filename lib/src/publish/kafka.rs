@@ -95,7 +95,7 @@ impl KafkaPublisher {
             .client_id(config.client_id.as_str())
             .backoff_config(backoff);
         if config.tls {
-            builder = builder.tls_config(tls_config()?);
+            builder = builder.tls_config(super::tls::client_config(&config)?);
         }
         if config.auth == KafkaAuth::MskIam {
             if !config.tls {
@@ -112,10 +112,13 @@ impl KafkaPublisher {
             let provider = Arc::new(MskIamTokenProvider::new(region, credentials));
             builder = builder.sasl_config(provider.sasl_config());
         }
-        let client = builder
-            .build()
-            .await
-            .map_err(|e| client_error("connecting to the brokers", e))?;
+        if config.auth.uses_password() {
+            builder = builder.sasl_config(sasl_config(&config).await?);
+        }
+        let client = match builder.build().await {
+            Ok(client) => client,
+            Err(e) => return Err(connect_error(&config, e).await),
+        };
         info!(
             servers = ?config.bootstrap_servers,
             auth = ?config.auth,
@@ -715,25 +718,161 @@ fn client_error(what: &str, e: ClientError) -> Error {
     }
 }
 
-/// TLS with the system's trusted roots, on the ring provider (rustls cannot pick one by
-/// itself when the dependency graph enables two).
-fn tls_config() -> Result<Arc<rustls::ClientConfig>> {
-    let found = rustls_native_certs::load_native_certs();
-    let mut roots = rustls::RootCertStore::empty();
-    let (added, _unparsable) = roots.add_parsable_certificates(found.certs);
-    if added == 0 {
-        return Err(Error::Misconfiguration(format!(
-            "KAFKA_TLS: no trusted root certificates found on this system ({} errors while loading)",
-            found.errors.len()
-        )));
+/// rskafka's SASL configuration for SCRAM or PLAIN, with the credentials resolved (the
+/// secret read once per process).
+async fn sasl_config(config: &KafkaConfig) -> Result<rskafka::client::SaslConfig> {
+    use rskafka::client::{Credentials, SaslConfig};
+    let source = config.sasl.as_ref().ok_or_else(|| {
+        Error::option(
+            "sasl",
+            format!(
+                "is required for {} (a username and password)",
+                config.auth.name()
+            ),
+        )
+    })?;
+    let up = source.resolve().await?;
+    let credentials = Credentials::new(up.username, up.password.expose().to_owned());
+    Ok(match config.auth {
+        KafkaAuth::ScramSha256 => SaslConfig::ScramSha256(credentials),
+        KafkaAuth::ScramSha512 => SaslConfig::ScramSha512(credentials),
+        _ => SaslConfig::Plain(credentials),
+    })
+}
+
+/// The error of a failed connect, saying what the user can check: refused credentials
+/// (which are then forgotten, so the next connect reads a rotated secret again).
+async fn connect_error(config: &KafkaConfig, e: ClientError) -> Error {
+    if let Some(message) = config.tls.then(|| tls_failure(config, &e)).flatten() {
+        return Error::Kafka {
+            message,
+            retryable: false,
+            source: Some(Box::new(e)),
+        };
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Misconfiguration(format!("TLS: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(Arc::new(config))
+    if sasl_refused(&e) {
+        let mechanism = match config.auth {
+            KafkaAuth::MskIam => "OAUTHBEARER (MSK IAM)",
+            KafkaAuth::ScramSha256 => "SCRAM-SHA-256",
+            KafkaAuth::ScramSha512 => "SCRAM-SHA-512",
+            KafkaAuth::Plain => "PLAIN",
+            KafkaAuth::None => "",
+        };
+        let check = match &config.sasl {
+            Some(source) => {
+                source.forget().await;
+                let user = match source {
+                    super::sasl::SaslCredentials::Static(up) => format!(" as user {:?}", up.username),
+                    super::sasl::SaslCredentials::SecretsManager(_) => String::new(),
+                };
+                format!("{user}: check the username and password in {}", source.source_hint())
+            }
+            None => ": check the role's kafka-cluster:Connect permission and the cluster's IAM access control".into(),
+        };
+        return Error::Kafka {
+            message: format!("the brokers refused SASL/{mechanism} authentication{check}"),
+            retryable: false,
+            source: Some(Box::new(e)),
+        };
+    }
+    if connect_failure_text(&e).contains("SaslFailed(") {
+        // the handshake failed: a mechanism the brokers do not enable, or a broken exchange
+        return Error::Kafka {
+            message: format!(
+                "the SASL/{} exchange with the brokers failed (is KAFKA_AUTH={} enabled on this listener?)",
+                config.auth.name().to_ascii_uppercase(),
+                config.auth.name()
+            ),
+            retryable: false,
+            source: Some(Box::new(e)),
+        };
+    }
+    client_error("connecting to the brokers", e)
+}
+
+/// The text that finds a connect failure's cause. A failed connect reaches us as
+/// `RetryFailed(DeadlineExceded { source: MultiError([...]) })`, and rskafka's
+/// `MultiError` keeps its errors private (no `source()`, no accessor), so the only way to
+/// their kind is their `Debug` text, which names the variants.
+fn connect_failure_text(e: &ClientError) -> String {
+    format!("{e:?}")
+}
+
+/// What went wrong in a TLS handshake that failed for a reason the user must fix: the
+/// brokers' certificate not trusted, or the client certificate missing or refused.
+fn tls_failure(config: &KafkaConfig, e: &ClientError) -> Option<String> {
+    let text = connect_failure_text(e);
+    // the variant's argument, as rustls' Debug names it: `InvalidCertificate(UnknownIssuer)`
+    let argument = |variant: &str| {
+        text.split_once(variant).map(|(_, rest)| {
+            let mut depth = 0usize;
+            let end = rest
+                .char_indices()
+                .find(|&(_, c)| {
+                    match c {
+                        '(' | '{' | '[' => depth += 1,
+                        ')' | '}' | ']' if depth == 0 => return true,
+                        ')' | '}' | ']' => depth -= 1,
+                        _ => {}
+                    }
+                    false
+                })
+                .map_or(rest.len(), |(i, _)| i);
+            rest[..end].to_owned()
+        })
+    };
+    let roots = match &config.tls_ca_file {
+        Some(path) => format!(
+            "the roots of {} ({})",
+            super::config::env::TLS_CA_FILE,
+            path.display()
+        ),
+        None => format!(
+            "the system's roots ({} is unset)",
+            super::config::env::TLS_CA_FILE
+        ),
+    };
+    if let Some(why) = argument("InvalidCertificate(") {
+        return Some(format!(
+            "TLS with the brokers failed: their certificate is not trusted ({why}) by {roots}"
+        ));
+    }
+    let alert = argument("AlertReceived(")?;
+    let client_cert = config.tls_cert_file.is_some();
+    match (alert.as_str(), client_cert) {
+        ("CertificateRequired" | "HandshakeFailure", false) => Some(format!(
+            "TLS with the brokers failed: they require a client certificate (alert {alert}): \
+             set {} and {}",
+            super::config::env::TLS_CERT_FILE,
+            super::config::env::TLS_KEY_FILE
+        )),
+        (
+            "BadCertificate" | "UnknownCA" | "CertificateUnknown" | "CertificateExpired"
+            | "CertificateRevoked" | "UnsupportedCertificate" | "AccessDenied"
+            | "HandshakeFailure" | "DecryptError",
+            true,
+        ) => Some(format!(
+            "TLS with the brokers failed: they refused the client certificate of {} (alert {alert})",
+            super::config::env::TLS_CERT_FILE
+        )),
+        _ => Some(format!(
+            "TLS with the brokers failed: they sent the alert {alert}"
+        )),
+    }
+}
+
+/// Whether the brokers answered the SASL exchange with `SASL_AUTHENTICATION_FAILED`.
+fn sasl_refused(e: &ClientError) -> bool {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = current {
+        if let Some(rskafka::SaslError::ApiError(ProtocolError::SaslAuthenticationFailed)) =
+            err.downcast_ref::<rskafka::SaslError>()
+        {
+            return true;
+        }
+        current = err.source();
+    }
+    connect_failure_text(e).contains("SaslFailed(ApiError(SaslAuthenticationFailed))")
 }
 
 /// The standard AWS credentials chain (environment, profile, web identity, ECS, IMDS).
@@ -832,11 +971,5 @@ mod tests {
             source: Box::new(server_error(ProtocolError::MessageTooLarge)),
         });
         assert_eq!(verdict(&wrapped), Verdict::Reject(Rejection::TooLarge));
-    }
-
-    #[test]
-    fn tls_config_builds_with_system_roots() {
-        // the machine running the tests has a CA bundle, as Lambda's runtime does
-        tls_config().unwrap();
     }
 }

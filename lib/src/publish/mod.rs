@@ -7,6 +7,9 @@
 //! - [`record`]: an outbox message as an rskafka record (and what rskafka cannot carry).
 //! - [`kafka`]: [`KafkaPublisher`], rskafka clients, metadata cache, retries.
 //! - [`msk_iam`]: the Amazon MSK IAM token (a SigV4-presigned URL) and its cache.
+//! - [`sasl`]: SCRAM and PLAIN credentials, from the environment or Secrets Manager.
+//! - `tls`: the trusted roots (the system's or `KAFKA_TLS_CA_FILE`) and the client
+//!   certificate of mutual TLS.
 //!
 //! # Contract
 //! A batch is one bucket's messages in sequence order. The publisher writes them with
@@ -26,6 +29,8 @@ pub mod kafka;
 pub mod msk_iam;
 pub mod record;
 pub mod route;
+pub mod sasl;
+mod tls;
 
 #[cfg(test)]
 mod fake_broker;
@@ -33,6 +38,7 @@ mod fake_broker;
 pub use config::{KafkaAuth, KafkaConfig};
 pub use kafka::KafkaPublisher;
 pub use msk_iam::MskIamTokenProvider;
+pub use sasl::SaslCredentials;
 
 /// What happened to a batch: the first `acknowledged` messages are durably in Kafka
 /// (acks=all); the rest were not (or not known to be) written.

@@ -1,0 +1,178 @@
+//! SASL credentials from AWS Secrets Manager, for real: a secret in the stack's moto
+//! server (`AWS_ENDPOINT_URL_SECRETS_MANAGER`), named by `KAFKA_SASL_SECRET_ARN`, read
+//! through `KafkaConfig::from_lookup` as the relay function and `outboxctl` read it.
+//!
+//! The SCRAM and PLAIN exchanges themselves are checked byte for byte against the library's
+//! fake broker (`lib/src/publish/fake_broker.rs`): the local broker has no SASL.
+
+use std::sync::{Arc, Mutex};
+
+use aws_sdk_secretsmanager::primitives::Blob;
+use dynamo_outbox::publish::config::env;
+use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, SaslCredentials};
+use outbox_integration_tests::{random_name, stack_var};
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+/// One test at a time: the log capture below is a thread's default subscriber, and a
+/// concurrent test without one can leave the SDK's callsites disabled for it.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn secrets_manager() -> aws_sdk_secretsmanager::Client {
+    stack_var("AWS_ENDPOINT_URL_SECRETS_MANAGER");
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    aws_sdk_secretsmanager::Client::new(&config)
+}
+
+/// A secret holding `text`; its ARN.
+async fn create_secret(client: &aws_sdk_secretsmanager::Client, text: &str) -> String {
+    client
+        .create_secret()
+        .name(random_name("AmazonMSK_outbox"))
+        .secret_string(text)
+        .send()
+        .await
+        .expect("create the secret in moto")
+        .arn()
+        .expect("moto returns the ARN")
+        .to_owned()
+}
+
+fn config_for(auth: &str, secret: &str) -> KafkaConfig {
+    let vars = [
+        (env::BOOTSTRAP_SERVERS, "b-1.example:9096".to_owned()),
+        (env::AUTH, auth.to_owned()),
+        (env::SASL_SECRET_ARN, secret.to_owned()),
+    ];
+    KafkaConfig::from_lookup(|name| {
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.clone())
+    })
+    .expect("a valid configuration")
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'w> tracing_subscriber::fmt::MakeWriter<'w> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'w self) -> Captured {
+        self.clone()
+    }
+}
+
+#[tokio::test]
+async fn the_secret_is_read_once_per_process_and_again_after_forget() {
+    let _serial = SERIAL.lock().await;
+    let client = secrets_manager().await;
+    // a marker that cannot occur by chance in a log line
+    let password = format!("pw-{}", uuid::Uuid::new_v4().simple());
+    let arn = create_secret(
+        &client,
+        &format!(r#"{{"username":"outbox-relay","password":"{password}"}}"#),
+    )
+    .await;
+    let config = config_for("scram-sha-512", &arn);
+    assert_eq!((config.auth, config.tls), (KafkaAuth::ScramSha512, true));
+    let sasl = config.sasl.clone().expect("credentials from the secret");
+
+    // every log line of the read at trace, through the binaries' subscriber
+    let logs = Captured::default();
+    let guard = dynamo_outbox::logging::cli_subscriber(Some("trace"), logs.clone()).set_default();
+    let read = sasl.resolve().await.expect("read the secret from moto");
+    drop(guard);
+    assert_eq!(read.username, "outbox-relay");
+    assert_eq!(read.password.expose(), password);
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    // the operation's own target and the HTTP client's trace lines were captured
+    assert!(
+        logs.contains("aws_sdk_secretsmanager::operation::get_secret_value")
+            && logs.contains("TRACE"),
+        "no trace output of the read: {logs}"
+    );
+    assert!(!logs.contains(&password), "the password is in the logs");
+    let debug = format!("{config:?} {sasl:?} {read:?}");
+    assert!(!debug.contains(&password), "{debug}");
+
+    // rotated: the configuration's clones keep what was read (one read per process) ...
+    let rotated = format!("pw-{}", uuid::Uuid::new_v4().simple());
+    client
+        .put_secret_value()
+        .secret_id(&arn)
+        .secret_string(format!(
+            r#"{{"username":"outbox-relay","password":"{rotated}"}}"#
+        ))
+        .send()
+        .await
+        .unwrap();
+    let clone = config.clone().sasl.unwrap();
+    assert_eq!(clone.resolve().await.unwrap().password.expose(), password);
+    // ... a new process (a new configuration) reads the new value ...
+    let fresh = config_for("scram-sha-512", &arn).sasl.unwrap();
+    assert_eq!(fresh.resolve().await.unwrap().password.expose(), rotated);
+    // ... and so does this one once the brokers refused the old one (the publisher forgets)
+    clone.forget().await;
+    assert_eq!(sasl.resolve().await.unwrap().password.expose(), rotated);
+}
+
+#[tokio::test]
+async fn a_missing_or_malformed_secret_is_a_clear_error_without_its_contents() {
+    let _serial = SERIAL.lock().await;
+    let client = secrets_manager().await;
+    let missing = "arn:aws:secretsmanager:us-east-1:123456789012:secret:AmazonMSK_missing-AbCdEf";
+    let e = config_for("plain", missing)
+        .sasl
+        .unwrap()
+        .resolve()
+        .await
+        .expect_err("no such secret")
+        .to_string();
+    assert!(
+        e.starts_with(&format!(
+            "misconfiguration: KAFKA_SASL_SECRET_ARN: reading the secret {missing} from AWS \
+             Secrets Manager failed: "
+        )) && e.contains("ResourceNotFoundException"),
+        "{e}"
+    );
+
+    let arn = create_secret(&client, r#"{"user":"x","password":"hunter2-3f9c"}"#).await;
+    let e = config_for("scram-sha-256", &arn)
+        .sasl
+        .unwrap()
+        .resolve()
+        .await
+        .expect_err("no username")
+        .to_string();
+    assert_eq!(
+        e,
+        format!("misconfiguration: KAFKA_SASL_SECRET_ARN: the secret {arn} has no \"username\"")
+    );
+
+    let binary = client
+        .create_secret()
+        .name(random_name("AmazonMSK_binary"))
+        .secret_binary(Blob::new(b"hunter2-3f9c".to_vec()))
+        .send()
+        .await
+        .unwrap()
+        .arn()
+        .unwrap()
+        .to_owned();
+    let e = SaslCredentials::secrets_manager(&binary)
+        .resolve()
+        .await
+        .expect_err("a binary secret")
+        .to_string();
+    assert!(e.contains("has no secret string (a binary secret)"), "{e}");
+    assert!(!e.contains("hunter2"), "{e}");
+}
