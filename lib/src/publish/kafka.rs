@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -30,7 +30,7 @@ use tracing::{debug, info, warn};
 
 use super::config::{KafkaAuth, KafkaConfig};
 use super::msk_iam::MskIamTokenProvider;
-use super::record::{estimated_size, to_record, HeaderLoss};
+use super::record::{estimated_size, to_record};
 use super::route::{acknowledged_prefix, chunks, plan, TopicRoute, Unroutable};
 use super::{PublishOutcome, Publisher};
 use crate::error::{BoxError, Error, Rejection, Result};
@@ -51,8 +51,6 @@ struct Inner {
     partitions: Mutex<HashMap<(String, i32), Arc<PartitionClient>>>,
     /// Rotates the keyless records' partition from batch to batch.
     sticky: AtomicU32,
-    /// Whether the header mapping's losses were already logged at `warn`.
-    warned_header_loss: AtomicBool,
     /// Produce requests sent (every attempt), for [`KafkaPublisher::produce_requests`].
     produce_requests: AtomicU64,
 }
@@ -129,7 +127,6 @@ impl KafkaPublisher {
                 topics: Mutex::new(HashMap::new()),
                 partitions: Mutex::new(HashMap::new()),
                 sticky: AtomicU32::new(rand::random()),
-                warned_header_loss: AtomicBool::new(false),
                 produce_requests: AtomicU64::new(0),
             }),
         })
@@ -422,9 +419,8 @@ impl KafkaPublisher {
         timestamp: DateTime<Utc>,
         deadline: Instant,
         lowest_failure: &AtomicUsize,
-    ) -> (Option<(usize, Error)>, HeaderLoss) {
+    ) -> Option<(usize, Error)> {
         let header = self.inner.config.message_id_header.as_str();
-        let mut loss = HeaderLoss::default();
         let mut queue: VecDeque<&[usize]> = chunks(
             &group.indices,
             |i| estimated_size(&batch[i].message, header),
@@ -438,11 +434,7 @@ impl KafkaPublisher {
             }
             let records = chunk
                 .iter()
-                .map(|&i| {
-                    let (record, l) = to_record(&batch[i].message, header, timestamp);
-                    loss.add(l);
-                    record
-                })
+                .map(|&i| to_record(&batch[i].message, header, timestamp))
                 .collect();
             match self
                 .produce(group.topic, group.partition, records, deadline)
@@ -460,11 +452,11 @@ impl KafkaPublisher {
                 }
                 Err(e) => {
                     lowest_failure.fetch_min(chunk[0], Ordering::SeqCst);
-                    return (Some((chunk[0], e)), loss);
+                    return Some((chunk[0], e));
                 }
             }
         }
-        (None, loss)
+        None
     }
 
     /// Publishes one batch; see [`Publisher::publish`].
@@ -541,14 +533,7 @@ impl KafkaPublisher {
             .buffer_unordered(self.inner.config.max_in_flight.max(1))
             .collect()
             .await;
-        let mut loss = HeaderLoss::default();
-        for (failure, l) in results {
-            loss.add(l);
-            failures.extend(failure);
-        }
-        if loss.is_lossy() {
-            self.log_header_loss(loss);
-        }
+        failures.extend(results.into_iter().flatten());
 
         let acknowledged = acknowledged_prefix(batch.len(), failures.iter().map(|(i, _)| *i));
         let error = failures
@@ -568,22 +553,6 @@ impl KafkaPublisher {
         PublishOutcome {
             acknowledged,
             error,
-        }
-    }
-
-    fn log_header_loss(&self, loss: HeaderLoss) {
-        if !self.inner.warned_header_loss.swap(true, Ordering::Relaxed) {
-            warn!(
-                null_values = loss.null_values,
-                duplicate_keys = loss.duplicate_keys,
-                "rskafka cannot send null header values or repeated header keys: nulls sent as empty values, repeated keys keep the last value (logged once)"
-            );
-        } else {
-            debug!(
-                null_values = loss.null_values,
-                duplicate_keys = loss.duplicate_keys,
-                "header mapping altered headers"
-            );
         }
     }
 }

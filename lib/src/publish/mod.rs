@@ -4,7 +4,7 @@
 //! - [`config`]: [`KafkaConfig`] and [`KafkaAuth`], their defaults, and `from_env`.
 //! - [`route`]: which partition each record goes to, how a batch splits into produce
 //!   requests, and which prefix of the batch a partial failure still acknowledges. Pure.
-//! - [`record`]: an outbox message as an rskafka record (and what rskafka cannot carry).
+//! - [`record`]: an outbox message as an rskafka record, headers byte for byte.
 //! - [`kafka`]: [`KafkaPublisher`], rskafka clients, metadata cache, retries.
 //! - [`msk_iam`]: the Amazon MSK IAM token (a SigV4-presigned URL) and its cache.
 //!
