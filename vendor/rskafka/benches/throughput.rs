@@ -1,5 +1,4 @@
 use std::{
-    collections::BTreeMap,
     future::Future,
     pin::Pin,
     sync::Arc,
@@ -40,7 +39,7 @@ pub fn criterion_benchmark(c: &mut Criterion) {
     let record = Record {
         key: Some(vec![b'k'; 10]),
         value: Some(vec![b'x'; 10_000]),
-        headers: BTreeMap::default(),
+        headers: Vec::default(),
         timestamp: Utc.timestamp_millis_opt(1337).unwrap(),
     };
 

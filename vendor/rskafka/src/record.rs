@@ -1,13 +1,25 @@
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, Utc};
+
+/// Record header: a key and a value that may be null.
+///
+/// A record's headers are an ordered list: keys may repeat, and their order is kept from producer
+/// to consumer, as [KIP-82] requires.
+///
+/// [KIP-82]: https://cwiki.apache.org/confluence/display/KAFKA/KIP-82+-+Add+Record+Headers
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordHeader {
+    pub key: String,
+    /// `None` is a null value, distinct from an empty one.
+    pub value: Option<Vec<u8>>,
+}
 
 /// High-level record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
-    pub headers: BTreeMap<String, Vec<u8>>,
+    /// Headers in order; keys may repeat.
+    pub headers: Vec<RecordHeader>,
     pub timestamp: DateTime<Utc>,
 }
 
@@ -19,7 +31,7 @@ impl Record {
             + self
                 .headers
                 .iter()
-                .map(|(k, v)| k.len() + v.len())
+                .map(|h| h.key.len() + h.value.as_ref().map(|v| v.len()).unwrap_or_default())
                 .sum::<usize>()
     }
 }
@@ -42,12 +54,23 @@ mod tests {
         let record = Record {
             key: Some(vec![0; 23]),
             value: Some(vec![0; 45]),
-            headers: vec![("a".to_string(), vec![0; 5]), ("b".to_string(), vec![0; 7])]
-                .into_iter()
-                .collect(),
+            headers: vec![
+                RecordHeader {
+                    key: "a".to_owned(),
+                    value: Some(vec![0; 5]),
+                },
+                RecordHeader {
+                    key: "b".to_owned(),
+                    value: Some(vec![0; 7]),
+                },
+                RecordHeader {
+                    key: "c".to_owned(),
+                    value: None,
+                },
+            ],
             timestamp: Utc.timestamp_millis_opt(1337).unwrap(),
         };
 
-        assert_eq!(record.approximate_size(), 23 + 45 + 1 + 5 + 1 + 7);
+        assert_eq!(record.approximate_size(), 23 + 45 + 1 + 5 + 1 + 7 + 1);
     }
 }

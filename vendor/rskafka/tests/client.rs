@@ -7,9 +7,9 @@ use rskafka::{
         error::{Error as ClientError, ProtocolError, ServerErrorResponse},
         partition::{Compression, OffsetAt, UnknownTopicHandling},
     },
-    record::{Record, RecordAndOffset},
+    record::{Record, RecordAndOffset, RecordHeader},
 };
-use std::{collections::BTreeMap, env, str::FromStr, sync::Arc, time::Duration};
+use std::{env, str::FromStr, sync::Arc, time::Duration};
 
 mod test_helpers;
 use test_helpers::{BrokerImpl, TEST_TIMEOUT, maybe_start_logging, random_topic_name, record};
@@ -745,7 +745,10 @@ pub fn large_record() -> Record {
     Record {
         key: Some(b"".to_vec()),
         value: Some(vec![b'x'; 1024]),
-        headers: BTreeMap::from([("foo".to_owned(), b"bar".to_vec())]),
+        headers: vec![RecordHeader {
+            key: "foo".to_owned(),
+            value: Some(b"bar".to_vec()),
+        }],
         timestamp: Utc.timestamp_millis_opt(1337).unwrap(),
     }
 }

@@ -498,7 +498,10 @@ fn record_with_timestamp_milliseconds(key: &[u8], timestamp: DateTime<Utc>) -> R
     Record {
         key: Some(key.to_vec()),
         value: Some(b"hello kafka".to_vec()),
-        headers: std::collections::BTreeMap::from([("foo".to_owned(), b"bar".to_vec())]),
+        headers: vec![rskafka::record::RecordHeader {
+            key: "foo".to_owned(),
+            value: Some(b"bar".to_vec()),
+        }],
         timestamp,
     }
 }

@@ -1,10 +1,10 @@
-use std::{collections::BTreeMap, sync::LazyLock};
+use std::sync::LazyLock;
 
 use chrono::{TimeZone, Utc};
 use j4rs::{Instance, InvocationArg, Jvm, JvmBuilder, MavenArtifact};
 use rskafka::{
     client::partition::Compression,
-    record::{Record, RecordAndOffset},
+    record::{Record, RecordAndOffset, RecordHeader},
 };
 
 /// If `TEST_JAVA_INTEROPT` is not set, skip the calling test by returning early.
@@ -80,12 +80,13 @@ pub async fn produce(
                 InvocationArg::empty(),
             )
             .expect("creating KafkaProducer");
-        for (k, v) in record.headers {
+        for h in record.headers {
+            let v = h.value.expect("this helper sends no null header values");
             jvm.invoke(
                 &headers,
                 "add",
                 &[
-                    InvocationArg::try_from(k).expect("key arg"),
+                    InvocationArg::try_from(h.key).expect("key arg"),
                     InvocationArg::from(to_java_bytes(&jvm, &v)),
                 ],
             )
@@ -272,7 +273,7 @@ pub async fn consume(
             let headers_it = jvm
                 .invoke(&headers, "iterator", InvocationArg::empty())
                 .expect("iterator");
-            let mut headers = BTreeMap::new();
+            let mut headers = vec![];
             for header in JavaIterator::new(&jvm, headers_it) {
                 let header = jvm
                     .cast(&header, "org.apache.kafka.common.header.Header")
@@ -288,7 +289,10 @@ pub async fn consume(
                     .expect("value");
                 let value = from_java_bytes(&jvm, value);
 
-                headers.insert(key, value);
+                headers.push(RecordHeader {
+                    key,
+                    value: Some(value),
+                });
             }
 
             let record = Record {

@@ -11,7 +11,7 @@ use rdkafka::{
 };
 use rskafka::{
     client::partition::Compression,
-    record::{Record, RecordAndOffset},
+    record::{Record, RecordAndOffset, RecordHeader},
 };
 
 /// Produce.
@@ -48,10 +48,10 @@ pub async fn produce(
     let mut offsets = vec![];
     for (topic_name, partition_index, record) in records {
         let mut headers = OwnedHeaders::new();
-        for (k, v) in record.headers {
+        for h in record.headers {
             headers = headers.insert(Header {
-                key: &k,
-                value: Some(&v),
+                key: &h.key,
+                value: h.value.as_deref(),
             });
         }
 
@@ -108,7 +108,10 @@ pub async fn consume(
                                 (0..headers.count())
                                     .map(|i| {
                                         let header = headers.get(i);
-                                        (header.key.to_owned(), header.value.unwrap().to_vec())
+                                        RecordHeader {
+                                            key: header.key.to_owned(),
+                                            value: header.value.map(|v| v.to_vec()),
+                                        }
                                     })
                                     .collect()
                             })

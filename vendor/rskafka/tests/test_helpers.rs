@@ -1,7 +1,7 @@
 use chrono::{TimeZone, Utc};
 use parking_lot::Once;
-use rskafka::record::Record;
-use std::{collections::BTreeMap, time::Duration};
+use rskafka::record::{Record, RecordHeader};
+use std::time::Duration;
 
 /// Sensible test timeout.
 #[allow(dead_code)]
@@ -161,7 +161,10 @@ pub fn record(key: &[u8]) -> Record {
     Record {
         key: Some(key.to_vec()),
         value: Some(b"hello kafka".to_vec()),
-        headers: BTreeMap::from([("foo".to_owned(), b"bar".to_vec())]),
+        headers: vec![RecordHeader {
+            key: "foo".to_owned(),
+            value: Some(b"bar".to_vec()),
+        }],
         timestamp: Utc.timestamp_millis_opt(1337).unwrap(),
     }
 }

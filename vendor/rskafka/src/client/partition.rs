@@ -670,7 +670,10 @@ fn build_produce_request(
                 headers: record
                     .headers
                     .into_iter()
-                    .map(|(key, value)| RecordHeader { key, value })
+                    .map(|h| RecordHeader {
+                        key: h.key,
+                        value: h.value,
+                    })
                     .collect(),
             }
         })
@@ -886,7 +889,10 @@ fn extract_records(
                             headers: record
                                 .headers
                                 .into_iter()
-                                .map(|header| (header.key, header.value))
+                                .map(|h| crate::record::RecordHeader {
+                                    key: h.key,
+                                    value: h.value,
+                                })
                                 .collect(),
                             timestamp,
                         },

@@ -48,11 +48,10 @@
 //!             BatchProducerBuilder,
 //!         },
 //!     },
-//!     record::Record,
+//!     record::{Record, RecordHeader},
 //! };
 //! use chrono::{TimeZone, Utc};
 //! use std::{
-//!     collections::BTreeMap,
 //!     sync::Arc,
 //!     time::Duration,
 //! };
@@ -79,9 +78,10 @@
 //! let record = Record {
 //!     key: None,
 //!     value: Some(b"hello kafka".to_vec()),
-//!     headers: BTreeMap::from([
-//!         ("foo".to_owned(), b"bar".to_vec()),
-//!     ]),
+//!     headers: vec![RecordHeader {
+//!         key: "foo".to_owned(),
+//!         value: Some(b"bar".to_vec()),
+//!     }],
 //!     timestamp: Utc.timestamp_millis(42),
 //! };
 //! producer.produce(record.clone()).await.unwrap();
@@ -107,11 +107,10 @@
 //!             BatchProducerBuilder,
 //!         },
 //!     },
-//!     record::Record,
+//!     record::{Record, RecordHeader},
 //! };
 //! use chrono::{TimeZone, Utc};
 //! use std::{
-//!     collections::BTreeMap,
 //!     sync::Arc,
 //!     time::Duration,
 //! };
@@ -153,9 +152,10 @@
 //!             Record {
 //!                 key: None,
 //!                 value: Some(data),
-//!                 headers: BTreeMap::from([
-//!                     ("foo".to_owned(), b"bar".to_vec()),
-//!                 ]),
+//!                 headers: vec![RecordHeader {
+//!                     key: "foo".to_owned(),
+//!                     value: Some(b"bar".to_vec()),
+//!                 }],
 //!                 timestamp: Utc.timestamp_millis(42),
 //!             },
 //!         ];

@@ -38,7 +38,8 @@ use super::{
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 pub struct RecordHeader {
     pub key: String,
-    pub value: Vec<u8>,
+    /// `None` is a null value (length -1 on the wire), distinct from an empty one.
+    pub value: Option<Vec<u8>>,
 }
 
 impl<R> ReadType<R> for RecordHeader
@@ -54,11 +55,15 @@ where
         let key = String::from_utf8(buf.into()).map_err(|e| ReadError::Malformed(Box::new(e)))?;
 
         // value
-        let len = Varint::read(reader)?;
-        let len = usize::try_from(len.0).map_err(|e| ReadError::Malformed(Box::new(e)))?;
-        let mut value = VecBuilder::new(len);
-        value = value.read_exact(reader)?;
-        let value = value.into();
+        let len = Varint::read(reader)?.0;
+        let value = if len == -1 {
+            None
+        } else {
+            let len = usize::try_from(len).map_err(|e| ReadError::Malformed(Box::new(e)))?;
+            let mut value = VecBuilder::new(len);
+            value = value.read_exact(reader)?;
+            Some(value.into())
+        };
 
         Ok(Self { key, value })
     }
@@ -75,9 +80,17 @@ where
         writer.write_all(self.key.as_bytes())?;
 
         // value
-        let l = i32::try_from(self.value.len()).map_err(|e| WriteError::Malformed(Box::new(e)))?;
-        Varint(l).write(writer)?;
-        writer.write_all(&self.value)?;
+        match &self.value {
+            Some(value) => {
+                let l =
+                    i32::try_from(value.len()).map_err(|e| WriteError::Malformed(Box::new(e)))?;
+                Varint(l).write(writer)?;
+                writer.write_all(value)?;
+            }
+            None => {
+                Varint(-1).write(writer)?;
+            }
+        }
 
         Ok(())
     }
@@ -1018,6 +1031,24 @@ mod tests {
 
     test_roundtrip!(RecordHeader, test_record_header_roundtrip);
 
+    #[test]
+    fn test_record_header_null_value() {
+        // a null value is length -1, an empty one length 0 (zigzag varints 0x01 and 0x00)
+        for (value, wire) in [
+            (None, b"\x02k\x01".to_vec()),
+            (Some(vec![]), b"\x02k\x00".to_vec()),
+        ] {
+            let header = RecordHeader {
+                key: "k".to_owned(),
+                value,
+            };
+            let mut data = vec![];
+            header.write(&mut data).unwrap();
+            assert_eq!(data, wire);
+            assert_eq!(RecordHeader::read(&mut Cursor::new(data)).unwrap(), header);
+        }
+    }
+
     test_roundtrip!(Record, test_record_roundtrip);
 
     test_roundtrip!(ControlBatchRecord, test_control_batch_record_roundtrip);
@@ -1086,7 +1117,7 @@ mod tests {
                 value: Some(b"hello kafka".to_vec()),
                 headers: vec![RecordHeader {
                     key: "foo".to_owned(),
-                    value: b"bar".to_vec(),
+                    value: Some(b"bar".to_vec()),
                 }],
             }]),
             compression: RecordBatchCompression::NoCompression,
@@ -1132,7 +1163,7 @@ mod tests {
                 value: Some(b"hello kafka".to_vec()),
                 headers: vec![RecordHeader {
                     key: "foo".to_owned(),
-                    value: b"bar".to_vec(),
+                    value: Some(b"bar".to_vec()),
                 }],
             }]),
             compression: RecordBatchCompression::Gzip,
@@ -1182,7 +1213,7 @@ mod tests {
                 value: Some(b"hello kafka".to_vec()),
                 headers: vec![RecordHeader {
                     key: "foo".to_owned(),
-                    value: b"bar".to_vec(),
+                    value: Some(b"bar".to_vec()),
                 }],
             }]),
             compression: RecordBatchCompression::Lz4,
@@ -1235,7 +1266,7 @@ mod tests {
                     value: Some(b"hello kafka".to_vec()),
                     headers: vec![RecordHeader {
                         key: "foo".to_owned(),
-                        value: b"bar".to_vec(),
+                        value: Some(b"bar".to_vec()),
                     }],
                 }]),
                 compression: RecordBatchCompression::Snappy,
@@ -1289,7 +1320,7 @@ mod tests {
                         value: Some(b"hello kafka".to_vec()),
                         headers: vec![RecordHeader {
                             key: "foo".to_owned(),
-                            value: b"bar".to_vec(),
+                            value: Some(b"bar".to_vec()),
                         }],
                     },
                     Record {
@@ -1299,7 +1330,7 @@ mod tests {
                         value: Some(b"some value".to_vec()),
                         headers: vec![RecordHeader {
                             key: "foo".to_owned(),
-                            value: b"bar".to_vec(),
+                            value: Some(b"bar".to_vec()),
                         }],
                     },
                 ]),
@@ -1407,7 +1438,7 @@ mod tests {
                 value: Some(b"hello kafka".to_vec()),
                 headers: vec![RecordHeader {
                     key: "foo".to_owned(),
-                    value: b"bar".to_vec(),
+                    value: Some(b"bar".to_vec()),
                 }],
             }]),
             compression: RecordBatchCompression::Zstd,
@@ -1476,11 +1507,11 @@ mod tests {
                 headers: vec![
                     RecordHeader {
                         key: "content-type".to_owned(),
-                        value: br#"application/x-protobuf; schema="influxdata.iox.write_buffer.v1.WriteBufferPayload""#.to_vec(),
+                        value: Some(br#"application/x-protobuf; schema="influxdata.iox.write_buffer.v1.WriteBufferPayload""#.to_vec()),
                     },
                     RecordHeader {
                         key: "iox-namespace".to_owned(),
-                        value: b"namespace".to_vec(),
+                        value: Some(b"namespace".to_vec()),
                     },
                 ],
             }]),
