@@ -9,8 +9,9 @@
 //! [`KafkaConfig::produce_attempts`] times and never past [`KafkaConfig::publish_timeout`].
 //!
 //! Produce requests use `acks=all` (rskafka always sends `acks = -1`, broker timeout 30 s),
-//! no compression and no idempotence; a retried request may therefore duplicate records,
-//! which at-least-once delivery allows (consumers deduplicate on the message-id header).
+//! the record batch compressed as [`KafkaConfig::compression`] says (none by default), and
+//! no idempotence; a retried request may therefore duplicate records, which at-least-once
+//! delivery allows (consumers deduplicate on the message-id header).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -28,7 +29,7 @@ use rskafka::BackoffConfig;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::config::{KafkaAuth, KafkaConfig};
+use super::config::{KafkaAuth, KafkaCompression, KafkaConfig};
 use super::msk_iam::MskIamTokenProvider;
 use super::record::{estimated_size, to_record};
 use super::route::{acknowledged_prefix, chunks, plan, TopicRoute, Unroutable};
@@ -372,7 +373,7 @@ impl KafkaPublisher {
                 let client = self.partition_client(topic, partition).await?;
                 self.inner.produce_requests.fetch_add(1, Ordering::Relaxed);
                 client
-                    .produce(records.clone(), Compression::NoCompression)
+                    .produce(records.clone(), codec(self.inner.config.compression))
                     .await
             })
             .await;
@@ -571,6 +572,17 @@ impl Publisher for KafkaPublisher {
         until: Instant,
     ) -> impl std::future::Future<Output = PublishOutcome> + Send + 'a {
         self.publish_batch_until(batch, until)
+    }
+}
+
+/// rskafka's codec for `compression` (the workspace enables all four of its codecs).
+fn codec(compression: KafkaCompression) -> Compression {
+    match compression {
+        KafkaCompression::None => Compression::NoCompression,
+        KafkaCompression::Gzip => Compression::Gzip,
+        KafkaCompression::Snappy => Compression::Snappy,
+        KafkaCompression::Lz4 => Compression::Lz4,
+        KafkaCompression::Zstd => Compression::Zstd,
     }
 }
 

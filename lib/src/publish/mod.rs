@@ -1,7 +1,8 @@
 //! Publishing a bucket's batch to Kafka: the [`Publisher`] seam and its Kafka implementation.
 //!
 //! # Layout
-//! - [`config`]: [`KafkaConfig`] and [`KafkaAuth`], their defaults, and `from_env`.
+//! - [`config`]: [`KafkaConfig`], [`KafkaAuth`] and [`KafkaCompression`], their defaults, and
+//!   `from_env`.
 //! - [`route`]: which partition each record goes to, how a batch splits into produce
 //!   requests, and which prefix of the batch a partial failure still acknowledges. Pure.
 //! - [`record`]: an outbox message as an rskafka record, headers byte for byte.
@@ -30,7 +31,7 @@ pub mod route;
 #[cfg(test)]
 mod fake_broker;
 
-pub use config::{KafkaAuth, KafkaConfig};
+pub use config::{KafkaAuth, KafkaCompression, KafkaConfig};
 pub use kafka::KafkaPublisher;
 pub use msk_iam::MskIamTokenProvider;
 
