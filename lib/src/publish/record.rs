@@ -3,7 +3,7 @@
 //! Key, value and headers pass through byte for byte: `None` stays null (a null header
 //! value included), repeated header keys stay repeated, and the headers keep the writer's
 //! order. The message-id header comes once, last: a stored header with its name is left
-//! out (the id the relay stamps replaces it, as the reference relay does).
+//! out (the id the relay stamps replaces it).
 //!
 //! rskafka 0.6.0 as published holds headers in a `BTreeMap<String, Vec<u8>>`, which can
 //! carry none of this; the workspace builds the copy in `vendor/rskafka`, whose record and
