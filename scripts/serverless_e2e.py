@@ -42,8 +42,8 @@ What it does and checks:
      (ADD Sequence on {prefix}#SEQUENCE#{bucket}, then Puts with attribute_not_exists on
      the sort key, the attributes of docs/item-schema.md); a new doorbell invocation
      publishes the 3, checked in Kafka as above (23 ids, each once, per-key order
-     across both phases; headers compared as the relay documents they are published:
-     sorted by key, a null value as an empty one, the rskafka limitation of README.md);
+     across both phases; headers byte for byte: the writer's in order, the null value
+     as null, then the message-id header once, last);
   5. the table has no message item left, no lease has an owner, every relay heartbeat
      is stamped stopped, the sequence counters add up to 23; the poller delivered 23
      records, dropped none, filtered out the relay's own writes; the relay emulator saw
@@ -458,12 +458,11 @@ def b64d(s: str | None) -> bytes | None:
     return None if s is None else base64.b64decode(s)
 
 
-def as_published(headers: list[tuple[str, bytes | None]]) -> list[tuple[str, bytes]]:
-    """The headers as the relay publishes them (README, "Record headers through rskafka";
-    lib/src/publish/record.rs): a map, so sorted by key bytes, a repeated key keeps its
-    last value, a null value is sent as an empty value."""
-    merged = {k: (v if v is not None else b"") for k, v in headers}
-    return sorted(merged.items(), key=lambda kv: kv[0].encode())
+def as_published(headers: list[tuple[str, bytes | None]]) -> list[tuple[str, bytes | None]]:
+    """The headers as the relay publishes them before its message-id header
+    (lib/src/publish/record.rs): the writer's, in order, null values null, repeated keys
+    repeated; a stored header named like the message-id header is replaced by it."""
+    return [(k, v) for k, v in headers if k != MESSAGE_ID_HEADER]
 
 
 def check_topic(topic: str, sent: list[dict], wait: float) -> tuple[list[dict], int]:
@@ -496,10 +495,10 @@ def check_topic(topic: str, sent: list[dict], wait: float) -> tuple[list[dict], 
         check(rec["partition"] == want_partition,
               f"{mid}: key {m['key']} in partition {rec['partition']}, Kafka's default "
               f"partitioner says {want_partition}")
-        headers = [(k, b64d(v)) for k, v in rec["headers"] if k != MESSAGE_ID_HEADER]
-        want = as_published(m["headers"])
+        headers = [(k, b64d(v)) for k, v in rec["headers"]]
+        want = as_published(m["headers"]) + [(MESSAGE_ID_HEADER, mid.encode())]
         check(headers == want, f"{mid}: headers {headers}; sent {m['headers']}, which "
-                               f"rskafka publishes as {want}")
+                               f"the relay publishes as {want}")
         per_key.setdefault(m["key"], []).append((rec["partition"], rec["offset"], m["n"]))
     for key, recs in per_key.items():
         ns = [n for _, _, n in sorted(recs)]
@@ -791,7 +790,7 @@ def run(args, binaries: dict[str, str], workdir: str, started: list) -> None:
          f"{notes2}")
     records, nkeys = check_topic(topic, sent + direct, 15)
     step(f"phase 2: Kafka holds all {len(records)} ids, each once, per-key order across both "
-         f"writers, headers as rskafka publishes them (the null value as an empty one)")
+         f"writers, headers byte for byte (the null value as null, the message-id header last)")
 
     # ---- the table and the counters.
     items = scan(table)

@@ -9,7 +9,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use dynamo_outbox::error::Rejection;
 use dynamo_outbox::message::{murmur2, to_positive};
-use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher, Publisher};
+use dynamo_outbox::publish::{KafkaCompression, KafkaConfig, KafkaPublisher, Publisher};
 use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::{Error, Header, OutboxMessage};
 use outbox_integration_tests::{random_name, stack_var};
@@ -193,17 +193,14 @@ async fn records_land_where_the_java_client_puts_them_with_headers_and_order() {
         // bytes through unchanged
         assert_eq!(r.key, m.key);
         assert_eq!(r.value, m.value);
-        // headers: user headers intact (null -> empty, rskafka's limit), plus the id
+        // headers: the user's exactly (in order, the null as null), then the id
         let mut expected: Vec<(String, Option<Vec<u8>>)> = m
             .headers
             .iter()
-            .map(|h| (h.key.clone(), Some(h.value.clone().unwrap_or_default())))
+            .map(|h| (h.key.clone(), h.value.clone()))
             .collect();
         expected.push((HEADER.to_owned(), Some(id.clone().into_bytes())));
-        expected.sort();
-        let mut got = r.headers.clone();
-        got.sort();
-        assert_eq!(got, expected);
+        assert_eq!(r.headers, expected);
         // publish time, as CreateTime
         assert_eq!(r.timestamp_type.as_deref(), Some("create"));
         let ts = r.timestamp.unwrap();
@@ -240,24 +237,55 @@ async fn records_land_where_the_java_client_puts_them_with_headers_and_order() {
     }
 }
 
+/// Headers arrive as the writer made them: in order, a repeated key repeated, a null value
+/// null (librdkafka reports it as `None`, an empty value as `b""`), and the message-id
+/// header once and last, replacing a stored header of that name.
 #[tokio::test]
-async fn duplicate_header_keys_keep_the_last_value() {
+async fn headers_arrive_byte_for_byte_in_order_with_the_id_last() {
     let publisher = publisher().await;
-    let topic = random_name("publish-dup");
+    let topic = random_name("publish-headers");
     publisher.create_topic(&topic, 1, 1).await.unwrap();
-    let m = OutboxMessage::new(&topic, 8)
-        .with_key("k")
-        .with_header(Header::new("h", "first"))
-        .with_header(Header::new("h", "last"));
-    let outcome = publisher.publish(&stored(vec![m])).await;
-    assert_eq!((outcome.acknowledged, outcome.error.is_none()), (1, true));
-    let records = read_topic(&topic, 1);
-    let h: Vec<_> = records[0]
-        .headers
-        .iter()
-        .filter(|(k, _)| k == "h")
-        .collect();
-    assert_eq!(h, [&("h".to_owned(), Some(b"last".to_vec()))]);
+    let headers = |m: OutboxMessage| {
+        m.with_header(Header::new("z-first", "1"))
+            .with_header(Header::null("nul"))
+            .with_header(Header::new("dup", "a"))
+            .with_header(Header::new("dup", "b"))
+            .with_header(Header::new("a-last", ""))
+    };
+    let plain = headers(OutboxMessage::new(&topic, 8).with_key("k"));
+    // a stored message-id header, in the middle: replaced by the stamped one, at the end
+    let spoofed = headers(
+        OutboxMessage::new(&topic, 8)
+            .with_key("k")
+            .with_header(Header::new(HEADER, "spoofed")),
+    )
+    .with_header(Header::new("after", vec![0u8, 0xff]));
+    let batch = stored(vec![plain, spoofed]);
+    let outcome = publisher.publish(&batch).await;
+    assert_eq!(
+        (outcome.acknowledged, outcome.error.is_none()),
+        (2, true),
+        "{:?}",
+        outcome.error
+    );
+    let mut records = read_topic(&topic, 2);
+    records.sort_by_key(|r| r.offset);
+    let h = |k: &str, v: Option<&[u8]>| (k.to_owned(), v.map(<[u8]>::to_vec));
+    let user = [
+        h("z-first", Some(b"1")),
+        h("nul", None),
+        h("dup", Some(b"a")),
+        h("dup", Some(b"b")),
+        h("a-last", Some(b"")),
+    ];
+    let id = |s: &StoredMessage| s.message.message_id.hyphenated().to_string();
+    let mut expected = user.to_vec();
+    expected.push(h(HEADER, Some(id(&batch[0]).as_bytes())));
+    assert_eq!(records[0].headers, expected);
+    let mut expected = user.to_vec();
+    expected.push(h("after", Some(&[0, 0xff])));
+    expected.push(h(HEADER, Some(id(&batch[1]).as_bytes())));
+    assert_eq!(records[1].headers, expected);
 }
 
 #[tokio::test]
@@ -380,4 +408,83 @@ async fn large_groups_go_out_in_several_requests_in_order() {
         let expected: Vec<u8> = (0..60u8).filter(|i| i % 2 == key).collect();
         assert_eq!(values, expected, "key {key} in order");
     }
+}
+
+/// Publishes 60 compressible records over 3 partitions with `compression` and reads them
+/// back with librdkafka, which decompresses them: every key, value and header as sent.
+async fn round_trip_compressed(compression: KafkaCompression) {
+    stack_var("KAFKA_BOOTSTRAP_SERVERS");
+    let mut config = KafkaConfig::from_env().unwrap();
+    config.compression = compression;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let publisher = KafkaPublisher::connect(config, deadline).await.unwrap();
+    let topic = random_name("publish-codec");
+    publisher.create_topic(&topic, 3, 1).await.unwrap();
+    let batch = stored(
+        (0..60u32)
+            .map(|i| {
+                let value = format!(
+                    r#"{{"order_id":"order-{i:05}","customer":"customer-{}","status":"PLACED","items":[{{"sku":"SKU-{:04}","quantity":{},"price":"19.99"}}],"note":"{}"}}"#,
+                    i % 7,
+                    i * 37 % 1000,
+                    i % 5 + 1,
+                    "compressible ".repeat(20)
+                );
+                OutboxMessage::new(&topic, 8)
+                    .with_key(format!("customer-{}", i % 7))
+                    .with_value(value)
+                    .with_header(Header::new("type", "OrderPlaced"))
+                    .with_header(Header::null("trace"))
+            })
+            .collect(),
+    );
+    let outcome = publisher.publish(&batch).await;
+    assert_eq!(
+        (outcome.acknowledged, outcome.error.is_none()),
+        (60, true),
+        "{compression:?}: {:?}",
+        outcome.error
+    );
+    let records = read_topic(&topic, 60);
+    let by_id: HashMap<String, &Read> = records
+        .iter()
+        .map(|r| {
+            let (_, id) = r.headers.last().expect("the message-id header");
+            (String::from_utf8(id.clone().unwrap()).unwrap(), r)
+        })
+        .collect();
+    assert_eq!(by_id.len(), 60, "{compression:?}: every record once");
+    for s in &batch {
+        let m = &s.message;
+        let id = m.message_id.hyphenated().to_string();
+        let r = by_id[&id];
+        assert_eq!((&r.key, &r.value), (&m.key, &m.value), "{compression:?}");
+        let mut expected: Vec<(String, Option<Vec<u8>>)> = m
+            .headers
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect();
+        expected.push((HEADER.to_owned(), Some(id.into_bytes())));
+        assert_eq!(r.headers, expected, "{compression:?}");
+    }
+}
+
+#[tokio::test]
+async fn gzip_records_arrive_intact() {
+    round_trip_compressed(KafkaCompression::Gzip).await;
+}
+
+#[tokio::test]
+async fn snappy_records_arrive_intact() {
+    round_trip_compressed(KafkaCompression::Snappy).await;
+}
+
+#[tokio::test]
+async fn lz4_records_arrive_intact() {
+    round_trip_compressed(KafkaCompression::Lz4).await;
+}
+
+#[tokio::test]
+async fn zstd_records_arrive_intact() {
+    round_trip_compressed(KafkaCompression::Zstd).await;
 }

@@ -16,9 +16,11 @@
 //! - [`scale`]: acquisition rounds with 8 to 1024 buckets; 1 to 16 relays on 64 buckets.
 //! - [`footprint`]: binary sizes, peak RSS and CPU per 10,000 messages of a relay process.
 //! - [`enqueue`]: enqueue throughput from concurrent writers.
+//! - [`compression`]: produce-request bytes and publisher CPU per `KAFKA_COMPRESSION` codec.
 
 pub mod accounting;
 pub mod classify;
+pub mod compression;
 pub mod drain;
 pub mod enqueue;
 pub mod footprint;

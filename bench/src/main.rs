@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use outbox_bench::support::Result;
-use outbox_bench::{accounting, drain, enqueue, footprint, latency, scale};
+use outbox_bench::{accounting, compression, drain, enqueue, footprint, latency, scale};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -130,6 +130,22 @@ enum Command {
         /// Messages per call.
         #[arg(long, value_delimiter = ',', default_values_t = vec![1, 100])]
         batch: Vec<usize>,
+    },
+    /// Compression: produce-request bytes and publisher CPU per KAFKA_COMPRESSION codec
+    /// for ~1 KB JSON order events (not part of `all`).
+    Compression {
+        /// Messages per run (10,000; small: 2,000).
+        #[arg(long)]
+        messages: Option<u64>,
+        /// Runs per codec (codecs alternate run by run).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Messages per publish call (the relay's default batch size).
+        #[arg(long, default_value_t = 500)]
+        batch_size: usize,
+        /// Partitions of the topic.
+        #[arg(long, default_value_t = 8)]
+        partitions: i32,
     },
     /// (internal) The footprint's relay process.
     #[command(hide = true)]
@@ -295,6 +311,20 @@ async fn main() -> Result<()> {
                 relay_for,
             };
             footprint::run(&args).await?;
+        }
+        Command::Compression {
+            messages,
+            runs,
+            batch_size,
+            partitions,
+        } => {
+            compression::run(&compression::CompressionArgs {
+                messages: pick(messages, s, 10_000, 2_000),
+                runs: runs.max(1),
+                batch_size: batch_size.max(1),
+                partitions,
+            })
+            .await?;
         }
         Command::Enqueue {
             secs,

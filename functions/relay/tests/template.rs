@@ -364,6 +364,29 @@ fn the_schedule_is_every_minute_with_wake_on_schedule_and_every_5_minutes_with_t
 }
 
 #[test]
+fn the_relay_compresses_as_kafka_compression_says_and_every_allowed_value_parses() {
+    use dynamo_outbox::publish::KafkaCompression;
+    let t = template();
+    let relay = resource(&t, "RelayFunction").join("\n");
+    assert_eq!(value(&relay, "KAFKA_COMPRESSION"), "!Ref KafkaCompression");
+    let parameter = entry(&section(&t, "Parameters"), "KafkaCompression");
+    assert_eq!(value(&parameter, "Default"), "none");
+    assert_eq!(
+        value(&parameter, "AllowedValues"),
+        "[none, gzip, snappy, lz4, zstd]"
+    );
+    for (v, want) in [
+        ("none", KafkaCompression::None),
+        ("gzip", KafkaCompression::Gzip),
+        ("snappy", KafkaCompression::Snappy),
+        ("lz4", KafkaCompression::Lz4),
+        ("zstd", KafkaCompression::Zstd),
+    ] {
+        assert_eq!(KafkaCompression::parse(v), Ok(want), "{v}");
+    }
+}
+
+#[test]
 fn the_relay_gets_its_idle_stop_from_relay_idle_stop_and_never_when_empty() {
     let t = template();
     let relay = resource(&t, "RelayFunction").join("\n");

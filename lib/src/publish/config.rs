@@ -50,6 +50,41 @@ pub mod env {
     /// [`KafkaConfig::message_id_header`](super::KafkaConfig::message_id_header); the same
     /// variable as [`RelayOptions::message_id_header`](crate::RelayOptions::message_id_header).
     pub const MESSAGE_ID_HEADER: &str = crate::options::env::MESSAGE_ID_HEADER;
+    /// [`KafkaConfig::compression`](super::KafkaConfig::compression): `none`, `gzip`,
+    /// `snappy`, `lz4` or `zstd`.
+    pub const COMPRESSION: &str = "KAFKA_COMPRESSION";
+}
+
+/// How the publisher compresses each produce request's record batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KafkaCompression {
+    /// Uncompressed (the default; `BENCHMARKS.md`, "Compression", says why).
+    #[default]
+    None,
+    /// gzip (`flate2`, pure Rust).
+    Gzip,
+    /// Snappy (`snap`, pure Rust).
+    Snappy,
+    /// LZ4 (the C library, through `lz4-sys`).
+    Lz4,
+    /// Zstandard (the C library, through `zstd-sys`).
+    Zstd,
+}
+
+impl KafkaCompression {
+    /// Parses the value of [`env::COMPRESSION`]; the error names the allowed values.
+    pub fn parse(value: &str) -> std::result::Result<Self, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "none" | "" => Ok(KafkaCompression::None),
+            "gzip" => Ok(KafkaCompression::Gzip),
+            "snappy" => Ok(KafkaCompression::Snappy),
+            "lz4" => Ok(KafkaCompression::Lz4),
+            "zstd" => Ok(KafkaCompression::Zstd),
+            _ => Err(format!(
+                "{value:?} is not one of none, gzip, snappy, lz4, zstd"
+            )),
+        }
+    }
 }
 
 /// How the publisher authenticates to the brokers.
@@ -152,6 +187,8 @@ pub struct KafkaConfig {
     pub metadata_max_age: Duration,
     /// Credentials for MSK IAM; `None` loads the standard AWS chain at connect time.
     pub credentials: Option<SharedCredentialsProvider>,
+    /// Compression of the produce requests ([`KafkaCompression::None`]).
+    pub compression: KafkaCompression,
 }
 
 impl fmt::Debug for KafkaConfig {
@@ -181,6 +218,7 @@ impl fmt::Debug for KafkaConfig {
                 "credentials",
                 &self.credentials.as_ref().map(|_| "<provided>"),
             )
+            .field("compression", &self.compression)
             .finish()
     }
 }
@@ -207,6 +245,7 @@ impl KafkaConfig {
             max_in_flight: 8,
             metadata_max_age: Duration::from_secs(300),
             credentials: None,
+            compression: KafkaCompression::None,
         }
     }
 
@@ -359,6 +398,10 @@ impl KafkaConfig {
         }
         if let Some(v) = lookup(env::PUBLISH_TIMEOUT) {
             config.publish_timeout = parse_duration(env::PUBLISH_TIMEOUT, &v)?;
+        }
+        if let Some(v) = lookup(env::COMPRESSION) {
+            config.compression = KafkaCompression::parse(&v)
+                .map_err(|rule| Error::option(env::COMPRESSION, rule))?;
         }
         config.validate()?;
         Ok(config)
@@ -859,6 +902,31 @@ mod tests {
             let e = KafkaConfig::from_lookup(lookup(&all)).unwrap_err();
             assert_eq!(e.to_string(), *expected);
         }
+    }
+
+    #[test]
+    fn compression_is_one_of_five_codecs() {
+        let with = |v: &str| {
+            KafkaConfig::from_lookup(lookup(&[
+                (env::BOOTSTRAP_SERVERS, "h:1"),
+                (env::COMPRESSION, v),
+            ]))
+        };
+        let c = KafkaConfig::from_lookup(lookup(&[(env::BOOTSTRAP_SERVERS, "h:1")])).unwrap();
+        assert_eq!(c.compression, KafkaCompression::None);
+        for (v, want) in [
+            ("none", KafkaCompression::None),
+            ("gzip", KafkaCompression::Gzip),
+            ("Snappy", KafkaCompression::Snappy),
+            ("lz4", KafkaCompression::Lz4),
+            (" zstd ", KafkaCompression::Zstd),
+        ] {
+            assert_eq!(with(v).unwrap().compression, want, "{v}");
+        }
+        assert_eq!(
+            with("brotli").unwrap_err().to_string(),
+            "KAFKA_COMPRESSION: \"brotli\" is not one of none, gzip, snappy, lz4, zstd"
+        );
     }
 
     #[test]

@@ -9,12 +9,13 @@
 //! [`KafkaConfig::produce_attempts`] times and never past [`KafkaConfig::publish_timeout`].
 //!
 //! Produce requests use `acks=all` (rskafka always sends `acks = -1`, broker timeout 30 s),
-//! no compression and no idempotence; a retried request may therefore duplicate records,
-//! which at-least-once delivery allows (consumers deduplicate on the message-id header).
+//! the record batch compressed as [`KafkaConfig::compression`] says (none by default), and
+//! no idempotence; a retried request may therefore duplicate records, which at-least-once
+//! delivery allows (consumers deduplicate on the message-id header).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -28,9 +29,9 @@ use rskafka::BackoffConfig;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::config::{KafkaAuth, KafkaConfig};
+use super::config::{KafkaAuth, KafkaCompression, KafkaConfig};
 use super::msk_iam::MskIamTokenProvider;
-use super::record::{estimated_size, to_record, HeaderLoss};
+use super::record::{estimated_size, to_record};
 use super::route::{acknowledged_prefix, chunks, plan, TopicRoute, Unroutable};
 use super::{PublishOutcome, Publisher};
 use crate::error::{BoxError, Error, Rejection, Result};
@@ -51,8 +52,6 @@ struct Inner {
     partitions: Mutex<HashMap<(String, i32), Arc<PartitionClient>>>,
     /// Rotates the keyless records' partition from batch to batch.
     sticky: AtomicU32,
-    /// Whether the header mapping's losses were already logged at `warn`.
-    warned_header_loss: AtomicBool,
     /// Produce requests sent (every attempt), for [`KafkaPublisher::produce_requests`].
     produce_requests: AtomicU64,
 }
@@ -132,7 +131,6 @@ impl KafkaPublisher {
                 topics: Mutex::new(HashMap::new()),
                 partitions: Mutex::new(HashMap::new()),
                 sticky: AtomicU32::new(rand::random()),
-                warned_header_loss: AtomicBool::new(false),
                 produce_requests: AtomicU64::new(0),
             }),
         })
@@ -378,7 +376,7 @@ impl KafkaPublisher {
                 let client = self.partition_client(topic, partition).await?;
                 self.inner.produce_requests.fetch_add(1, Ordering::Relaxed);
                 client
-                    .produce(records.clone(), Compression::NoCompression)
+                    .produce(records.clone(), codec(self.inner.config.compression))
                     .await
             })
             .await;
@@ -425,9 +423,8 @@ impl KafkaPublisher {
         timestamp: DateTime<Utc>,
         deadline: Instant,
         lowest_failure: &AtomicUsize,
-    ) -> (Option<(usize, Error)>, HeaderLoss) {
+    ) -> Option<(usize, Error)> {
         let header = self.inner.config.message_id_header.as_str();
-        let mut loss = HeaderLoss::default();
         let mut queue: VecDeque<&[usize]> = chunks(
             &group.indices,
             |i| estimated_size(&batch[i].message, header),
@@ -441,11 +438,7 @@ impl KafkaPublisher {
             }
             let records = chunk
                 .iter()
-                .map(|&i| {
-                    let (record, l) = to_record(&batch[i].message, header, timestamp);
-                    loss.add(l);
-                    record
-                })
+                .map(|&i| to_record(&batch[i].message, header, timestamp))
                 .collect();
             match self
                 .produce(group.topic, group.partition, records, deadline)
@@ -463,11 +456,11 @@ impl KafkaPublisher {
                 }
                 Err(e) => {
                     lowest_failure.fetch_min(chunk[0], Ordering::SeqCst);
-                    return (Some((chunk[0], e)), loss);
+                    return Some((chunk[0], e));
                 }
             }
         }
-        (None, loss)
+        None
     }
 
     /// Publishes one batch; see [`Publisher::publish`].
@@ -544,14 +537,7 @@ impl KafkaPublisher {
             .buffer_unordered(self.inner.config.max_in_flight.max(1))
             .collect()
             .await;
-        let mut loss = HeaderLoss::default();
-        for (failure, l) in results {
-            loss.add(l);
-            failures.extend(failure);
-        }
-        if loss.is_lossy() {
-            self.log_header_loss(loss);
-        }
+        failures.extend(results.into_iter().flatten());
 
         let acknowledged = acknowledged_prefix(batch.len(), failures.iter().map(|(i, _)| *i));
         let error = failures
@@ -573,22 +559,6 @@ impl KafkaPublisher {
             error,
         }
     }
-
-    fn log_header_loss(&self, loss: HeaderLoss) {
-        if !self.inner.warned_header_loss.swap(true, Ordering::Relaxed) {
-            warn!(
-                null_values = loss.null_values,
-                duplicate_keys = loss.duplicate_keys,
-                "rskafka cannot send null header values or repeated header keys: nulls sent as empty values, repeated keys keep the last value (logged once)"
-            );
-        } else {
-            debug!(
-                null_values = loss.null_values,
-                duplicate_keys = loss.duplicate_keys,
-                "header mapping altered headers"
-            );
-        }
-    }
 }
 
 impl Publisher for KafkaPublisher {
@@ -605,6 +575,17 @@ impl Publisher for KafkaPublisher {
         until: Instant,
     ) -> impl std::future::Future<Output = PublishOutcome> + Send + 'a {
         self.publish_batch_until(batch, until)
+    }
+}
+
+/// rskafka's codec for `compression` (the workspace enables all four of its codecs).
+fn codec(compression: KafkaCompression) -> Compression {
+    match compression {
+        KafkaCompression::None => Compression::NoCompression,
+        KafkaCompression::Gzip => Compression::Gzip,
+        KafkaCompression::Snappy => Compression::Snappy,
+        KafkaCompression::Lz4 => Compression::Lz4,
+        KafkaCompression::Zstd => Compression::Zstd,
     }
 }
 

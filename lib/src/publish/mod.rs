@@ -1,10 +1,11 @@
 //! Publishing a bucket's batch to Kafka: the [`Publisher`] seam and its Kafka implementation.
 //!
 //! # Layout
-//! - [`config`]: [`KafkaConfig`] and [`KafkaAuth`], their defaults, and `from_env`.
+//! - [`config`]: [`KafkaConfig`], [`KafkaAuth`] and [`KafkaCompression`], their defaults, and
+//!   `from_env`.
 //! - [`route`]: which partition each record goes to, how a batch splits into produce
 //!   requests, and which prefix of the batch a partial failure still acknowledges. Pure.
-//! - [`record`]: an outbox message as an rskafka record (and what rskafka cannot carry).
+//! - [`record`]: an outbox message as an rskafka record, headers byte for byte.
 //! - [`kafka`]: [`KafkaPublisher`], rskafka clients, metadata cache, retries.
 //! - [`msk_iam`]: the Amazon MSK IAM token (a SigV4-presigned URL) and its cache.
 //! - [`sasl`]: SCRAM and PLAIN credentials, from the environment or Secrets Manager.
@@ -35,7 +36,7 @@ mod tls;
 #[cfg(test)]
 mod fake_broker;
 
-pub use config::{KafkaAuth, KafkaConfig};
+pub use config::{KafkaAuth, KafkaCompression, KafkaConfig};
 pub use kafka::KafkaPublisher;
 pub use msk_iam::MskIamTokenProvider;
 pub use sasl::SaslCredentials;
