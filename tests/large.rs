@@ -134,7 +134,7 @@ fn read_large(topic: &str) -> Vec<(String, String, u64, usize)> {
             let id = h
                 .headers
                 .iter()
-                .find(|(k, _)| k == "x-outbox-message-id")
+                .find(|(k, _)| k == dynamo_outbox::publish::DEFAULT_MESSAGE_ID_HEADER)
                 .and_then(|(_, v)| String::from_utf8(b64(v.as_ref()?)).ok())
                 .unwrap();
             let key = String::from_utf8(b64(h.key.as_deref().unwrap())).unwrap();
@@ -168,7 +168,7 @@ async fn backlog(writer: &DynamoDbOutboxWriter, topic: &str, count: u64) -> BTre
 
 /// Message items left (a keys-only count: a scan of 300 KB items would take seconds).
 async fn pending(client: &aws_sdk_dynamodb::Client, table: &dynamo_outbox::OutboxOptions) -> usize {
-    let prefix = format!("{}#MESSAGES#", table.key_prefix);
+    let prefix = dynamo_outbox::schema::Keys::new(table).messages_prefix();
     let mut count = 0;
     let mut start = None;
     loop {

@@ -195,7 +195,7 @@ async fn slow_deletes_near_the_deadline_still_leave_the_stop_its_time() {
         .iter()
         .all(Option::is_none));
     // What was published and deleted is gone; the rest waits; nothing is lost.
-    let prefix = format!("{}#MESSAGES#", options.key_prefix);
+    let prefix = dynamo_outbox::schema::Keys::new(&options).messages_prefix();
     let remaining: BTreeSet<String> = scan_all(&plain, &options.table_name)
         .await
         .iter()

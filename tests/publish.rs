@@ -15,7 +15,7 @@ use dynamo_outbox::{Error, Header, OutboxMessage};
 use outbox_integration_tests::{random_name, stack_var};
 use serde_json::Value;
 
-const HEADER: &str = "x-outbox-message-id";
+const HEADER: &str = dynamo_outbox::publish::DEFAULT_MESSAGE_ID_HEADER;
 
 async fn publisher() -> KafkaPublisher {
     stack_var("KAFKA_BOOTSTRAP_SERVERS");

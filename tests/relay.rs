@@ -156,7 +156,7 @@ async fn delivers_in_order_with_headers_and_empties_the_table() {
                 ("trace".to_string(), m.headers[0].value.clone()),
                 ("nullable".to_string(), None),
                 (
-                    "x-outbox-message-id".to_string(),
+                    dynamo_outbox::publish::DEFAULT_MESSAGE_ID_HEADER.to_string(),
                     Some(m.message_id.to_string().into_bytes())
                 ),
             ]

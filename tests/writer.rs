@@ -540,7 +540,7 @@ async fn one_message_is_one_conditional_put_and_a_retried_applied_put_is_one_wri
     let items = query_partition(
         &client,
         &options.table_name,
-        &format!("{}#MESSAGES#{}", options.key_prefix, m.bucket()),
+        &dynamo_outbox::schema::Keys::new(&options).message_pk(m.bucket()),
     )
     .await;
     assert_eq!(items.len(), 1);
@@ -569,7 +569,7 @@ async fn one_message_is_one_conditional_put_and_a_retried_applied_put_is_one_wri
     let items = query_partition(
         &client,
         &options.table_name,
-        &format!("{}#MESSAGES#{}", options.key_prefix, m2.bucket()),
+        &dynamo_outbox::schema::Keys::new(&options).message_pk(m2.bucket()),
     )
     .await;
     let copies = items
@@ -604,7 +604,7 @@ async fn one_message_is_one_conditional_put_and_a_retried_applied_put_is_one_wri
     let items = query_partition(
         &client,
         &options.table_name,
-        &format!("{}#MESSAGES#{}", options.key_prefix, m2.bucket()),
+        &dynamo_outbox::schema::Keys::new(&options).message_pk(m2.bucket()),
     )
     .await;
     let ids: Vec<_> = items

@@ -1467,7 +1467,7 @@ async fn left_message_ids(
     options: &dynamo_outbox::OutboxOptions,
 ) -> Result<Vec<String>, String> {
     use aws_sdk_dynamodb::types::AttributeValue;
-    let prefix = format!("{}#MESSAGES#", options.key_prefix);
+    let prefix = dynamo_outbox::schema::Keys::new(options).messages_prefix();
     let id = dynamo_outbox::schema::attr::MESSAGE_ID;
     let mut ids = Vec::new();
     let mut start = None;
@@ -1522,7 +1522,7 @@ fn read_topic(bootstrap: Option<&str>, topic: &str, large: bool) -> Result<Vec<D
             serde_json::from_str(line).map_err(|e| format!("kafka.py output {line:?}: {e}"))?;
         let message_id = v["headers"].as_array().and_then(|hs| {
             hs.iter().find_map(|h| {
-                (h[0].as_str() == Some("x-outbox-message-id"))
+                (h[0].as_str() == Some(dynamo_outbox::publish::DEFAULT_MESSAGE_ID_HEADER))
                     .then(|| h[1].as_str())
                     .flatten()
                     .and_then(|b| b64.decode(b).ok())

@@ -34,8 +34,6 @@ pub mod env {
     pub const LEASE_DURATION: &str = "OUTBOX_LEASE_DURATION";
     /// [`RelayOptions::lease_renew_interval`](super::RelayOptions::lease_renew_interval).
     pub const LEASE_RENEW_INTERVAL: &str = "OUTBOX_LEASE_RENEW_INTERVAL";
-    /// [`RelayOptions::message_id_header`](super::RelayOptions::message_id_header).
-    pub const MESSAGE_ID_HEADER: &str = "OUTBOX_MESSAGE_ID_HEADER";
     /// [`RelayOptions::metrics_name`](super::RelayOptions::metrics_name).
     pub const METRICS_NAME: &str = "OUTBOX_METRICS_NAME";
     /// [`RelayOptions::idle_stop`](super::RelayOptions::idle_stop): a duration, or `never`
@@ -363,9 +361,11 @@ pub struct RelayOptions {
     pub lease_renew_interval: Duration,
     /// The relay's identity in lease and heartbeat items: unique per live process.
     pub relay_id: String,
-    /// Header stamped on every record with the message id (`x-outbox-message-id`).
-    pub message_id_header: String,
-    /// Name under which the relay reports metrics (`outbox`), to tell outboxes apart.
+    /// Name under which the relay's metrics tell outboxes apart (`outbox`): the
+    /// OpenTelemetry attribute `outbox.name` of `metrics::otel` (feature `otel`), which
+    /// `outboxctl relay` builds from it. The relay itself does not read it; the header
+    /// carrying the message id is the publisher's
+    /// ([`KafkaConfig::message_id_header`](crate::publish::KafkaConfig::message_id_header)).
     pub metrics_name: String,
     /// Stop a run early once every bucket it owns has been empty for this long (no
     /// message fetched, nothing notified) and live peers that announce no earlier stop than
@@ -390,7 +390,6 @@ impl Default for RelayOptions {
             lease_duration: Duration::from_secs(30),
             lease_renew_interval: Duration::from_secs(10),
             relay_id: default_relay_id(),
-            message_id_header: "x-outbox-message-id".into(),
             metrics_name: "outbox".into(),
             idle_stop: None,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
@@ -465,9 +464,6 @@ impl RelayOptions {
         if let Some(v) = lookup(env::RELAY_ID) {
             o.relay_id = v;
         }
-        if let Some(v) = lookup(env::MESSAGE_ID_HEADER) {
-            o.message_id_header = v;
-        }
         if let Some(v) = lookup(env::METRICS_NAME) {
             o.metrics_name = v;
         }
@@ -515,9 +511,6 @@ impl RelayOptions {
                 "relay_id",
                 "must not contain control characters",
             ));
-        }
-        if self.message_id_header.is_empty() {
-            return Err(Error::option("message_id_header", "must not be empty"));
         }
         if self.max_in_flight_bytes < crate::schema::MAX_ITEM_BYTES {
             return Err(Error::option(
@@ -605,7 +598,6 @@ mod tests {
         assert_eq!(r.batch_size, 500);
         assert_eq!(r.lease_duration, Duration::from_secs(30));
         assert_eq!(r.lease_renew_interval, Duration::from_secs(10));
-        assert_eq!(r.message_id_header, "x-outbox-message-id");
         assert!(r.relay_id.len() <= MAX_RELAY_ID_LEN);
     }
 

@@ -67,7 +67,13 @@ impl Keys {
 
     /// Partition key of a bucket's messages.
     pub fn message_pk(&self, bucket: u32) -> String {
-        format!("{}#MESSAGES#{bucket}", self.prefix)
+        format!("{}{bucket}", self.messages_prefix())
+    }
+
+    /// What every message partition key of this outbox starts with (`{prefix}#MESSAGES#`),
+    /// for a `begins_with` filter or a stream filter.
+    pub fn messages_prefix(&self) -> String {
+        format!("{}#MESSAGES#", self.prefix)
     }
 
     /// Partition key of a bucket's sequence counter.

@@ -116,7 +116,7 @@ impl ReadRecord {
     pub fn message_id(&self) -> Option<String> {
         self.header_list()
             .into_iter()
-            .find(|(k, _)| k == "x-outbox-message-id")
+            .find(|(k, _)| k == dynamo_outbox::publish::DEFAULT_MESSAGE_ID_HEADER)
             .and_then(|(_, v)| String::from_utf8(v?).ok())
     }
 }
@@ -366,7 +366,7 @@ pub async fn scan_all(
 
 /// Message items left in a table.
 pub async fn pending_messages(client: &Client, options: &OutboxOptions) -> usize {
-    let prefix = format!("{}#MESSAGES#", options.key_prefix);
+    let prefix = dynamo_outbox::schema::Keys::new(options).messages_prefix();
     scan_all(client, &options.table_name)
         .await
         .iter()
@@ -413,7 +413,12 @@ mod tests {
             key: None,
             value: None,
             headers: id
-                .map(|id| vec![("x-outbox-message-id".to_string(), Some(b64(id)))])
+                .map(|id| {
+                    vec![(
+                        dynamo_outbox::publish::DEFAULT_MESSAGE_ID_HEADER.to_string(),
+                        Some(b64(id)),
+                    )]
+                })
                 .unwrap_or_default(),
         }
     }

@@ -64,7 +64,7 @@ async fn enqueues_a_batch_and_answers_with_ids_buckets_and_sequences() {
         .filter(|i| {
             i["PK"]
                 .as_s()
-                .is_ok_and(|pk| pk.starts_with(&format!("{}#MESSAGES#", options.key_prefix)))
+                .is_ok_and(|pk| keys.message_bucket(pk).is_some())
         })
         .map(|i| schema::parse_message(&keys, i).unwrap())
         .collect();
@@ -160,7 +160,7 @@ async fn a_retried_call_with_the_same_idempotency_key_returns_the_first_result()
         .await
         .expect("first call");
     assert_eq!(pending_messages(&client, &options).await, 2);
-    let marker_pk = format!("{}#IDEMPOTENCY#order-42/create", options.key_prefix);
+    let marker_pk = dynamo_outbox::schema::Keys::new(&options).idempotency_pk("order-42/create");
     let marker = scan_all(&client, &options.table_name)
         .await
         .into_iter()

@@ -504,7 +504,7 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
     let keys = dynamo_outbox::schema::Keys::new(&options);
     let pattern: serde_json::Value =
         serde_json::from_str(&pattern.replace("${KeyPrefix}", &keys.prefix)).unwrap();
-    let prefix = format!("{}#MESSAGES#", keys.prefix);
+    let prefix = keys.messages_prefix();
     assert_eq!(
         pattern,
         serde_json::json!({

@@ -47,13 +47,16 @@ pub mod env {
     pub const REGION: &str = "AWS_REGION";
     /// Fallback of [`REGION`], as the AWS SDKs read it.
     pub const DEFAULT_REGION: &str = "AWS_DEFAULT_REGION";
-    /// [`KafkaConfig::message_id_header`](super::KafkaConfig::message_id_header); the same
-    /// variable as [`RelayOptions::message_id_header`](crate::RelayOptions::message_id_header).
-    pub const MESSAGE_ID_HEADER: &str = crate::options::env::MESSAGE_ID_HEADER;
+    /// [`KafkaConfig::message_id_header`](super::KafkaConfig::message_id_header).
+    pub const MESSAGE_ID_HEADER: &str = "OUTBOX_MESSAGE_ID_HEADER";
     /// [`KafkaConfig::compression`](super::KafkaConfig::compression): `none`, `gzip`,
     /// `snappy`, `lz4` or `zstd`.
     pub const COMPRESSION: &str = "KAFKA_COMPRESSION";
 }
+
+/// The header that carries the message id on every record unless
+/// [`env::MESSAGE_ID_HEADER`] names another ([`KafkaConfig::message_id_header`]).
+pub const DEFAULT_MESSAGE_ID_HEADER: &str = "x-outbox-message-id";
 
 /// How the publisher compresses each produce request's record batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -237,7 +240,7 @@ impl KafkaConfig {
             tls_key_file: None,
             region: None,
             client_id: "dynamo-outbox".into(),
-            message_id_header: "x-outbox-message-id".into(),
+            message_id_header: DEFAULT_MESSAGE_ID_HEADER.into(),
             publish_timeout: Duration::from_secs(20),
             retry_budget: Duration::from_secs(5),
             produce_attempts: 3,

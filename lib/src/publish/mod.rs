@@ -36,7 +36,7 @@ mod tls;
 #[cfg(test)]
 mod fake_broker;
 
-pub use config::{KafkaAuth, KafkaCompression, KafkaConfig};
+pub use config::{KafkaAuth, KafkaCompression, KafkaConfig, DEFAULT_MESSAGE_ID_HEADER};
 pub use kafka::KafkaPublisher;
 pub use msk_iam::MskIamTokenProvider;
 pub use sasl::SaslCredentials;
