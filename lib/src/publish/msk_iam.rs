@@ -453,6 +453,73 @@ pub(crate) mod tests {
         &X-Amz-Security-Token=IQoJb3JpZ2luX2Vj%2Fsession%2Btoken%3D\
         &X-Amz-Signature=5e10f0ba2d0bb12b8854f128f9ba7df38035cf299a14e0a16b587b8a66a6d600";
 
+    /// The vector of issue 13, made by AWS's own signer library: region `eu-west-1`, the
+    /// SigV4 suite's example keys, session token `session/token+value=` (a `/`, a `+` and a
+    /// `=` to encode), signed at 2025-12-01T00:00:00Z. Reproduced with
+    /// aws-msk-iam-sasl-signer-python 1.0.2 (botocore 1.44.8):
+    /// `generate_auth_token_from_credentials_provider("eu-west-1", provider)` with
+    /// `botocore.auth.get_current_datetime` patched to return that time gives
+    /// `…&X-Amz-Security-Token=session%2Ftoken%2Bvalue%3D&X-Amz-Signature=0894acd9…7ddd&User-Agent=aws-msk-iam-sasl-signer-python%2F1.0.2`.
+    pub(crate) const AWS_VECTOR_SESSION_TOKEN: &str = "session/token+value=";
+    pub(crate) const AWS_VECTOR_SIGNATURE: &str =
+        "0894acd9c82e695ea6fe4a908cb9567a4bd10cddf3969eed96a9f3dbf88a7ddd";
+
+    /// 2025-12-01T00:00:00Z
+    pub(crate) fn aws_vector_time() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_547_200)
+    }
+
+    /// Checks a decoded token against the vector: every signed parameter, the signature, and
+    /// the `User-Agent` last (appended after signing, so outside the signature).
+    pub(crate) fn assert_is_the_aws_vector(t: &DecodedToken) {
+        assert_eq!(t.host, "kafka.eu-west-1.amazonaws.com");
+        assert_eq!(t.path, "/");
+        assert_eq!(
+            t.params[0],
+            ("Action".into(), "kafka-cluster:Connect".into())
+        );
+        assert_eq!(t.param("X-Amz-Algorithm"), "AWS4-HMAC-SHA256");
+        assert_eq!(
+            t.param("X-Amz-Credential"),
+            "AKIDEXAMPLE/20251201/eu-west-1/kafka-cluster/aws4_request"
+        );
+        assert_eq!(t.param("X-Amz-Date"), "20251201T000000Z");
+        assert_eq!(t.param("X-Amz-Expires"), "900");
+        assert_eq!(t.param("X-Amz-SignedHeaders"), "host");
+        assert_eq!(t.param("X-Amz-Security-Token"), AWS_VECTOR_SESSION_TOKEN);
+        assert_eq!(
+            t.param("X-Amz-Signature"),
+            AWS_VECTOR_SIGNATURE,
+            "{}",
+            t.url
+        );
+        assert_eq!(t.params.last().unwrap().0, "User-Agent", "{}", t.url);
+        let names: Vec<&str> = t.params.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names.len(), 9, "no other parameter: {names:?}");
+    }
+
+    #[test]
+    fn token_matches_the_aws_signer_vector() {
+        let creds = Credentials::new(
+            ACCESS_KEY,
+            SECRET_KEY,
+            Some(AWS_VECTOR_SESSION_TOKEN.into()),
+            None,
+            "test",
+        );
+        let token = presign_token("eu-west-1", &creds, aws_vector_time()).unwrap();
+        let t = decode_token(&token);
+        assert_is_the_aws_vector(&t);
+        // the session token travels encoded, as the signers send it
+        assert!(
+            t.url
+                .contains("&X-Amz-Security-Token=session%2Ftoken%2Bvalue%3D&"),
+            "{}",
+            t.url
+        );
+        verify_token(&token, "eu-west-1", SECRET_KEY, aws_vector_time());
+    }
+
     #[test]
     fn token_without_session_token() {
         let creds = Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "test");
