@@ -151,7 +151,6 @@ pub fn init_lambda() {
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
-    use std::time::SystemTime;
 
     use aws_credential_types::Credentials;
 
@@ -193,8 +192,11 @@ mod tests {
     /// What signing an MSK IAM token with `credentials` logs through `subscriber`.
     fn presign_under(subscriber: impl Subscriber + Send + Sync, credentials: &Credentials) {
         tracing::subscriber::with_default(subscriber, || {
-            crate::publish::msk_iam::presign_token("us-east-1", credentials, SystemTime::now())
-                .unwrap();
+            futures::executor::block_on(crate::publish::msk_iam::presign_token(
+                "us-east-1",
+                credentials,
+            ))
+            .unwrap();
         });
     }
 

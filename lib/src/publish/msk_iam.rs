@@ -1,10 +1,14 @@
 //! Amazon MSK IAM authentication: the SASL/OAUTHBEARER token and its cache.
 //!
-//! The token is what AWS's `aws-msk-iam-sasl-signer` libraries make: a SigV4 query-presigned
+//! The token is signed by [`aws_msk_iam_sasl_signer`], the Rust port of AWS's
+//! `aws-msk-iam-sasl-signer` libraries (the README's "MSK IAM signer" says why this crate and
+//! what it was measured against): a SigV4 query-presigned
 //! `GET https://kafka.{region}.amazonaws.com/?Action=kafka-cluster%3AConnect` (service
 //! `kafka-cluster`, signed header `host`, `X-Amz-Expires=900`, the session token signed in
 //! the query), with a `User-Agent` parameter appended after signing, the whole URL encoded
 //! base64url without padding. The client sends it as `n,,\x01auth=Bearer <token>\x01\x01`.
+//! The signer reads the system clock itself (it takes no signing time); the tests pin its
+//! output to AWS's signer's vector through an independent verifier (see the tests module).
 //!
 //! rskafka asks [`MskIamTokenProvider::token`] for a token each time it opens a connection;
 //! the provider signs a new one when the cached one has used 80 % of its life (or has less
@@ -17,14 +21,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use aws_config::Region;
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
 use aws_credential_types::Credentials;
-use aws_sigv4::http_request::{
-    sign, SignableBody, SignableRequest, SignatureLocation, SigningSettings,
-};
-use aws_sigv4::sign::v4;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine as _;
 use tokio::sync::Mutex;
 
 use crate::clock::{system_time_from_ticks, Clock, SystemClock};
@@ -32,76 +31,41 @@ use crate::error::{Error, Result};
 
 /// How long a token is valid after signing (the signers' `X-Amz-Expires`).
 pub const TOKEN_LIFETIME: Duration = Duration::from_secs(900);
-/// SigV4 service name of MSK IAM.
-const SIGNING_NAME: &str = "kafka-cluster";
-/// The action the presigned request asks for.
-const ACTION: &str = "kafka-cluster:Connect";
-/// The `User-Agent` parameter, as the AWS signers add theirs.
-const USER_AGENT: &str = concat!("dynamo-outbox-rs/", env!("CARGO_PKG_VERSION"));
 /// Least validity a handed-out token keeps.
 const MIN_REMAINING: Duration = Duration::from_secs(60);
 
-/// Signs an MSK IAM token for `region` with `credentials` at time `at`.
+/// Signs an MSK IAM token for `region` with `credentials`, at the system's current time (the
+/// signer's own clock). The token stays valid 900 s, or until the credentials expire if sooner.
 ///
-/// The token stays valid until `at + 900 s`, or until the credentials expire if sooner.
-pub fn presign_token(region: &str, credentials: &Credentials, at: SystemTime) -> Result<String> {
-    let base = format!(
-        "https://kafka.{region}.amazonaws.com/?Action={}",
-        encode_query(ACTION)
-    );
-    let mut settings = SigningSettings::default();
-    settings.signature_location = SignatureLocation::QueryParams;
-    settings.expires_in = Some(TOKEN_LIFETIME);
-    let identity = credentials.clone().into();
-    let params = v4::SigningParams::builder()
-        .identity(&identity)
-        .region(region)
-        .name(SIGNING_NAME)
-        .time(at)
-        .settings(settings)
-        .build()
-        .map_err(|e| signing_error("building the signing parameters", e))?;
-    let request = SignableRequest::new(
-        "GET",
-        base.as_str(),
-        std::iter::empty(),
-        SignableBody::Bytes(&[]),
-    )
-    .map_err(|e| signing_error("preparing the request to sign", e))?;
-    let (instructions, _signature) = sign(request, &params.into())
-        .map_err(|e| signing_error("signing", e))?
-        .into_parts();
-    let mut url = base;
-    for (name, value) in instructions.params() {
-        url.push('&');
-        url.push_str(&encode_query(name));
-        url.push('=');
-        url.push_str(&encode_query(value));
+/// `region` must be an AWS region name (lowercase ASCII letters, digits and `-`): it becomes
+/// the host name the token is signed for.
+pub async fn presign_token(region: &str, credentials: &Credentials) -> Result<String> {
+    let valid = !region.is_empty()
+        && region
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if !valid {
+        return Err(Error::Kafka {
+            message: format!(
+                "MSK IAM token: region {region:?} is not a region name (lowercase letters, \
+                 digits and '-', as in eu-west-1)"
+            ),
+            retryable: false,
+            source: None,
+        });
     }
-    url.push_str("&User-Agent=");
-    url.push_str(&encode_query(USER_AGENT));
-    Ok(URL_SAFE_NO_PAD.encode(url))
-}
-
-fn signing_error(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> Error {
-    Error::Kafka {
-        message: format!("MSK IAM token: {what} failed"),
-        retryable: false,
-        source: Some(Box::new(e)),
-    }
-}
-
-/// Percent-encodes a query component: everything but RFC 3986's unreserved characters.
-fn encode_query(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    let (token, _expires_ms) =
+        aws_msk_iam_sasl_signer::generate_auth_token_from_credentials_provider(
+            Region::new(region.to_owned()),
+            SharedCredentialsProvider::new(credentials.clone()),
+        )
+        .await
+        .map_err(|e| Error::Kafka {
+            message: "MSK IAM token: signing failed".into(),
+            retryable: false,
+            source: Some(Box::new(e)),
+        })?;
+    Ok(token)
 }
 
 /// When a token signed at `signed_at` and valid until `expires_at` should be replaced: after
@@ -173,7 +137,10 @@ impl MskIamTokenProvider {
                     retryable: true,
                     source: Some(Box::new(e)),
                 })?;
-        let token = presign_token(&self.region, &credentials, now)?;
+        // The signer signs at the system's time; `now` is the provider's clock, the same
+        // clock in production (read just before), so the token lives at least until
+        // `now + TOKEN_LIFETIME`.
+        let token = presign_token(&self.region, &credentials).await?;
         let mut expires_at = now + TOKEN_LIFETIME;
         if let Some(credentials_expiry) = credentials.expiry() {
             expires_at = expires_at.min(credentials_expiry);
@@ -208,8 +175,12 @@ impl MskIamTokenProvider {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
     use std::collections::BTreeMap;
-    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+
+    use aws_credential_types::provider::future;
 
     use crate::clock::{ticks_from_system_time, TICKS_PER_SECOND};
 
@@ -322,8 +293,17 @@ pub(crate) mod tests {
         ring::hmac::sign(&key, data.as_bytes()).as_ref().to_vec()
     }
 
+    /// SigV4's URI encoding: everything but RFC 3986's unreserved characters.
     fn sigv4_encode(s: &str) -> String {
-        encode_query(s)
+        let mut out = String::with_capacity(s.len());
+        for b in s.bytes() {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+                out.push(b as char);
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+        out
     }
 
     /// Checks a token the way a SigV4 verifier would, independently of `aws-sigv4`: rebuilds
@@ -336,7 +316,7 @@ pub(crate) mod tests {
         assert_eq!(t.param("Action"), "kafka-cluster:Connect");
         assert_eq!(t.param("X-Amz-Algorithm"), "AWS4-HMAC-SHA256");
         assert_eq!(t.param("X-Amz-SignedHeaders"), "host");
-        assert!(t.param("User-Agent").starts_with("dynamo-outbox-rs/"));
+        assert!(!t.param("User-Agent").is_empty(), "{}", t.url);
         let expires: u64 = t.param("X-Amz-Expires").parse().unwrap();
         assert!(expires > 0 && expires <= 900, "expires {expires}");
         let date = t.param("X-Amz-Date");
@@ -399,67 +379,185 @@ pub(crate) mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_secs(days * 86_400 + h * 3600 + mi * 60 + s)
     }
 
-    #[test]
-    fn token_is_a_presigned_connect_url() {
-        let token = presign_token("eu-west-1", &static_credentials(), fixed_time()).unwrap();
+    /// The signer's `User-Agent`, appended after signing.
+    const SIGNER_USER_AGENT: &str = "aws-msk-iam-sasl-signer-rs/";
+
+    /// Credentials that count how often the provider asks for them (once per signed token).
+    #[derive(Debug)]
+    struct CountingCredentials {
+        credentials: Credentials,
+        calls: Arc<AtomicUsize>,
+    }
+
+    impl ProvideCredentials for CountingCredentials {
+        fn provide_credentials<'a>(&'a self) -> future::ProvideCredentials<'a>
+        where
+            Self: 'a,
+        {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            future::ProvideCredentials::ready(Ok(self.credentials.clone()))
+        }
+    }
+
+    fn counting(credentials: Credentials) -> (SharedCredentialsProvider, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let provider = SharedCredentialsProvider::new(CountingCredentials {
+            credentials,
+            calls: Arc::clone(&calls),
+        });
+        (provider, calls)
+    }
+
+    /// The SigV4 day and timestamp of `t`, as `X-Amz-Date` and the credential scope write them.
+    fn amz_date(t: SystemTime) -> String {
+        let secs = t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs();
+        chrono::DateTime::from_timestamp(secs as i64, 0)
+            .unwrap()
+            .format("%Y%m%dT%H%M%SZ")
+            .to_string()
+    }
+
+    #[tokio::test]
+    async fn token_is_a_presigned_connect_url() {
+        let before = SystemTime::now();
+        let token = presign_token("eu-west-1", &static_credentials())
+            .await
+            .unwrap();
         let t = decode_token(&token);
-        assert_eq!(t.param("X-Amz-Date"), "20240102T030405Z");
+        let date = t.param("X-Amz-Date").to_owned();
+        assert!(
+            date >= amz_date(before) && date <= amz_date(SystemTime::now()),
+            "signed now: {date}"
+        );
         assert_eq!(
             t.param("X-Amz-Credential"),
-            "AKIDEXAMPLE/20240102/eu-west-1/kafka-cluster/aws4_request"
+            format!(
+                "AKIDEXAMPLE/{}/eu-west-1/kafka-cluster/aws4_request",
+                &date[..8]
+            )
         );
         assert_eq!(t.param("X-Amz-Expires"), "900");
         assert_eq!(t.param("X-Amz-Security-Token"), SESSION_TOKEN);
         assert_eq!(t.params[0].0, "Action", "Action comes first: {}", t.url);
         assert_eq!(t.params.last().unwrap().0, "User-Agent");
+        assert!(t.param("User-Agent").starts_with(SIGNER_USER_AGENT));
         assert!(t
             .url
             .starts_with("https://kafka.eu-west-1.amazonaws.com/?Action=kafka-cluster%3AConnect&"));
-        verify_token(
-            &token,
-            "eu-west-1",
+        verify_token(&token, "eu-west-1", SECRET_KEY, SystemTime::now());
+    }
+
+    /// The vector of issue 13, made by AWS's own signer library: region `eu-west-1`, the
+    /// SigV4 suite's example keys, session token `session/token+value=` (a `/`, a `+` and a
+    /// `=` to encode), signed at 2025-12-01T00:00:00Z. Made with
+    /// aws-msk-iam-sasl-signer-python 1.0.2 (botocore 1.44.8):
+    /// `generate_auth_token_from_credentials_provider("eu-west-1", provider)` with
+    /// `botocore.auth.get_current_datetime` patched to return that time.
+    const AWS_VECTOR_URL: &str = "https://kafka.eu-west-1.amazonaws.com/\
+        ?Action=kafka-cluster%3AConnect&X-Amz-Algorithm=AWS4-HMAC-SHA256\
+        &X-Amz-Credential=AKIDEXAMPLE%2F20251201%2Feu-west-1%2Fkafka-cluster%2Faws4_request\
+        &X-Amz-Date=20251201T000000Z&X-Amz-Expires=900&X-Amz-SignedHeaders=host\
+        &X-Amz-Security-Token=session%2Ftoken%2Bvalue%3D\
+        &X-Amz-Signature=0894acd9c82e695ea6fe4a908cb9567a4bd10cddf3969eed96a9f3dbf88a7ddd\
+        &User-Agent=aws-msk-iam-sasl-signer-python%2F1.0.2";
+    const AWS_VECTOR_SESSION_TOKEN: &str = "session/token+value=";
+    const AWS_VECTOR_SIGNATURE: &str =
+        "0894acd9c82e695ea6fe4a908cb9567a4bd10cddf3969eed96a9f3dbf88a7ddd";
+
+    /// 2025-12-01T00:00:00Z
+    fn aws_vector_time() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_547_200)
+    }
+
+    fn aws_vector_credentials() -> Credentials {
+        Credentials::new(
+            ACCESS_KEY,
             SECRET_KEY,
-            fixed_time() + Duration::from_secs(899),
-        );
+            Some(AWS_VECTOR_SESSION_TOKEN.into()),
+            None,
+            "test",
+        )
     }
 
     #[test]
-    fn token_matches_botocore() {
-        // The same request presigned by botocore 1.43 (`SigV4QueryAuth(creds, "kafka-cluster",
-        // "eu-west-1", expires=900)` on `GET https://kafka.eu-west-1.amazonaws.com/` with
-        // `Action=kafka-cluster:Connect`, as the AWS Python signer does) at the fixed time with
-        // the fixed credentials. Same parameters and values (botocore puts the signature last),
-        // same encoding; ours adds the unsigned `User-Agent` at the end, as the signers do.
-        let token = presign_token("eu-west-1", &static_credentials(), fixed_time()).unwrap();
+    fn the_verifier_reproduces_the_aws_signer_vector() {
+        // The independent verifier (SigV4 from its spec, on ring) recomputes AWS's signature
+        // of the vector: what it accepts below is signed as AWS's signer signs.
+        let token = URL_SAFE_NO_PAD.encode(AWS_VECTOR_URL);
         let t = decode_token(&token);
-        assert_eq!(t.param("X-Amz-Signature"), BOTOCORE_SIGNATURE);
-        let (url, _user_agent) = t.url.rsplit_once("&User-Agent=").unwrap();
-        let sorted = |u: &str| {
-            let (base, query) = u.split_once('?').unwrap();
-            let mut params: Vec<String> = query.split('&').map(String::from).collect();
-            params.sort();
-            (base.to_owned(), params)
-        };
-        assert_eq!(sorted(url), sorted(BOTOCORE_URL));
+        assert_eq!(t.param("X-Amz-Signature"), AWS_VECTOR_SIGNATURE);
+        assert_eq!(t.param("X-Amz-Security-Token"), AWS_VECTOR_SESSION_TOKEN);
+        verify_token(&token, "eu-west-1", SECRET_KEY, aws_vector_time());
+        // and it refuses the vector with one signed byte changed
+        let tampered = AWS_VECTOR_URL.replace("X-Amz-Expires=900", "X-Amz-Expires=899");
+        let refused = std::panic::catch_unwind(|| {
+            verify_token(
+                &URL_SAFE_NO_PAD.encode(tampered),
+                "eu-west-1",
+                SECRET_KEY,
+                aws_vector_time(),
+            )
+        });
+        assert!(refused.is_err(), "a changed signed parameter passed");
     }
 
-    const BOTOCORE_SIGNATURE: &str =
-        "5e10f0ba2d0bb12b8854f128f9ba7df38035cf299a14e0a16b587b8a66a6d600";
-    const BOTOCORE_URL: &str =
-        "https://kafka.eu-west-1.amazonaws.com/?Action=kafka-cluster%3AConnect\
-        &X-Amz-Algorithm=AWS4-HMAC-SHA256\
-        &X-Amz-Credential=AKIDEXAMPLE%2F20240102%2Feu-west-1%2Fkafka-cluster%2Faws4_request\
-        &X-Amz-Date=20240102T030405Z&X-Amz-Expires=900&X-Amz-SignedHeaders=host\
-        &X-Amz-Security-Token=IQoJb3JpZ2luX2Vj%2Fsession%2Btoken%3D\
-        &X-Amz-Signature=5e10f0ba2d0bb12b8854f128f9ba7df38035cf299a14e0a16b587b8a66a6d600";
+    #[tokio::test]
+    async fn the_signer_signs_as_the_aws_signer_vector() {
+        // The signer takes no signing time (it reads the system clock), so the vector is pinned
+        // in two steps: the token it makes now is the vector's URL, parameter for parameter
+        // and byte for byte, but for the time (X-Amz-Date, the credential scope's day), the
+        // signature of that time and the User-Agent; and its signature of that time is what the verifier above, which
+        // reproduces the vector's signature, computes. (Under `faketime '2025-12-01
+        // 00:00:00Z'` the signer makes the vector's signature itself: README, "MSK IAM signer".)
+        let token = presign_token("eu-west-1", &aws_vector_credentials())
+            .await
+            .unwrap();
+        let t = decode_token(&token);
+        let date = t.param("X-Amz-Date");
+        let expected = AWS_VECTOR_URL
+            .replace("20251201T000000Z", date)
+            .replace("%2F20251201%2F", &format!("%2F{}%2F", &date[..8]))
+            .replace(AWS_VECTOR_SIGNATURE, t.param("X-Amz-Signature"))
+            .replace(
+                "aws-msk-iam-sasl-signer-python%2F1.0.2",
+                &sigv4_encode(t.param("User-Agent")),
+            );
+        // Same parameters, values and encoding; aws-sigv4 puts the signature before the
+        // session token, botocore after it (a query's order is not signed): Action first and
+        // User-Agent last in both.
+        let encoded = |url: &str| {
+            let (base, query) = url.split_once('?').unwrap();
+            let mut params: Vec<String> = query.split('&').map(String::from).collect();
+            let first_and_last = (params[0].clone(), params[params.len() - 1].clone());
+            params.sort();
+            (base.to_owned(), first_and_last, params)
+        };
+        assert_eq!(encoded(&t.url), encoded(&expected), "{}", t.url);
+        assert!(t.param("User-Agent").starts_with(SIGNER_USER_AGENT));
+        verify_token(&token, "eu-west-1", SECRET_KEY, SystemTime::now());
+    }
 
-    #[test]
-    fn token_without_session_token() {
+    #[tokio::test]
+    async fn token_without_session_token() {
         let creds = Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "test");
-        let token = presign_token("us-east-1", &creds, fixed_time()).unwrap();
+        let token = presign_token("us-east-1", &creds).await.unwrap();
         let t = decode_token(&token);
         assert!(t.params.iter().all(|(k, _)| k != "X-Amz-Security-Token"));
-        verify_token(&token, "us-east-1", SECRET_KEY, fixed_time());
+        verify_token(&token, "us-east-1", SECRET_KEY, SystemTime::now());
+    }
+
+    #[tokio::test]
+    async fn a_region_that_is_no_region_name_is_refused() {
+        for region in ["", "eu west 1", "EU-WEST-1", "eu-west-1.evil.example/", "é"] {
+            let err = presign_token(region, &static_credentials())
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("region") && err.contains("lowercase letters"),
+                "{region:?}: {err}"
+            );
+        }
     }
 
     #[test]
@@ -481,22 +579,19 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn provider_caches_until_the_refresh_point() {
+        // The provider's clock decides when to sign again; each signing asks for credentials.
         let clock = ManualClock::at(fixed_time());
-        let provider = MskIamTokenProvider::new(
-            "eu-west-1",
-            SharedCredentialsProvider::new(static_credentials()),
-        )
-        .with_clock(clock.clone());
+        let (credentials, signings) = counting(static_credentials());
+        let provider = MskIamTokenProvider::new("eu-west-1", credentials).with_clock(clock.clone());
         let first = provider.token().await.unwrap();
+        assert_eq!(signings.load(Ordering::SeqCst), 1);
         clock.advance(Duration::from_secs(719));
         assert_eq!(provider.token().await.unwrap(), first);
+        assert_eq!(signings.load(Ordering::SeqCst), 1);
         clock.advance(Duration::from_secs(1));
         let second = provider.token().await.unwrap();
-        assert_ne!(second, first);
-        assert_eq!(
-            decode_token(&second).param("X-Amz-Date"),
-            "20240102T031605Z"
-        );
+        assert_eq!(signings.load(Ordering::SeqCst), 2);
+        verify_token(&second, "eu-west-1", SECRET_KEY, SystemTime::now());
         let debug = format!("{provider:?}");
         assert!(
             !debug.contains(&second) && !debug.contains(SECRET_KEY),
@@ -507,19 +602,20 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn provider_respects_credential_expiry() {
         let clock = ManualClock::at(fixed_time());
-        let creds = Credentials::new(
+        let (credentials, signings) = counting(Credentials::new(
             ACCESS_KEY,
             SECRET_KEY,
             Some(SESSION_TOKEN.into()),
             Some(fixed_time() + Duration::from_secs(300)),
             "test",
-        );
-        let provider = MskIamTokenProvider::new("eu-west-1", SharedCredentialsProvider::new(creds))
-            .with_clock(clock.clone());
+        ));
+        let provider = MskIamTokenProvider::new("eu-west-1", credentials).with_clock(clock.clone());
         let first = provider.token().await.unwrap();
         clock.advance(Duration::from_secs(239));
         assert_eq!(provider.token().await.unwrap(), first);
+        assert_eq!(signings.load(Ordering::SeqCst), 1);
         clock.advance(Duration::from_secs(1));
-        assert_ne!(provider.token().await.unwrap(), first);
+        provider.token().await.unwrap();
+        assert_eq!(signings.load(Ordering::SeqCst), 2);
     }
 }
