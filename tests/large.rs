@@ -106,41 +106,18 @@ fn options(relay_id: &str) -> RelayOptions {
     }
 }
 
-#[derive(serde::Deserialize)]
-struct Head {
-    key: Option<String>,
-    value: Option<String>,
-    value_len: Option<usize>,
-    headers: Vec<(String, Option<String>)>,
-}
-
-fn b64(s: &str) -> Vec<u8> {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.decode(s).unwrap()
-}
-
 /// The records of `topic` (values cut to their first 32 bytes): message id, key, the
 /// value's sequence number and length, in offset order per partition.
 fn read_large(topic: &str) -> Vec<(String, String, u64, usize)> {
-    let out = try_stack_py(
-        "kafka.py",
-        &["read", topic, "--value-head", "32", "--timeout", "120"],
-    )
-    .unwrap();
-    out.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let h: Head = serde_json::from_str(l).unwrap();
-            let id = h
-                .headers
-                .iter()
-                .find(|(k, _)| k == dynamo_outbox::publish::DEFAULT_MESSAGE_ID_HEADER)
-                .and_then(|(_, v)| String::from_utf8(b64(v.as_ref()?)).ok())
-                .unwrap();
-            let key = String::from_utf8(b64(h.key.as_deref().unwrap())).unwrap();
-            let head = String::from_utf8_lossy(&b64(h.value.as_deref().unwrap())).into_owned();
+    try_read_records(&["read", topic, "--value-head", "32", "--timeout", "120"])
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            let id = r.message_id().unwrap();
+            let key = String::from_utf8(r.key_bytes().unwrap()).unwrap();
+            let head = String::from_utf8_lossy(&r.value_bytes().unwrap()).into_owned();
             let n: u64 = head.split(':').nth(1).unwrap().parse().unwrap();
-            (id, key, n, h.value_len.unwrap())
+            (id, key, n, r.value_len.unwrap())
         })
         .collect()
 }

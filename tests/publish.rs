@@ -2,18 +2,14 @@
 //! client (`scripts/kafka.py`, librdkafka through confluent-kafka).
 
 use std::collections::{BTreeSet, HashMap};
-use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
 use dynamo_outbox::error::Rejection;
 use dynamo_outbox::message::{murmur2, to_positive};
 use dynamo_outbox::publish::{KafkaCompression, KafkaConfig, KafkaPublisher, Publisher};
 use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::{Error, Header, OutboxMessage};
 use outbox_integration_tests::{random_name, stack_var};
-use serde_json::Value;
 
 const HEADER: &str = dynamo_outbox::publish::DEFAULT_MESSAGE_ID_HEADER;
 
@@ -38,55 +34,15 @@ fn stored(messages: Vec<OutboxMessage>) -> Vec<StoredMessage> {
         .collect()
 }
 
-/// A record as `kafka.py read` prints it.
-#[derive(Debug)]
-struct Read {
-    partition: i32,
-    offset: i64,
-    key: Option<Vec<u8>>,
-    value: Option<Vec<u8>>,
-    headers: Vec<(String, Option<Vec<u8>>)>,
-    timestamp: Option<i64>,
-    timestamp_type: Option<String>,
-}
-
-fn bytes(v: &Value) -> Option<Vec<u8>> {
-    v.as_str().map(|s| STANDARD.decode(s).expect("base64"))
-}
+/// A record as the independent client read it.
+type Read = outbox_integration_tests::DecodedRecord;
 
 /// Every record of `topic`, read by the independent client; fails unless there are `expect`.
 fn read_topic(topic: &str, expect: usize) -> Vec<Read> {
-    let output = Command::new(stack_var("OUTBOX_STACK_PYTHON"))
-        .arg(format!("{}/kafka.py", stack_var("OUTBOX_STACK_SCRIPTS")))
-        .args(["read", topic, "--expect", &expect.to_string()])
-        .output()
-        .expect("run kafka.py");
-    assert!(
-        output.status.success(),
-        "kafka.py read failed: {}\n{}",
-        String::from_utf8_lossy(&output.stderr),
-        String::from_utf8_lossy(&output.stdout)
-    );
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let v: Value = serde_json::from_str(line).expect("a JSON line");
-            Read {
-                partition: v["partition"].as_i64().unwrap() as i32,
-                offset: v["offset"].as_i64().unwrap(),
-                key: bytes(&v["key"]),
-                value: bytes(&v["value"]),
-                headers: v["headers"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|h| (h[0].as_str().unwrap().to_owned(), bytes(&h[1])))
-                    .collect(),
-                timestamp: v["timestamp"].as_i64(),
-                timestamp_type: v["timestamp_type"].as_str().map(String::from),
-            }
-        })
+    outbox_integration_tests::try_read_records(&["read", topic, "--expect", &expect.to_string()])
+        .unwrap_or_else(|e| panic!("{e}"))
+        .iter()
+        .map(|r| r.decoded())
         .collect()
 }
 

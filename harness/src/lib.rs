@@ -1502,7 +1502,6 @@ async fn left_message_ids(
 /// confluent-kafka), with its message-id header and timestamp; with `large`, the value's
 /// length instead of the value (`--value-head`).
 fn read_topic(bootstrap: Option<&str>, topic: &str, large: bool) -> Result<Vec<Delivery>, String> {
-    use base64::Engine;
     let mut args = Vec::new();
     if let Some(b) = bootstrap {
         args.extend(["--bootstrap", b]);
@@ -1511,33 +1510,17 @@ fn read_topic(bootstrap: Option<&str>, topic: &str, large: bool) -> Result<Vec<D
     if large {
         args.extend(["--value-head", "64"]);
     }
-    let out = kafka_py(&args)?;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let mut records = Vec::new();
-    for line in out.lines() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| format!("kafka.py output {line:?}: {e}"))?;
-        let message_id = v["headers"].as_array().and_then(|hs| {
-            hs.iter().find_map(|h| {
-                (h[0].as_str() == Some(dynamo_outbox::publish::DEFAULT_MESSAGE_ID_HEADER))
-                    .then(|| h[1].as_str())
-                    .flatten()
-                    .and_then(|b| b64.decode(b).ok())
-                    .and_then(|b| String::from_utf8(b).ok())
-            })
-        });
-        records.push(Delivery {
+    let records = outbox_integration_tests::try_read_records(&args)?
+        .into_iter()
+        .map(|r| Delivery {
             topic: topic.to_string(),
-            partition: v["partition"].as_i64().unwrap_or(-1) as i32,
-            offset: v["offset"].as_i64().unwrap_or(-1),
-            message_id,
-            timestamp_ms: v["timestamp"].as_i64(),
-            value_len: v["value_len"].as_u64().map(|n| n as usize),
-        });
-    }
+            partition: r.partition,
+            offset: r.offset,
+            message_id: r.message_id(),
+            timestamp_ms: r.timestamp,
+            value_len: r.value_len,
+        })
+        .collect();
     Ok(records)
 }
 

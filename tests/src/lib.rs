@@ -91,6 +91,48 @@ pub struct ReadRecord {
     pub value: Option<String>,
     /// Headers: name and base64 value (or null).
     pub headers: Vec<(String, Option<String>)>,
+    /// Timestamp (Unix milliseconds).
+    #[serde(default)]
+    pub timestamp: Option<i64>,
+    /// `create` or `log_append`.
+    #[serde(default)]
+    pub timestamp_type: Option<String>,
+    /// The value's full length, when read with `--value-head` (the value is cut then).
+    #[serde(default)]
+    pub value_len: Option<usize>,
+}
+
+/// A [`ReadRecord`] with its key, value and headers decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedRecord {
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Key (`None`: null).
+    pub key: Option<Vec<u8>>,
+    /// Value (`None`: null).
+    pub value: Option<Vec<u8>>,
+    /// Headers in the record's order, values `None` when null.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// Timestamp (Unix milliseconds).
+    pub timestamp: Option<i64>,
+    /// `create` or `log_append`.
+    pub timestamp_type: Option<String>,
+}
+
+/// Parses what `kafka.py read` prints: one JSON record per line (the one parser of it).
+pub fn parse_records(out: &str) -> Result<Vec<ReadRecord>, String> {
+    out.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).map_err(|e| format!("kafka.py output {l:?}: {e}")))
+        .collect()
+}
+
+/// Runs `kafka.py ARGS` (a `read` with its options: `--bootstrap`, `--expect`,
+/// `--value-head`, `--timeout`) and parses the records it prints.
+pub fn try_read_records(args: &[&str]) -> Result<Vec<ReadRecord>, String> {
+    parse_records(&try_stack_py("kafka.py", args)?)
 }
 
 impl ReadRecord {
@@ -110,6 +152,19 @@ impl ReadRecord {
             .iter()
             .map(|(k, v)| (k.clone(), v.as_ref().map(|v| b64(v))))
             .collect()
+    }
+
+    /// Key, value and headers decoded.
+    pub fn decoded(&self) -> DecodedRecord {
+        DecodedRecord {
+            partition: self.partition,
+            offset: self.offset,
+            key: self.key_bytes(),
+            value: self.value_bytes(),
+            headers: self.header_list(),
+            timestamp: self.timestamp,
+            timestamp_type: self.timestamp_type.clone(),
+        }
     }
 
     /// The value of the message-id header.
@@ -307,11 +362,8 @@ pub fn create_topic(name: &str, partitions: u32) {
 
 /// Every record of a topic, from offset 0 up to the high watermark, by the independent client.
 pub fn read_topic(name: &str) -> Vec<ReadRecord> {
-    kafka_py(&["read", name])
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("record json"))
-        .collect()
+    stack_var("OUTBOX_STACK_PYTHON");
+    try_read_records(&["read", name]).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A Kafka publisher for the local broker (`KAFKA_BOOTSTRAP_SERVERS`).
@@ -420,11 +472,44 @@ mod tests {
                     )]
                 })
                 .unwrap_or_default(),
+            timestamp: None,
+            timestamp_type: None,
+            value_len: None,
         }
     }
 
     fn set(ids: &[&str]) -> BTreeSet<String> {
         ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_what_kafka_py_prints() {
+        let out = concat!(
+            r#"{"topic": "t", "partition": 1, "offset": 7, "key": "aw==", "value": null, "#,
+            r#""headers": [["n", null], ["x", ""]], "timestamp": 5, "timestamp_type": "create"}"#,
+            "\n\n",
+            r#"{"topic": "t", "partition": 0, "offset": 0, "key": null, "value": "dg==", "#,
+            r#""headers": [], "value_len": 300}"#,
+            "\n"
+        );
+        let records = parse_records(out).unwrap();
+        let d = records[0].decoded();
+        assert_eq!(
+            (d.partition, d.offset, d.key, d.value),
+            (1, 7, Some(b"k".to_vec()), None)
+        );
+        assert_eq!(
+            d.headers,
+            [("n".to_string(), None), ("x".to_string(), Some(vec![]))]
+        );
+        assert_eq!(
+            (d.timestamp, d.timestamp_type.as_deref()),
+            (Some(5), Some("create"))
+        );
+        assert_eq!(records[1].value_len, Some(300));
+        assert!(parse_records("not json")
+            .unwrap_err()
+            .contains("kafka.py output"));
     }
 
     #[test]
