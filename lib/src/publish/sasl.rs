@@ -200,9 +200,12 @@ async fn fetch(secret_id: &str) -> Result<UsernamePassword> {
                 ) => Error::Misconfiguration(what),
                 // throttling, a network error, an internal error: another try may do
                 _ => Error::Kafka {
-                    message: what,
+                    message: format!(
+                        "{}: reading the secret {secret_id} from AWS Secrets Manager failed",
+                        env::SASL_SECRET_ARN
+                    ),
                     retryable: true,
-                    source: None,
+                    source: Some(Box::new(e)),
                 },
             }
         })?;
