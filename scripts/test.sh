@@ -57,10 +57,10 @@ if [[ ${1:-} == --inside-stack ]]; then
     # sam build for the host's architecture (x86_64) with the repository's samconfig.toml
     # (cached = true, its parameter_overrides with Architecture="x86_64"), into the shared
     # target directory; then a second build with the same build and cache directories
-    # after a change under lib/ only, which must give new bootstraps (SAM's build cache
-    # keys on CodeUri); then the arm64 build with samconfig.toml as it is (the template's
-    # default, cross-compiled by cargo-lambda with the venv's zig), which must give
-    # aarch64 executables.  A failed build fails the test command here.
+    # after a change under lib/ only, for which SAM must build both functions again (its
+    # build cache keys on CodeUri); then the arm64 build with samconfig.toml as it is
+    # (the template's default, cross-compiled by cargo-lambda with the venv's zig), which
+    # must give aarch64 executables.  A failed build fails the test command here.
     # scripts/sam_build_check.sh says what it checks and costs (the arm64 build: seconds
     # when nothing changed, ~5 min after a change under lib/, ~10.5 min from scratch).
     step "sam build with samconfig.toml: x86_64, again after a change under lib/, and arm64 (scripts/sam_build_check.sh)"
