@@ -18,10 +18,11 @@ inside `scripts/stack.sh run` (DynamoDB Local, tansu) with the stack's venv pyth
 qemu-aarch64-static): steps 0 and 1 below without the stream and the poller; 20 messages
 over 5 keys through the enqueue function, checked as in step 2; one relay invocation
 with the template's schedule payload ({"source":"dynamo-outbox.schedule"}): no function
-error, trigger schedule, published 20, stop_reason idle, released, 0 refused writes, the
+error, trigger direct, published 20, stop_reason idle, released, 0 refused writes, the
 deadline taken from the invocation and the answer before it (no other timing bound: an
 emulator's durations say nothing about Lambda's); Kafka as in step 3; the table as in
-step 5 (20 written); neither emulator saw an error, timeout or throttle.
+step 5 (20 written); the relay's stdout carries its CloudWatch EMF documents (the table's
+dimension, Published summing to 20); neither emulator saw an error, timeout or throttle.
 
 What the default --mode doorbell does and checks:
   0. self-checks of the Python writer below against the vectors of lib/src/message.rs
@@ -899,6 +900,30 @@ def run_doorbell(args, binaries: dict[str, str], workdir: str, started: list, t0
          f"{pc['records_filtered_out']} records filtered out")
 
 
+def emf_documents(function_log: str) -> list[dict]:
+    """The CloudWatch Embedded Metric Format documents a function printed on its stdout
+    (lambda_runtime.py writes each line of it to --log-file as "[NAME:ENV] line")."""
+    docs = []
+    with open(function_log, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            _, sep, rest = line.partition("] ")
+            if not sep or not rest.startswith("{"):
+                continue
+            try:
+                doc = json.loads(rest)
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and "CloudWatchMetrics" in doc.get("_aws", {}):
+                docs.append(doc)
+    return docs
+
+
+def emf_sum(doc: dict, metric: str) -> float:
+    """A metric's values in one EMF document, summed (a value or a list of values)."""
+    v = doc.get(metric, 0)
+    return sum(v) if isinstance(v, list) else v
+
+
 def run_tick(args, binaries: dict[str, str], workdir: str, started: list, t0: float,
              arch: dict[str, str], prefix_note: str) -> None:
     """The smoke run of the deployable artifact (--mode tick; scripts/test.sh runs sam
@@ -923,7 +948,7 @@ def run_tick(args, binaries: dict[str, str], workdir: str, started: list, t0: fl
     inv = invs[0]
     s = relay_summary(inv)
     rid = s.get("relay_id", inv["request_id"])
-    check(s["trigger"] == "schedule", f"{rid}: trigger {s['trigger']}, not schedule: {s}")
+    check(s["trigger"] == "direct", f"{rid}: trigger {s['trigger']}, not direct: {s}")
     check(s["published"] == 20, f"{rid}: published {s['published']}, 20 enqueued: {s}")
     check(s["stop_reason"] == "idle", f"{rid}: stop_reason {s['stop_reason']}, not idle: {s}")
     check(s["released"] is True, f"{rid}: leases not released: {s}")
@@ -945,6 +970,13 @@ def run_tick(args, binaries: dict[str, str], workdir: str, started: list, t0: fl
     step(f"Kafka holds the {len(records)} ids, each once, per-key order over {nkeys} keys, "
          f"default partitions, headers")
     check_table(table, prefix, [s], 20)
+    docs = emf_documents(relay.function_log)
+    published = sum(emf_sum(d, "Published") for d in docs)
+    check(docs and all(d.get("table") == table for d in docs),
+          f"the relay's stdout had no EMF document for table {table}: {docs}")
+    check(published == 20, f"EMF on the relay's stdout says Published {published}, 20 were: {docs}")
+    step(f"the relay's stdout: {len(docs)} EMF document(s) (namespace "
+         f"{docs[0]['_aws']['CloudWatchMetrics'][0]['Namespace']}), Published {published}")
     for fn in (relay, enqueue):
         t = fn.stats()["totals"]
         for k in ("errors", "timeouts", "throttles"):
