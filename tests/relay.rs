@@ -1004,8 +1004,12 @@ async fn consecutive_invocations_hand_buckets_over_promptly() {
         "{first:?} {second:?}"
     );
     assert_no_refusal_on_the_wire(&wire, "two consecutive invocations");
+    // The handover takes a couple of handover steps (300 ms) after the leaver's releases;
+    // a newcomer that waited for its next round would leave a bucket unowned for up to the
+    // renew interval (5 s). Half of it keeps the claim checkable and leaves a loaded machine
+    // four times the designed time.
     assert!(
-        longest < Duration::from_millis(1500),
+        longest < Duration::from_millis(2500),
         "buckets unowned for {longest:?} (renew interval 5 s)"
     );
 }
