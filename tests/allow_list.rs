@@ -6,9 +6,8 @@
 //! the local Kafka broker (run through scripts/stack.sh; never skipped).
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use dynamo_outbox::metrics::RelayMetrics;
@@ -34,25 +33,6 @@ impl RelayMetrics for Counted {
 }
 
 /// The log lines of this test binary (every test's relays), for the relay's error line.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
 fn capture_logs() -> Captured {
     let captured = Captured::default();
     let writer = captured.clone();

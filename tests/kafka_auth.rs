@@ -5,8 +5,6 @@
 //! The SCRAM and PLAIN exchanges themselves are checked byte for byte against the library's
 //! fake broker (`lib/src/publish/fake_broker.rs`): the local broker has no SASL.
 
-use std::sync::{Arc, Mutex};
-
 use aws_sdk_secretsmanager::primitives::Blob;
 use dynamo_outbox::publish::config::env;
 use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, SaslCredentials};
@@ -51,26 +49,6 @@ fn config_for(auth: &str, secret: &str) -> KafkaConfig {
     .expect("a valid configuration")
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'w> tracing_subscriber::fmt::MakeWriter<'w> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'w self) -> Captured {
-        self.clone()
-    }
-}
-
 #[tokio::test]
 async fn the_secret_is_read_once_per_process_and_again_after_forget() {
     let _serial = SERIAL.lock().await;
@@ -87,13 +65,13 @@ async fn the_secret_is_read_once_per_process_and_again_after_forget() {
     let sasl = config.sasl.clone().expect("credentials from the secret");
 
     // every log line of the read at trace, through the binaries' subscriber
-    let logs = Captured::default();
+    let logs = outbox_integration_tests::Captured::default();
     let guard = dynamo_outbox::logging::cli_subscriber(Some("trace"), logs.clone()).set_default();
     let read = sasl.resolve().await.expect("read the secret from moto");
     drop(guard);
     assert_eq!(read.username, "outbox-relay");
     assert_eq!(read.password.expose(), password);
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     // the operation's own target and the HTTP client's trace lines were captured
     assert!(
         logs.contains("aws_sdk_secretsmanager::operation::get_secret_value")

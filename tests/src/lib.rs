@@ -4,6 +4,35 @@
 
 pub mod lambda;
 
+/// Log output captured in memory: a `Write` (for `with_writer(move || c.clone())`) and a
+/// `MakeWriter` for a `tracing_subscriber::fmt` subscriber, read back with [`Captured::text`].
+#[derive(Debug, Clone, Default)]
+pub struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'w> tracing_subscriber::fmt::MakeWriter<'w> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'w self) -> Captured {
+        self.clone()
+    }
+}
+
+impl Captured {
+    /// What was written so far, as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use aws_sdk_dynamodb::Client;

@@ -7,7 +7,6 @@
 //! process has one global subscriber for both; run through scripts/stack.sh.)
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dynamo_outbox::accounting::RequestCounter;
@@ -16,19 +15,6 @@ use outbox_enqueue_function::EnqueueFunction;
 use outbox_integration_tests::*;
 use outbox_relay_function::{RelayFunction, RelaySettings};
 use serde_json::{json, Value};
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn event(function: &str, payload: Value, time_left: Duration) -> LambdaEvent<Value> {
     outbox_integration_tests::lambda::invocation_in(function, payload, time_left)
@@ -118,7 +104,7 @@ async fn at_trace_neither_function_logs_the_credentials_or_the_session_token() {
         .expect("relay invocation");
     assert_eq!(summary.published, 4, "{summary:?}");
 
-    let text = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    let text = captured.text();
     // Trace is really on, the SDK's included, and requests were signed ...
     assert!(text.contains("\"level\":\"TRACE\""), "no trace line");
     assert!(
