@@ -60,7 +60,7 @@ fn doorbell(payload: &Value, options: &OutboxOptions) -> CommitNotification {
     let event = match serde_json::from_value::<StreamEvent>(payload.clone()) {
         Ok(e) => e,
         Err(e) => {
-            warn!(error = %e, "a doorbell whose stream records cannot be read: checking every bucket");
+            warn!(error = %crate::error::chain(&e), "a doorbell whose stream records cannot be read: checking every bucket");
             return CommitNotification::new(options, 0..options.bucket_count);
         }
     };

@@ -240,15 +240,17 @@ impl KafkaPublisher {
             let topics = self.inner.topics.lock().unwrap_or_else(|p| p.into_inner());
             wanted.iter().any(|t| fresh(&topics, t).is_none())
         };
+        // one failed read answers for every topic it left without metadata: shared, so each
+        // topic's error keeps it as its source
         let refresh_error = if stale {
             match tokio::time::timeout_at(deadline, self.refresh_metadata()).await {
                 Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e),
-                Err(_) => Some(Error::Kafka {
+                Ok(Err(e)) => Some(Arc::new(e)),
+                Err(_) => Some(Arc::new(Error::Kafka {
                     message: "reading topic metadata timed out".into(),
                     retryable: true,
                     source: None,
-                }),
+                })),
             }
         } else {
             None
@@ -261,7 +263,7 @@ impl KafkaPublisher {
                 let result = match (topics.get(t), &refresh_error) {
                     (Some(m), None) => Ok(m.partition_count),
                     (Some(m), Some(e)) => {
-                        debug!(topic = t, error = %e, "using stale topic metadata");
+                        debug!(topic = t, error = %crate::error::chain(&e), "using stale topic metadata");
                         Ok(m.partition_count)
                     }
                     (None, None) => {
@@ -269,9 +271,9 @@ impl KafkaPublisher {
                         continue;
                     }
                     (None, Some(e)) => Err(Error::Kafka {
-                        message: format!("no metadata for topic {t}: {e}"),
+                        message: format!("no metadata for topic {t}"),
                         retryable: e.is_retryable(),
-                        source: None,
+                        source: Some(Box::new(Arc::clone(e))),
                     }),
                 };
                 out.insert(t.to_owned(), result);
@@ -401,7 +403,7 @@ impl KafkaPublisher {
                         self.forget_topic(topic);
                     }
                     if attempt < attempts && Instant::now() < deadline {
-                        warn!(topic, partition, attempt, error = %e, "produce failed, retrying");
+                        warn!(topic, partition, attempt, error = %crate::error::chain(&e), "produce failed, retrying");
                         let pause = Duration::from_millis(100 * u64::from(attempt));
                         tokio::time::sleep_until((Instant::now() + pause).min(deadline)).await;
                         attempt += 1;
@@ -550,7 +552,7 @@ impl KafkaPublisher {
                 groups,
                 acknowledged,
                 retryable = e.is_retryable(),
-                error = %e,
+                error = %crate::error::chain(&e),
                 "batch partly published"
             ),
         }

@@ -277,7 +277,7 @@ impl<P: Publisher> Relay<P> {
             {
                 Ok(n) => n,
                 Err(e) => {
-                    warn!(bucket, error = %e, "deleting published messages failed; they will be published again");
+                    warn!(bucket, error = %crate::error::chain(&e), "deleting published messages failed; they will be published again");
                     0
                 }
             }
@@ -315,7 +315,7 @@ impl<P: Publisher> Relay<P> {
                 last,
             }),
             Some(e) => {
-                warn!(bucket, acknowledged = acked, error = %e, "publish failed");
+                warn!(bucket, acknowledged = acked, error = %crate::error::chain(&e), "publish failed");
                 Ok(BatchResult::Failed {
                     deleted,
                     last,

@@ -86,7 +86,7 @@ impl<P: Publisher> Relay<P> {
         let coordination = match self.store.read_coordination().await {
             Ok(c) => c,
             Err(e) => {
-                warn!(error = %e, "idle: the coordination read before stopping failed; running on");
+                warn!(error = %crate::error::chain(&e), "idle: the coordination read before stopping failed; running on");
                 return false;
             }
         };
@@ -113,7 +113,7 @@ impl<P: Publisher> Relay<P> {
             .heartbeat(me, beat_at, self.announced_stop(state, beat_at))
             .await
         {
-            warn!(error = %e, "idle: taking the stop announcement back failed; the next round writes it");
+            warn!(error = %crate::error::chain(&e), "idle: taking the stop announcement back failed; the next round writes it");
         }
     }
 }

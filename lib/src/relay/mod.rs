@@ -189,13 +189,13 @@ impl<P: Publisher> Relay<P> {
                 }
                 Some(Ok(())) => {}
                 Some(Err(e @ Error::Misconfiguration(_))) => {
-                    error!(error = %e, "relay faulted");
+                    error!(error = %crate::error::chain(&e), "relay faulted");
                     self.stop(&mut state, shutdown.hard_deadline()).await;
                     return Err(e);
                 }
                 Some(Err(e)) => {
                     state.errors += 1;
-                    warn!(error = %e, "round failed; backing off");
+                    warn!(error = %crate::error::chain(&e), "round failed; backing off");
                     let until = Instant::now() + self.options.error_backoff;
                     let until = work_until.map_or(until, |w| until.min(w));
                     shutdown.sleep_until(until, self.notified()).await;
@@ -207,7 +207,7 @@ impl<P: Publisher> Relay<P> {
                     Some(Ok(true)) => break StopReason::Idle,
                     Some(Ok(false)) => {}
                     Some(Err(e)) => {
-                        warn!(error = %e, "idle: checking before the stop failed; running on");
+                        warn!(error = %crate::error::chain(&e), "idle: checking before the stop failed; running on");
                         state.last_activity = Some(Instant::now());
                     }
                     None => {}

@@ -184,7 +184,7 @@ impl<P: Publisher> Relay<P> {
         let ok = match self.store.heartbeat(me, beat_at, stops_at).await {
             Ok(ok) => ok,
             Err(e) => {
-                warn!(error = %e, "heartbeat failed: renewing, claiming nothing this round");
+                warn!(error = %crate::error::chain(&e), "heartbeat failed: renewing, claiming nothing this round");
                 false
             }
         };
@@ -257,7 +257,7 @@ impl<P: Publisher> Relay<P> {
         .collect::<Vec<Result<_>>>()
         .await
         .into_iter()
-        .filter_map(|r| r.map_err(|e| warn!(error = %e, "renewal failed")).ok())
+        .filter_map(|r| r.map_err(|e| warn!(error = %crate::error::chain(&e), "renewal failed")).ok())
         .collect();
         for (b, outcome) in renewals {
             match outcome {
@@ -324,7 +324,7 @@ impl<P: Publisher> Relay<P> {
         for (b, r) in plan.release.iter().zip(released) {
             match r {
                 Ok(_) => info!(bucket = b, "handed a bucket back"),
-                Err(e) => warn!(bucket = b, error = %e, "release failed; the lease will lapse"),
+                Err(e) => warn!(bucket = b, error = %crate::error::chain(&e), "release failed; the lease will lapse"),
             }
         }
     }
@@ -345,7 +345,7 @@ impl<P: Publisher> Relay<P> {
         .collect::<Vec<_>>()
         .await
         .into_iter()
-        .filter_map(|r| r.map_err(|e| warn!(error = %e, "claim failed")).ok())
+        .filter_map(|r| r.map_err(|e| warn!(error = %crate::error::chain(&e), "claim failed")).ok())
         .collect();
         let mut acquired = 0;
         for (b, ok) in claims {
@@ -403,7 +403,7 @@ impl<P: Publisher> Relay<P> {
             {
                 Ok(true) => debug!(relay = %r.relay_id, "deleted a stale heartbeat record"),
                 Ok(false) => {}
-                Err(e) => debug!(error = %e, "heartbeat cleanup failed; next round retries"),
+                Err(e) => debug!(error = %crate::error::chain(&e), "heartbeat cleanup failed; next round retries"),
             }
         }
     }
@@ -445,7 +445,7 @@ impl<P: Publisher> Relay<P> {
                         .map(|c| ticks_to_duration(now.saturating_sub(c)));
                     self.metrics.backlog(b.bucket, b.pending, age);
                 }
-                Err(e) => debug!(error = %e, "backlog sample failed"),
+                Err(e) => debug!(error = %crate::error::chain(&e), "backlog sample failed"),
             }
         }
     }

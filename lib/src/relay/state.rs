@@ -288,7 +288,7 @@ impl RunState {
             }
             Err(e @ Error::Misconfiguration(_)) => return Some(e),
             Err(e) => {
-                warn!(bucket, error = %e, "batch failed");
+                warn!(bucket, error = %crate::error::chain(&e), "batch failed");
                 self.errors += 1;
                 o.dirty = true;
                 o.retry_at = Some(now + options.error_backoff);

@@ -51,7 +51,7 @@ impl<P: Publisher> Relay<P> {
         let released = match tokio::time::timeout_at(deadline, attempt).await {
             Ok(Ok(released)) => released,
             Ok(Err(e)) => {
-                warn!(error = %e, "graceful stop failed: leases will lapse");
+                warn!(error = %crate::error::chain(&e), "graceful stop failed: leases will lapse");
                 false
             }
             Err(_) => {

@@ -125,7 +125,7 @@ impl DynamoDbOutboxStore {
                         if !err.is_retryable() && deleted == 0 {
                             return Err(err);
                         }
-                        warn!(bucket, error = %err, attempt, "delete failed");
+                        warn!(bucket, error = %crate::error::chain(&err), attempt, "delete failed");
                     }
                 }
                 if pending.is_empty() {
