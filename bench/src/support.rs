@@ -24,18 +24,14 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The benchmarks' result type.
 pub type Result<T> = std::result::Result<T, BoxError>;
 
-/// A variable that `scripts/stack.sh` exports.
+/// A variable that `scripts/stack.sh` exports (the test crate's, as the tests read it).
 pub fn stack_var(name: &str) -> Result<String> {
-    std::env::var(name).map_err(|_| {
-        format!("{name} is not set: run through scripts/bench.sh (or scripts/stack.sh run -- ...)")
-            .into()
-    })
+    Ok(outbox_integration_tests::try_stack_var(name)?)
 }
 
-/// The shared AWS configuration for DynamoDB Local.
+/// The shared AWS configuration for DynamoDB Local (the test crate's).
 pub async fn sdk_config() -> Result<aws_config::SdkConfig> {
-    stack_var("AWS_ENDPOINT_URL_DYNAMODB")?;
-    Ok(aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await)
+    Ok(outbox_integration_tests::try_sdk_config().await?)
 }
 
 /// A client with the library's timeouts ([`dynamo_outbox::client::dynamodb_config`]) and,
@@ -48,13 +44,7 @@ pub fn client(config: &aws_config::SdkConfig, classifier: Option<&Classifier>) -
     Client::from_conf(builder.build())
 }
 
-/// A random name with a readable prefix.
-pub fn random_name(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
-}
+pub use outbox_integration_tests::random_name;
 
 /// A fresh, active table for `bucket_count` buckets.
 pub async fn fresh_table(

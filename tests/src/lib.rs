@@ -42,16 +42,27 @@ use dynamo_outbox::OutboxOptions;
 /// Reads a variable that `scripts/stack.sh` exports; panics with a clear message when the
 /// test runs outside the stack (integration tests never skip themselves).
 pub fn stack_var(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: run the tests through scripts/test.sh (or scripts/stack.sh run -- cargo test)")
+    try_stack_var(name).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`stack_var`] for callers that report errors instead of panicking (the benchmarks).
+pub fn try_stack_var(name: &str) -> Result<String, String> {
+    std::env::var(name).map_err(|_| {
+        format!("{name} is not set: run through scripts/test.sh or scripts/bench.sh (or scripts/stack.sh run -- ...)")
     })
+}
+
+/// The shared AWS configuration for the local stack (endpoints and dummy credentials from
+/// the stack's environment, through the standard AWS configuration chain).
+pub async fn try_sdk_config() -> Result<aws_config::SdkConfig, String> {
+    try_stack_var("AWS_ENDPOINT_URL_DYNAMODB")?;
+    Ok(aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await)
 }
 
 /// A DynamoDB client for DynamoDB Local (endpoint and dummy credentials from the stack's
 /// environment, through the standard AWS configuration chain).
 pub async fn dynamodb() -> Client {
-    stack_var("AWS_ENDPOINT_URL_DYNAMODB");
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let config = try_sdk_config().await.unwrap_or_else(|e| panic!("{e}"));
     Client::new(&config)
 }
 
@@ -60,8 +71,7 @@ pub async fn dynamodb() -> Client {
 /// refused a condition (`ConditionalCheckFailedException`, or a transaction cancelled by
 /// one) is counted from DynamoDB's own answer, independently of what the relay counts.
 pub async fn counted_dynamodb(counter: &RequestCounter) -> Client {
-    stack_var("AWS_ENDPOINT_URL_DYNAMODB");
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let config = try_sdk_config().await.unwrap_or_else(|e| panic!("{e}"));
     Client::from_conf(
         aws_sdk_dynamodb::config::Builder::from(&config)
             .interceptor(counter.clone())
