@@ -6,6 +6,7 @@
 #      with their endpoints exported, runs the checks below:
 #        cargo fmt --all --check
 #        cargo clippy --workspace --all-targets -- -D warnings
+#        cargo doc -p dynamo-outbox --no-deps --all-features, warnings denied
 #        cfn-lint template.yaml, sam validate --lint
 #        scripts/sam_build_check.sh: sam build with samconfig.toml for x86_64 (and again
 #          after a change under lib/), and as it is for arm64 (the template's default:
@@ -42,6 +43,11 @@ if [[ ${1:-} == --inside-stack ]]; then
 
     step "cargo clippy --workspace --all-targets -- -D warnings"
     cargo clippy --workspace --all-targets -- -D warnings
+
+    # The library's documentation: its public surface, with no broken or private links
+    # (every public item has docs: #![deny(missing_docs)]).
+    step "cargo doc -p dynamo-outbox --no-deps --all-features (-D warnings)"
+    RUSTDOCFLAGS="-D warnings" cargo doc -p dynamo-outbox --no-deps --all-features
 
     step "cargo deny check licenses bans"
     "$CACHE/cargo-deny/bin/cargo-deny" --log-level error check licenses bans

@@ -6,7 +6,7 @@
 //! fake broker (`lib/src/publish/fake_broker.rs`): the local broker has no SASL.
 
 use aws_sdk_secretsmanager::primitives::Blob;
-use dynamo_outbox::publish::config::env;
+use dynamo_outbox::publish::env;
 use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, SaslCredentials};
 use outbox_integration_tests::{random_name, stack_var};
 use tracing_subscriber::util::SubscriberInitExt as _;

@@ -391,7 +391,7 @@ async fn more_than_eight_gaps_in_one_fetch_stop_the_batch_before_the_ninth() {
     assert_eq!(sequences, before_the_ninth);
     assert_eq!(
         (fetched.gap_probes, fetched.fetches),
-        (dynamo_outbox::store::fetch::MAX_GAP_PROBES as u32, 1)
+        (dynamo_outbox::store::MAX_GAP_PROBES as u32, 1)
     );
 }
 
@@ -448,7 +448,7 @@ async fn a_gap_that_fills_on_every_refetch_stops_at_the_refetch_bound() {
     let fetched = store.fetch(0, None, 100).await.unwrap();
     let sequences: Vec<u64> = fetched.messages.iter().map(|m| m.sequence).collect();
     assert_eq!(sequences, [1], "nothing past the gap at 2");
-    let bound = dynamo_outbox::store::fetch::MAX_REFETCHES;
+    let bound = dynamo_outbox::store::MAX_REFETCHES;
     assert_eq!(
         (fetched.fetches, fetched.gap_probes),
         (1 + bound, 1 + bound),

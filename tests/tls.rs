@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dynamo_outbox::publish::config::env;
+use dynamo_outbox::publish::env;
 use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher, Publisher};
 use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::OutboxMessage;

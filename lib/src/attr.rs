@@ -1,5 +1,9 @@
 //! Attribute names of the outbox items (the reference specification's, plus this
-//! project's extensions): a leaf module that the options and the schema both use.
+//! project's extensions) and DynamoDB's item size limit: a leaf module that the options and
+//! the schema both use.
+
+/// DynamoDB's item size limit in bytes (400 KB).
+pub const MAX_ITEM_BYTES: usize = 400 * 1024;
 
 /// Message id (S), a lowercase hyphenated UUID.
 pub const MESSAGE_ID: &str = "MessageId";

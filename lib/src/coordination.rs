@@ -17,6 +17,11 @@ use crate::plan::{self, LeaseView, PlanInput};
 /// in between).
 pub const ROUND_WINDOW: Duration = Duration::from_secs(1);
 
+/// Delay after a peer's announced stop before the extra acquisition, and between retries.
+pub const HANDOVER_STEP: Duration = Duration::from_millis(300);
+/// How long past a peer's announced stop the relay keeps looking for its released buckets.
+pub const HANDOVER_WATCH: Duration = Duration::from_secs(5);
+
 /// The timings [`Coordination::taken_over_at`] assumes of the fleet (UTC ticks): every
 /// relay of an outbox runs with the same options.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,10 +32,10 @@ pub struct TakeoverTicks {
     pub soon: i64,
     /// How often a relay runs its round (the renew interval).
     pub renew: i64,
-    /// The handover step ([`crate::relay::HANDOVER_STEP`]).
+    /// The handover step ([`HANDOVER_STEP`]).
     pub step: i64,
     /// How long past an announced stop its peers watch for the handover
-    /// ([`crate::relay::HANDOVER_WATCH`]).
+    /// ([`HANDOVER_WATCH`]).
     pub watch: i64,
 }
 

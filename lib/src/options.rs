@@ -512,12 +512,12 @@ impl RelayOptions {
                 "must not contain control characters",
             ));
         }
-        if self.max_in_flight_bytes < crate::schema::MAX_ITEM_BYTES {
+        if self.max_in_flight_bytes < crate::attr::MAX_ITEM_BYTES {
             return Err(Error::option(
                 "max_in_flight_bytes",
                 format!(
                     "must be at least {} (one item of DynamoDB's largest size)",
-                    crate::schema::MAX_ITEM_BYTES
+                    crate::attr::MAX_ITEM_BYTES
                 ),
             ));
         }

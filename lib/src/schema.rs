@@ -37,8 +37,7 @@ pub const RELAY_SK_PREFIX: &str = "RELAY#";
 /// Sort key of an idempotency marker.
 pub const IDEMPOTENCY_SK: &str = "IDEMPOTENCY";
 
-/// DynamoDB's item size limit in bytes (400 KB).
-pub const MAX_ITEM_BYTES: usize = 400 * 1024;
+pub use crate::attr::MAX_ITEM_BYTES;
 /// DynamoDB's limit of items in one transaction.
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
 /// DynamoDB's limit of bytes in one transaction (4 MB).

@@ -1,14 +1,17 @@
 //! Publishing a bucket's batch to Kafka: the [`Publisher`] seam and its Kafka implementation.
 //!
 //! # Layout
-//! - [`config`]: [`KafkaConfig`], [`KafkaAuth`] and [`KafkaCompression`], their defaults, and
-//!   `from_env`.
-//! - [`route`]: which partition each record goes to, how a batch splits into produce
-//!   requests, and which prefix of the batch a partial failure still acknowledges. Pure.
-//! - [`record`]: an outbox message as an rskafka record, headers byte for byte.
-//! - [`kafka`]: [`KafkaPublisher`], rskafka clients, metadata cache, retries.
-//! - [`msk_iam`]: the Amazon MSK IAM token (a SigV4-presigned URL) and its cache.
-//! - [`sasl`]: SCRAM and PLAIN credentials, from the environment or Secrets Manager.
+//! The files are private; what a user needs is re-exported here.
+//! - `config`: [`KafkaConfig`], [`KafkaAuth`] and [`KafkaCompression`], their defaults, and
+//!   `from_env` (the variables' names in [`env`](mod@env)).
+//! - `route`: which partition each record goes to ([`partition_for`], Java's partitioner),
+//!   how a batch splits into produce requests, and which prefix of the batch a partial
+//!   failure still acknowledges. Pure.
+//! - `record`: an outbox message as an rskafka record, headers byte for byte.
+//! - `kafka`: [`KafkaPublisher`], rskafka clients, metadata cache, retries.
+//! - `msk_iam`: [`MskIamTokenProvider`], the Amazon MSK IAM token (a SigV4-presigned URL)
+//!   and its cache.
+//! - `sasl`: [`SaslCredentials`] for SCRAM and PLAIN, from the environment or Secrets Manager.
 //! - `tls`: the trusted roots (the system's or `KAFKA_TLS_CA_FILE`) and the client
 //!   certificate of mutual TLS.
 //!
@@ -25,21 +28,22 @@ use std::sync::Arc;
 use crate::error::Error;
 use crate::schema::StoredMessage;
 
-pub mod config;
-pub mod kafka;
-pub mod msk_iam;
-pub mod record;
-pub mod route;
-pub mod sasl;
+pub(crate) mod config;
+pub(crate) mod kafka;
+pub(crate) mod msk_iam;
+pub(crate) mod record;
+pub(crate) mod route;
+pub(crate) mod sasl;
 mod tls;
 
 #[cfg(test)]
 mod fake_broker;
 
-pub use config::{KafkaAuth, KafkaCompression, KafkaConfig, DEFAULT_MESSAGE_ID_HEADER};
+pub use config::{env, KafkaAuth, KafkaCompression, KafkaConfig, DEFAULT_MESSAGE_ID_HEADER};
 pub use kafka::KafkaPublisher;
 pub use msk_iam::MskIamTokenProvider;
-pub use sasl::SaslCredentials;
+pub use route::partition_for;
+pub use sasl::{Password, SaslCredentials, SecretsManagerSecret, UsernamePassword};
 
 /// What happened to a batch: the first `acknowledged` messages are durably in Kafka
 /// (acks=all); the rest were not (or not known to be) written.

@@ -30,7 +30,7 @@ use crate::clock::{system_time_from_ticks, Clock, SystemClock};
 use crate::error::{Error, Result};
 
 /// How long a token is valid after signing (the signers' `X-Amz-Expires`).
-pub const TOKEN_LIFETIME: Duration = Duration::from_secs(900);
+pub(crate) const TOKEN_LIFETIME: Duration = Duration::from_secs(900);
 /// Least validity a handed-out token keeps.
 const MIN_REMAINING: Duration = Duration::from_secs(60);
 
@@ -39,7 +39,7 @@ const MIN_REMAINING: Duration = Duration::from_secs(60);
 ///
 /// `region` must be an AWS region name (lowercase ASCII letters, digits and `-`): it becomes
 /// the host name the token is signed for.
-pub async fn presign_token(region: &str, credentials: &Credentials) -> Result<String> {
+pub(crate) async fn presign_token(region: &str, credentials: &Credentials) -> Result<String> {
     let valid = !region.is_empty()
         && region
             .bytes()
@@ -70,7 +70,7 @@ pub async fn presign_token(region: &str, credentials: &Credentials) -> Result<St
 
 /// When a token signed at `signed_at` and valid until `expires_at` should be replaced: after
 /// 80 % of its life, and no later than a minute before it expires.
-pub fn refresh_at(signed_at: SystemTime, expires_at: SystemTime) -> SystemTime {
+pub(crate) fn refresh_at(signed_at: SystemTime, expires_at: SystemTime) -> SystemTime {
     let life = expires_at.duration_since(signed_at).unwrap_or_default();
     let margin = (life / 5).max(MIN_REMAINING);
     expires_at

@@ -18,7 +18,7 @@ use crate::message::OutboxMessage;
 /// The record for `message`: its key, value and headers in order, then the message-id
 /// header (`message_id_header` = the id as a lowercase hyphenated UUID in UTF-8; a stored
 /// header of that name is left out), and `timestamp` (publish time, not enqueue time).
-pub fn to_record(
+pub(crate) fn to_record(
     message: &OutboxMessage,
     message_id_header: &str,
     timestamp: DateTime<Utc>,
@@ -46,7 +46,7 @@ pub fn to_record(
 
 /// Bytes a record of `message` takes in a produce request, estimated from above: its data
 /// plus the varints and lengths around it (the message-id header included).
-pub fn estimated_size(message: &OutboxMessage, message_id_header: &str) -> usize {
+pub(crate) fn estimated_size(message: &OutboxMessage, message_id_header: &str) -> usize {
     const RECORD_OVERHEAD: usize = 25; // length, attributes, deltas, key/value lengths
     const HEADER_OVERHEAD: usize = 10; // two varint lengths
     let headers: usize = message

@@ -40,7 +40,7 @@ pub fn partition_for(
 
 /// The messages of one batch bound for one partition, in batch order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Group<'a> {
+pub(crate) struct Group<'a> {
     /// Topic.
     pub topic: &'a str,
     /// Partition.
@@ -51,7 +51,7 @@ pub struct Group<'a> {
 
 /// Why routing stopped at a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unroutable {
+pub(crate) enum Unroutable {
     /// The message's topic has no route (unknown, or its metadata could not be read); the
     /// caller knows which.
     Topic,
@@ -61,7 +61,7 @@ pub enum Unroutable {
 
 /// A batch split into groups, up to the first message that cannot be routed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan<'a> {
+pub(crate) struct Plan<'a> {
     /// Groups ordered by their first index; together they hold every index below `stop`'s.
     pub groups: Vec<Group<'a>>,
     /// The first message that cannot be routed, and why; nothing at or after it is planned,
@@ -70,7 +70,7 @@ pub struct Plan<'a> {
 }
 
 /// Groups `messages` by (topic, partition); `route` gives each topic's route or `None`.
-pub fn plan<'a>(
+pub(crate) fn plan<'a>(
     messages: impl IntoIterator<Item = &'a OutboxMessage>,
     route: impl Fn(&str) -> Option<TopicRoute>,
 ) -> Plan<'a> {
@@ -108,7 +108,7 @@ pub fn plan<'a>(
 
 /// Cuts a group's indices into consecutive requests of at most `max_bytes` estimated bytes
 /// (`size_of` estimates one record); a record larger than that travels alone.
-pub fn chunks(
+pub(crate) fn chunks(
     indices: &[usize],
     size_of: impl Fn(usize) -> usize,
     max_bytes: usize,
@@ -134,7 +134,10 @@ pub fn chunks(
 /// How many leading messages of a batch of `len` are acknowledged, given the index of the
 /// first unwritten message of every group that failed (and of the routing stop): all
 /// messages before the smallest such index belong to groups that wrote them.
-pub fn acknowledged_prefix(len: usize, first_unwritten: impl IntoIterator<Item = usize>) -> usize {
+pub(crate) fn acknowledged_prefix(
+    len: usize,
+    first_unwritten: impl IntoIterator<Item = usize>,
+) -> usize {
     first_unwritten.into_iter().fold(len, usize::min)
 }
 

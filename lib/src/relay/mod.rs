@@ -44,15 +44,13 @@ use state::RunState;
 
 /// Default time kept free before the deadline for the graceful stop.
 pub const DEFAULT_STOP_RESERVE: Duration = Duration::from_secs(2);
-/// Delay after a peer's announced stop before the extra acquisition, and between retries.
-pub const HANDOVER_STEP: Duration = Duration::from_millis(300);
+/// The handover's timings, which the coordination snapshot computes with.
+pub use crate::coordination::{HANDOVER_STEP, HANDOVER_WATCH};
 /// Pause between a relay's first heartbeat and its first read of the coordination partition.
 pub const JOIN_DELAY: Duration = Duration::from_millis(300);
 /// How often the owner of bucket zero samples the backlog (counts are billed per item
 /// counted, so not every round; never in the first round, before anything is published).
 pub const BACKLOG_SAMPLE_INTERVAL: Duration = Duration::from_secs(60);
-/// How long past a peer's announced stop the relay keeps looking for its released buckets.
-pub const HANDOVER_WATCH: Duration = Duration::from_secs(5);
 
 /// The relay: owns a share of the buckets and moves their messages to Kafka.
 pub struct Relay<P: Publisher> {

@@ -257,7 +257,10 @@ impl<P: Publisher> Relay<P> {
         .collect::<Vec<Result<_>>>()
         .await
         .into_iter()
-        .filter_map(|r| r.map_err(|e| warn!(error = %crate::error::chain(&e), "renewal failed")).ok())
+        .filter_map(|r| {
+            r.map_err(|e| warn!(error = %crate::error::chain(&e), "renewal failed"))
+                .ok()
+        })
         .collect();
         for (b, outcome) in renewals {
             match outcome {
@@ -324,7 +327,9 @@ impl<P: Publisher> Relay<P> {
         for (b, r) in plan.release.iter().zip(released) {
             match r {
                 Ok(_) => info!(bucket = b, "handed a bucket back"),
-                Err(e) => warn!(bucket = b, error = %crate::error::chain(&e), "release failed; the lease will lapse"),
+                Err(e) => {
+                    warn!(bucket = b, error = %crate::error::chain(&e), "release failed; the lease will lapse")
+                }
             }
         }
     }
@@ -345,7 +350,10 @@ impl<P: Publisher> Relay<P> {
         .collect::<Vec<_>>()
         .await
         .into_iter()
-        .filter_map(|r| r.map_err(|e| warn!(error = %crate::error::chain(&e), "claim failed")).ok())
+        .filter_map(|r| {
+            r.map_err(|e| warn!(error = %crate::error::chain(&e), "claim failed"))
+                .ok()
+        })
         .collect();
         let mut acquired = 0;
         for (b, ok) in claims {
@@ -403,7 +411,9 @@ impl<P: Publisher> Relay<P> {
             {
                 Ok(true) => debug!(relay = %r.relay_id, "deleted a stale heartbeat record"),
                 Ok(false) => {}
-                Err(e) => debug!(error = %crate::error::chain(&e), "heartbeat cleanup failed; next round retries"),
+                Err(e) => {
+                    debug!(error = %crate::error::chain(&e), "heartbeat cleanup failed; next round retries")
+                }
             }
         }
     }

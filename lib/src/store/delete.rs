@@ -13,9 +13,9 @@ use crate::error::{from_sdk, Error, Result};
 use crate::schema;
 
 /// Most delete requests in one `BatchWriteItem`.
-pub const CHUNK: usize = 25;
+pub(crate) const CHUNK: usize = 25;
 /// Most attempts per chunk (the first one included).
-pub const MAX_ATTEMPTS: u32 = 5;
+pub(crate) const MAX_ATTEMPTS: u32 = 5;
 
 /// Longest look at what a cut delete left.
 const RECHECK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -60,7 +60,7 @@ impl DynamoDbOutboxStore {
     /// Deletes the messages `sequences` (ascending) of `bucket`; returns how many leading
     /// ones are known deleted. Starts no chunk at or after the deadline, cuts a request
     /// still in flight at it, and stops at the first chunk that cannot be deleted by then
-    /// or within [`MAX_ATTEMPTS`]; an error comes back only when nothing was deleted.
+    /// or within `MAX_ATTEMPTS` (5) attempts; an error comes back only when nothing was deleted.
     pub async fn delete_messages(
         &self,
         bucket: u32,

@@ -28,7 +28,7 @@ pub struct Gap {
 
 /// The gaps before and between `sequences` (ascending), starting after `last_removed`,
 /// or at 1 (the start of the bucket) when nothing was removed since a start or handover.
-pub fn gaps(last_removed: Option<u64>, sequences: &[u64]) -> Vec<Gap> {
+pub(crate) fn gaps(last_removed: Option<u64>, sequences: &[u64]) -> Vec<Gap> {
     let mut out = Vec::new();
     let mut expected = last_removed.map_or(1, |r| r + 1);
     for &s in sequences {

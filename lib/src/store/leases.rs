@@ -179,8 +179,8 @@ impl DynamoDbOutboxStore {
             lease,
             soon,
             renew: duration_to_ticks(options.lease_renew_interval),
-            step: duration_to_ticks(crate::relay::HANDOVER_STEP),
-            watch: duration_to_ticks(crate::relay::HANDOVER_WATCH),
+            step: duration_to_ticks(coordination::HANDOVER_STEP),
+            watch: duration_to_ticks(coordination::HANDOVER_WATCH),
         };
         let settles_in = if uncovered.is_empty() {
             None

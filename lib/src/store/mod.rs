@@ -1,17 +1,28 @@
 //! The store: every DynamoDB request a relay makes, one file per concern.
 //!
-//! - [`leases`]: heartbeats, the coordination read, renew / release / claim.
-//! - [`fetch`]: the idle probe, the ordered fetch, gap probes.
-//! - [`delete`]: deleting published messages in chunks of 25.
-//! - [`quarantine`]: moving a poison item to the dead-letter partition.
-//! - [`sample`]: backlog metrics reads (pending count, oldest pending age).
+//! The files are private; their requests are methods of [`DynamoDbOutboxStore`] and the
+//! types those take and return are re-exported here.
+//!
+//! - `leases`: heartbeats, the coordination read, renew / release / claim.
+//! - `fetch`: the idle probe, the ordered fetch, gap probes ([`MAX_GAP_PROBES`],
+//!   [`MAX_REFETCHES`]).
+//! - `delete`: deleting published messages in chunks of 25.
+//! - `quarantine`: moving a poison item to the dead-letter partition.
+//! - `sample`: backlog metrics reads (pending count, oldest pending age).
+//! - `status`: the reads of `outboxctl status` (last message, sequence counter,
+//!   dead letters).
 
-pub mod delete;
-pub mod fetch;
-pub mod leases;
-pub mod quarantine;
-pub mod sample;
-pub mod status;
+pub(crate) mod delete;
+pub(crate) mod fetch;
+pub(crate) mod leases;
+pub(crate) mod quarantine;
+pub(crate) mod sample;
+pub(crate) mod status;
+
+pub use fetch::{Fetched, Gap, MAX_GAP_PROBES, MAX_REFETCHES};
+pub use leases::Coverage;
+pub use quarantine::{ORIGINAL_PK, ORIGINAL_SK};
+pub use sample::BucketBacklog;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
