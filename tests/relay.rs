@@ -1050,17 +1050,18 @@ async fn a_poison_item_stops_only_its_bucket_until_it_is_quarantined() {
     let topic = random_name("poison");
     create_topic(&topic, 2);
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let keys = dynamo_outbox::schema::Keys::new(&options);
     // Bucket 0: an item without MessageId at sequence 1, then a good message.
     client
         .put_item()
         .table_name(&options.table_name)
         .item(
             "PK",
-            aws_sdk_dynamodb::types::AttributeValue::S("OUTBOX#MESSAGES#0".into()),
+            aws_sdk_dynamodb::types::AttributeValue::S(keys.message_pk(0)),
         )
         .item(
             "SK",
-            aws_sdk_dynamodb::types::AttributeValue::S("0000000000000000001".into()),
+            aws_sdk_dynamodb::types::AttributeValue::S(dynamo_outbox::schema::message_sk(1)),
         )
         .item(
             "Topic",
@@ -1074,11 +1075,11 @@ async fn a_poison_item_stops_only_its_bucket_until_it_is_quarantined() {
         .table_name(&options.table_name)
         .key(
             "PK",
-            aws_sdk_dynamodb::types::AttributeValue::S("OUTBOX#SEQUENCE#0".into()),
+            aws_sdk_dynamodb::types::AttributeValue::S(keys.sequence_pk(0)),
         )
         .key(
             "SK",
-            aws_sdk_dynamodb::types::AttributeValue::S("SEQUENCE".into()),
+            aws_sdk_dynamodb::types::AttributeValue::S(dynamo_outbox::schema::SEQUENCE_SK.into()),
         )
         .update_expression("SET #s = :one")
         .expression_attribute_names("#s", "Sequence")
@@ -1123,7 +1124,10 @@ async fn a_poison_item_stops_only_its_bucket_until_it_is_quarantined() {
     store.quarantine(0, 1).await.unwrap();
     let dead = store.dead_letters().await.unwrap();
     assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0]["OriginalSK"].as_s().unwrap(), "0000000000000000001");
+    assert_eq!(
+        dead[0][dynamo_outbox::store::ORIGINAL_SK].as_s().unwrap(),
+        &dynamo_outbox::schema::message_sk(1)
+    );
     let relay = relay_with(
         &client,
         &options,
@@ -1283,7 +1287,7 @@ mod lease_edges {
             .table_name(&options.table_name)
             .item(
                 "PK",
-                AttributeValue::S(format!("{}#COORDINATION", options.key_prefix)),
+                AttributeValue::S(dynamo_outbox::schema::Keys::new(options).coordination_pk()),
             )
             .item("SK", AttributeValue::S(sk.into()));
         for (name, value) in attributes {
@@ -1353,15 +1357,21 @@ mod lease_edges {
         put_coordination(
             &client,
             &options,
-            "RELAY#stamp-only",
+            &dynamo_outbox::schema::relay_sk("stamp-only"),
             vec![("StoppedAtUtc", n(now - 2 * lease))],
         )
         .await;
-        put_coordination(&client, &options, "RELAY#bare", vec![]).await;
         put_coordination(
             &client,
             &options,
-            "RELAY#text-seen",
+            &dynamo_outbox::schema::relay_sk("bare"),
+            vec![],
+        )
+        .await;
+        put_coordination(
+            &client,
+            &options,
+            &dynamo_outbox::schema::relay_sk("text-seen"),
             vec![
                 ("LastSeenUtc", AttributeValue::S("yesterday".into())),
                 ("StoppedAtUtc", n(now - 2 * lease)),
@@ -1410,7 +1420,7 @@ mod lease_edges {
         put_coordination(
             &client,
             &options,
-            "RELAY#gone",
+            &dynamo_outbox::schema::relay_sk("gone"),
             vec![("LastSeenUtc", n(seen))],
         )
         .await;
@@ -1453,22 +1463,34 @@ mod lease_edges {
         let topic = random_name("noexpiry");
         create_topic(&topic, 4);
         let owner = |id: &str| ("Owner", AttributeValue::S(id.into()));
-        put_coordination(&client, &options, "LEASE#0000000000", vec![owner("ghost")]).await;
         put_coordination(
             &client,
             &options,
-            "LEASE#0000000001",
+            &dynamo_outbox::schema::lease_sk(0),
+            vec![owner("ghost")],
+        )
+        .await;
+        put_coordination(
+            &client,
+            &options,
+            &dynamo_outbox::schema::lease_sk(1),
             vec![
                 owner("ghost"),
                 ("ExpiresAtUtc", AttributeValue::S("tomorrow".into())),
             ],
         )
         .await;
-        put_coordination(&client, &options, "LEASE#0000000002", vec![owner("me")]).await;
         put_coordination(
             &client,
             &options,
-            "LEASE#0000000003",
+            &dynamo_outbox::schema::lease_sk(2),
+            vec![owner("me")],
+        )
+        .await;
+        put_coordination(
+            &client,
+            &options,
+            &dynamo_outbox::schema::lease_sk(3),
             vec![owner("me"), ("ExpiresAtUtc", AttributeValue::Bool(true))],
         )
         .await;

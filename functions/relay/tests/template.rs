@@ -516,9 +516,9 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
     assert!(keys.message_pk(3).starts_with(&prefix));
     for other in [
         keys.sequence_pk(3),
-        format!("{}#COORDINATION", keys.prefix),
-        format!("{}#IDEMPOTENCY#k", keys.prefix),
-        format!("{}#DEADLETTER", keys.prefix),
+        keys.coordination_pk(),
+        keys.idempotency_pk("k"),
+        keys.dead_letter_pk(),
     ] {
         assert!(!other.starts_with(&prefix), "{other}");
     }
