@@ -16,7 +16,7 @@
 //! produce request per partition per batch); codecs alternate run by run.
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant as StdInstant};
@@ -389,54 +389,18 @@ async fn copy_requests(
 /// A tansu broker of this benchmark's own, advertising the proxy.
 #[derive(Debug)]
 struct PrivateBroker {
-    child: Child,
+    _broker: outbox_integration_tests::PrivateTansu,
     bootstrap: String,
-}
-
-impl Drop for PrivateBroker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl PrivateBroker {
     fn start(proxy: SocketAddr) -> Result<Self> {
-        let cache = std::env::var("DYNAMO_OUTBOX_CACHE").unwrap_or_else(|_| {
-            format!(
-                "{}/.cache/dynamo-outbox",
-                std::env::var("HOME").unwrap_or_default()
-            )
-        });
-        let tansu = format!("{cache}/tansu/bin/tansu");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let upstream: SocketAddr = ([127, 0, 0, 1], port).into();
+        let broker = outbox_integration_tests::PrivateTansu::start(proxy, Stdio::null())?;
         UPSTREAM
-            .set(upstream)
+            .set(broker.upstream)
             .map_err(|_| "one private broker per process")?;
-        let child = Command::new(&tansu)
-            .args([
-                "broker",
-                "--listener-url",
-                &format!("tcp://{upstream}"),
-                "--advertised-listener-url",
-                &format!("tcp://{proxy}"),
-                "--storage-engine",
-                "memory://tansu/",
-            ])
-            .env_remove("SCHEMA_REGISTRY")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env_remove("DATA_LAKE")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("starting {tansu}: {e}"))?;
         Ok(PrivateBroker {
-            child,
+            _broker: broker,
             bootstrap: proxy.to_string(),
         })
     }

@@ -3,7 +3,7 @@
 //! cuts connections, stalls them, or refuses new ones. Loopback only.
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -183,63 +183,28 @@ where
 /// A private tansu broker whose advertised address is a [`TcpFaultProxy`].
 #[derive(Debug)]
 pub struct ProxiedBroker {
-    child: Child,
+    _broker: outbox_integration_tests::PrivateTansu,
     /// The proxy (the address to bootstrap from).
     pub proxy: TcpFaultProxy,
-}
-
-impl Drop for ProxiedBroker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl ProxiedBroker {
     /// Starts tansu (from the install cache) listening on a free loopback port and
     /// advertising the proxy; waits until it answers through the proxy.
     pub async fn start(log: &std::path::Path) -> Result<Self, String> {
-        let cache = std::env::var("DYNAMO_OUTBOX_CACHE").unwrap_or_else(|_| {
-            format!(
-                "{}/.cache/dynamo-outbox",
-                std::env::var("HOME").unwrap_or_default()
-            )
-        });
-        let tansu = format!("{cache}/tansu/bin/tansu");
         let (listener, proxy_addr) = TcpFaultProxy::bind()
             .await
             .map_err(|e| format!("binding the Kafka proxy: {e}"))?;
-        let broker_port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0")
-                .map_err(|e| format!("finding a free port: {e}"))?;
-            l.local_addr().map_err(|e| e.to_string())?.port()
-        };
-        let upstream: SocketAddr = ([127, 0, 0, 1], broker_port).into();
-        let child = Command::new(&tansu)
-            .args([
-                "broker",
-                "--listener-url",
-                &format!("tcp://{upstream}"),
-                "--advertised-listener-url",
-                &format!("tcp://{proxy_addr}"),
-                "--storage-engine",
-                "memory://tansu/",
-            ])
-            .env_remove("SCHEMA_REGISTRY")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env_remove("DATA_LAKE")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(log)
-                    .map_err(|e| format!("creating {}: {e}", log.display()))?,
-            )
-            .spawn()
-            .map_err(|e| format!("starting {tansu}: {e}"))?;
+        let log =
+            std::fs::File::create(log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+        let tansu = outbox_integration_tests::PrivateTansu::start(proxy_addr, Stdio::from(log))?;
+        let upstream = tansu.upstream;
         let proxy = TcpFaultProxy::start(listener, upstream)
             .map_err(|e| format!("starting the Kafka proxy: {e}"))?;
-        let broker = ProxiedBroker { child, proxy };
+        let broker = ProxiedBroker {
+            _broker: tansu,
+            proxy,
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if crate::kafka_py(&["--bootstrap", &broker.bootstrap(), "ping", "--timeout", "2"])
