@@ -147,10 +147,44 @@ pub fn init_lambda() {
     lambda_subscriber(|name| std::env::var(name).ok(), std::io::stdout).init();
 }
 
+/// Log output captured in memory, for the library's unit tests: a `Write` (for
+/// `with_writer(move || c.clone())`) and a `MakeWriter`. The integration tests have their
+/// own (`outbox_integration_tests::Captured`): a `cfg(test)` item is not visible to other
+/// crates, and test helpers do not belong in the library's public API.
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+#[cfg(test)]
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl<'w> MakeWriter<'w> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'w self) -> Captured {
+        self.clone()
+    }
+}
+
+#[cfg(test)]
+impl Captured {
+    /// What was written so far, as text.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
 
     use aws_credential_types::Credentials;
 
@@ -176,19 +210,6 @@ mod tests {
         assert!(allowed("dynamo_outbox::relay", &Level::TRACE));
     }
 
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Buffer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     /// What signing an MSK IAM token with `credentials` logs through `subscriber`.
     fn presign_under(subscriber: impl Subscriber + Send + Sync, credentials: &Credentials) {
         tracing::subscriber::with_default(subscriber, || {
@@ -208,7 +229,7 @@ mod tests {
 
         // Without the filter, the SDK prints the session token at trace (the canonical
         // request of a presigned URL has it in its query string).
-        let unfiltered = Buffer::default();
+        let unfiltered = Captured::default();
         let writer = unfiltered.clone();
         presign_under(
             tracing_subscriber::fmt()
@@ -217,13 +238,13 @@ mod tests {
                 .finish(),
             &credentials,
         );
-        let text = String::from_utf8_lossy(&unfiltered.0.lock().unwrap()).into_owned();
+        let text = unfiltered.text();
         assert!(text.contains(&token) && text.contains(&key), "{text}");
 
         // Every subscriber of the binaries, at trace, even when a directive names the
         // signing module itself.
         for directives in ["trace", "trace,aws_sigv4::http_request=trace"] {
-            let out = Buffer::default();
+            let out = Captured::default();
             let writer = out.clone();
             presign_under(
                 cli_subscriber(Some(directives), move || writer.clone()),
@@ -247,7 +268,7 @@ mod tests {
                     &credentials,
                 );
             }
-            let text = String::from_utf8_lossy(&out.0.lock().unwrap()).into_owned();
+            let text = out.text();
             for planted in [&key, &secret, &token] {
                 assert!(!text.contains(planted.as_str()), "{directives}: {text}");
             }

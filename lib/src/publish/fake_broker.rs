@@ -483,6 +483,7 @@ mod tests {
     use aws_credential_types::provider::SharedCredentialsProvider;
 
     use super::*;
+    use crate::logging::Captured;
     use crate::publish::msk_iam::tests::{static_credentials, verify_token, SECRET_KEY};
     use crate::publish::{KafkaAuth, KafkaConfig, KafkaPublisher, SaslCredentials};
 
@@ -567,25 +568,6 @@ mod tests {
         }
     }
 
-    /// Log lines at `trace`, through the binaries' subscriber, of what `f` does.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    impl<'w> tracing_subscriber::fmt::MakeWriter<'w> for Captured {
-        type Writer = Captured;
-        fn make_writer(&'w self) -> Captured {
-            self.clone()
-        }
-    }
-
     #[tokio::test]
     async fn scram_sha_256_and_512_send_rfc_5802_messages_whose_proof_verifies() {
         let _serial = SERIAL.lock().await;
@@ -625,7 +607,7 @@ mod tests {
             assert_eq!(B64.decode(proof).unwrap().len(), hash.len(), "{last:?}");
             // the client used the authenticated connection, and nothing shows the password
             assert_eq!(broker.after_auth.lock().unwrap().first(), Some(&METADATA));
-            let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+            let logs = logs.text();
             assert!(logs.contains("rskafka"), "no trace output captured: {logs}");
             let debug = format!("{publisher:?}");
             for text in [&logs, &debug] {
