@@ -56,7 +56,11 @@ const CODECS: [(KafkaCompression, &str); 5] = [
 /// Runs the benchmark and prints its table.
 pub async fn run(args: &CompressionArgs) -> Result<()> {
     let proxy = CountingProxy::start()?;
-    let broker = PrivateBroker::start(proxy.addr)?;
+    // the broker advertises the proxy, so clients bootstrap from the proxy's address
+    let broker = outbox_integration_tests::PrivateTansu::start(proxy.addr, Stdio::null())?;
+    UPSTREAM
+        .set(broker.upstream)
+        .map_err(|_| "one private broker per process")?;
     let messages = |topic: &str| backlog(topic, args.messages);
     let sample = messages("t");
     let value_bytes: usize = sample
@@ -81,7 +85,7 @@ pub async fn run(args: &CompressionArgs) -> Result<()> {
         };
         for i in order {
             let (codec, name) = CODECS[i];
-            let f = one_run(&broker, &proxy, codec, args, &messages).await?;
+            let f = one_run(&proxy, codec, args, &messages).await?;
             println!(
                 "run {} {name:>6}: produce bytes {:>9}, publisher CPU {:.2} s (process {:.2} s, proxy {:.2} s; 10 ms ticks), wall {:.2} s",
                 run + 1,
@@ -136,13 +140,12 @@ struct Figures {
 }
 
 async fn one_run(
-    broker: &PrivateBroker,
     proxy: &CountingProxy,
     compression: KafkaCompression,
     args: &CompressionArgs,
     messages: &impl Fn(&str) -> Vec<StoredMessage>,
 ) -> Result<Figures> {
-    let mut config = KafkaConfig::new([broker.bootstrap.clone()]);
+    let mut config = KafkaConfig::new([proxy.addr.to_string()]);
     config.compression = compression;
     let publisher = connect(config).await?;
     let topic = random_name("bench-codec");
@@ -383,25 +386,5 @@ async fn copy_requests(
         }
         to.write_all(&len).await?;
         to.write_all(&frame).await?;
-    }
-}
-
-/// A tansu broker of this benchmark's own, advertising the proxy.
-#[derive(Debug)]
-struct PrivateBroker {
-    _broker: outbox_integration_tests::PrivateTansu,
-    bootstrap: String,
-}
-
-impl PrivateBroker {
-    fn start(proxy: SocketAddr) -> Result<Self> {
-        let broker = outbox_integration_tests::PrivateTansu::start(proxy, Stdio::null())?;
-        UPSTREAM
-            .set(broker.upstream)
-            .map_err(|_| "one private broker per process")?;
-        Ok(PrivateBroker {
-            _broker: broker,
-            bootstrap: proxy.to_string(),
-        })
     }
 }
