@@ -1,0 +1,500 @@
+#!/usr/bin/env python3
+"""Self-test of scripts/alarms.py: one line per check, then "N passed, M failed"
+(exit 1 on a failure). No network; reads the repository's template.yaml.
+
+Run: ~/.cache/dynamo-outbox/venv/bin/python scripts/test_alarms.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import alarms as A  # noqa: E402
+
+TEMPLATE = os.path.join(ROOT, "template.yaml")
+TOPIC = "arn:aws:sns:us-east-1:123456789012:outbox-alarms"
+T0 = 1_764_500_000_000 - 1_764_500_000_000 % 60_000  # a whole minute
+MIN = 60_000
+
+results: list = []
+
+
+def check(name):
+    def run(fn):
+        try:
+            fn()
+        except Exception as e:  # a failed assertion or an unexpected error
+            detail = str(e) or type(e).__name__
+            if not isinstance(e, AssertionError):
+                detail = traceback.format_exc().strip().splitlines()[-1]
+            results.append((name, False))
+            print(f"FAIL - {name}: {detail}")
+        else:
+            results.append((name, True))
+            print(f"ok - {name}")
+        return fn
+
+    return run
+
+
+def eq(actual, expected, what=""):
+    assert actual == expected, f"{what}: expected {expected!r}, got {actual!r}"
+
+
+def points(text):
+    """'0 - X' -> [False, None, True] (the AWS tables' notation, oldest first)."""
+    return [{"0": False, "X": True, "-": None}[c] for c in text.split()]
+
+
+# AWS's tables ("Configuring how CloudWatch alarms treat missing data"), evaluation range
+# 5, most recent on the right; each row: data points, then the state for MISSING, IGNORE,
+# BREACHING, NOT BREACHING ("keep" is "Retain current state").
+TABLE_3_OF_3 = [
+    ("0 - X - X", A.OK, A.OK, A.OK, A.OK),
+    ("0 - - - -", A.OK, A.OK, A.OK, A.OK),
+    ("- - - - -", A.INSUFFICIENT_DATA, "keep", A.ALARM, A.OK),
+    ("0 X X - X", A.ALARM, A.ALARM, A.ALARM, A.ALARM),
+    ("- - X - -", A.ALARM, "keep", A.ALARM, A.OK),
+    # Two more rows from the page's earlier (2019) version of the same table.
+    ("- - - - X", A.INSUFFICIENT_DATA, "keep", A.ALARM, A.OK),
+    ("X - - - -", A.ALARM, "keep", A.ALARM, A.OK),
+]
+TABLE_2_OF_3 = [
+    ("0 - X - X", A.ALARM, A.ALARM, A.ALARM, A.ALARM),
+    ("0 0 X 0 X", A.ALARM, A.ALARM, A.ALARM, A.ALARM),
+    ("0 - X - -", A.OK, A.OK, A.ALARM, A.OK),
+    ("- - - - 0", A.OK, A.OK, A.ALARM, A.OK),
+    ("- - - X -", A.ALARM, "keep", A.ALARM, A.OK),
+    # From the 2019 version of the page.
+    ("- - - - X", A.INSUFFICIENT_DATA, "keep", A.ALARM, A.OK),
+]
+
+
+def table_check(table, m):
+    for row in table:
+        data, *expected = row
+        for treat, want in zip(("missing", "ignore", "breaching", "notBreaching"), expected):
+            for current in (A.OK, A.ALARM, A.INSUFFICIENT_DATA):
+                got, _ = A.decide(points(data), 3, m, treat, current)
+                eq(got, current if want == "keep" else want, f"{data} {treat} from {current}")
+
+
+@check("AWS table, 3 of 3: every row and every TreatMissingData")
+def _():
+    table_check(TABLE_3_OF_3, 3)
+
+
+@check("AWS table, 2 of 3: every row and every TreatMissingData")
+def _():
+    table_check(TABLE_2_OF_3, 2)
+
+
+@check("AWS table row 2 (3 of 3, breaching): OK now, ALARM once the real datapoint leaves the range")
+def _():
+    eq(A.decide(points("0 - - - -"), 3, 3, "breaching", A.OK)[0], A.OK)
+    eq(A.decide(points("- - - - -"), 3, 3, "breaching", A.OK)[0], A.ALARM)
+
+
+# ---------------------------------------------------------------------------------------
+# Timelines
+
+
+def alarm(**kw):
+    base = dict(
+        logical_id="Test", name=None, namespace="Test", metric_name="M", dimensions={},
+        period=60, evaluation_periods=3, datapoints_to_alarm=3, threshold=10.0,
+        comparison="GreaterThanThreshold", treat_missing_data="missing", statistic="Maximum",
+    )
+    base.update(kw)
+    return A.Alarm(**base)
+
+
+def series(values, start=T0, step=MIN, namespace="Test", metric="M", dims=()):
+    """Samples at start + i*step + 30 s for each non-None value (a list for several)."""
+    out = []
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        for x in v if isinstance(v, list) else [v]:
+            out.append(A.Sample(namespace, metric, tuple(dims), start + i * step + 30_000, float(x)))
+    return out
+
+
+def transitions(ev):
+    return [((t["time_ms"] - T0) // MIN, t["to"]) for t in ev.transitions]
+
+
+@check("M of N with gaps (3 of 5, missing): ALARM at the third breach within 5 minutes, OK when a window holds fewer")
+def _():
+    a = alarm(evaluation_periods=5, datapoints_to_alarm=3)
+    # minute:        0   1     2   3     4   5  6  7  8  9
+    s = series([20, None, 5, None, 20, 20, 5, 5, 5, 5])
+    ev = A.evaluate(a, s, start=T0, end=T0 + 10 * MIN)
+    # Minute k's datapoint is first evaluated at k+1; the range is 7 periods.
+    states = ev.states()
+    # 1-2: only the breaching 20 of minute 0, younger than M = 3 periods: INSUFFICIENT_DATA.
+    # 3: a real non-breaching one (minute 2) too: OK.
+    eq(states[:3], [A.INSUFFICIENT_DATA, A.INSUFFICIENT_DATA, A.OK], "minutes 1-3")
+    # 6: 4 real ones (fewer than N = 5), all counted: 20, 5, 20, 20: 3 breach: ALARM.
+    eq(states[5], A.ALARM, "minute 6")
+    # 8: the 5 most recent real ones 5 20 20 5 5: 2 breach: OK.
+    eq(transitions(ev), [(3, A.OK), (6, A.ALARM), (8, A.OK)], "transitions")
+
+
+@check("M of N: breaches that are not consecutive still alarm (2 of 3, notBreaching)")
+def _():
+    a = alarm(evaluation_periods=3, datapoints_to_alarm=2, treat_missing_data="notBreaching")
+    ev = A.evaluate(a, series([20, 1, 20, 1, 1, 1]), start=T0, end=T0 + 6 * MIN)
+    # 3: X 0 X, two breaching of three: ALARM; 4: 0 X 0: OK.
+    eq(ev.states(), [A.OK, A.OK, A.ALARM, A.OK, A.OK, A.OK])
+
+
+@check("evaluation every minute over sliding periods: a 5-minute Sum alarm sees an error for 5 evaluations")
+def _():
+    a = alarm(period=300, evaluation_periods=1, datapoints_to_alarm=1, threshold=1,
+              comparison="GreaterThanOrEqualToThreshold", statistic="Sum",
+              treat_missing_data="notBreaching")
+    # One sample a minute (0 = an invocation without error), an error at minute 2.
+    ev = A.evaluate(a, series([0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]), start=T0, end=T0 + 11 * MIN)
+    eq(transitions(ev), [(1, A.OK), (3, A.ALARM), (8, A.OK)])
+
+
+@check("after the metric stops, the last real datapoints keep deciding while they are in the range")
+def _():
+    a = alarm(treat_missing_data="notBreaching")  # 3 of 3, range 5
+    ev = A.evaluate(a, series([20, 20, 20]), start=T0, end=T0 + 8 * MIN)
+    # ALARM at 3; at 4 and 5 the three real ones are still in the range; at 6 only two.
+    eq(transitions(ev), [(1, A.OK), (3, A.ALARM), (6, A.OK)])
+
+
+@check("TreatMissingData over a timeline: each mode once the metric stops")
+def _():
+    s = series([5, 5, 5])  # healthy, then nothing
+    want = {
+        "missing": A.INSUFFICIENT_DATA,
+        "notBreaching": A.OK,
+        "breaching": A.ALARM,
+        "ignore": A.OK,
+    }
+    for treat, final in want.items():
+        ev = A.evaluate(alarm(treat_missing_data=treat), s, start=T0, end=T0 + 12 * MIN)
+        eq(ev.final_state, final, treat)
+    # breaching: at 4 the range holds 3 real OK ones; at 6 two (+1 filled); at 8 none.
+    ev = A.evaluate(alarm(treat_missing_data="breaching"), s, start=T0, end=T0 + 12 * MIN)
+    eq(transitions(ev), [(1, A.OK), (8, A.ALARM)], "breaching")
+    ev = A.evaluate(alarm(treat_missing_data="missing"), s, start=T0, end=T0 + 12 * MIN)
+    eq(transitions(ev), [(1, A.OK), (8, A.INSUFFICIENT_DATA)], "missing")
+
+
+@check("one breaching datapoint per 5 minutes, 3 of 3: notBreaching never alarms, missing does (premature-alarm rule)")
+def _():
+    s = series([400, None, None, None, None] * 6)
+    ev = A.evaluate(alarm(threshold=300, treat_missing_data="notBreaching"), s, start=T0, end=T0 + 30 * MIN)
+    eq(set(ev.states()), {A.OK}, "notBreaching")
+    ev = A.evaluate(alarm(threshold=300, treat_missing_data="missing"), s, start=T0, end=T0 + 30 * MIN)
+    # "- - - - X", "- - - X -": INSUFFICIENT_DATA; "- - X - -": ALARM (the oldest breaching
+    # datapoint is M = 3 periods old and nothing after it is non-breaching).
+    eq(ev.states()[:6], [A.INSUFFICIENT_DATA, A.INSUFFICIENT_DATA, A.ALARM, A.ALARM, A.ALARM,
+                         A.INSUFFICIENT_DATA], "missing")
+
+
+@check("AWS/DynamoDB alarms always ignore missing data")
+def _():
+    a = alarm(namespace="AWS/DynamoDB", treat_missing_data="breaching")
+    s = [A.Sample("AWS/DynamoDB", "M", (), T0 + 30_000, 5.0)]
+    ev = A.evaluate(a, s, start=T0, end=T0 + 10 * MIN)
+    eq(ev.final_state, A.OK)
+
+
+@check("statistics: SampleCount, Sum, Average, Minimum, Maximum, p50, p90, p100")
+def _():
+    v = [4.0, 1.0, 7.0, 2.0, 6.0, 3.0, 5.0, 8.0, 10.0, 9.0]
+    want = {"SampleCount": 10, "Sum": 55, "Average": 5.5, "Minimum": 1, "Maximum": 10,
+            "p50": 5, "p90": 9, "p100": 10}
+    for name, w in want.items():
+        eq(A.statistic(name, v), float(w), name)
+    eq(A.statistic("Sum", []), None, "no sample")
+    try:
+        A.statistic("tm90", v)
+    except A.AlarmError:
+        pass
+    else:
+        raise AssertionError("tm90 should be refused")
+
+
+@check("statistics over a period: each statistic decides its own alarm on the same samples")
+def _():
+    # One period with the samples 1, 2 and 9 (an EMF array); threshold 3, GreaterThan.
+    s = series([[1, 2, 9]])
+    for stat, breach in [("SampleCount", False), ("Sum", True), ("Average", True),
+                         ("Minimum", False), ("Maximum", True)]:
+        a = alarm(statistic=stat, threshold=3, evaluation_periods=1, datapoints_to_alarm=1)
+        eq(A.evaluate(a, s).final_state, A.ALARM if breach else A.OK, stat)
+    a = alarm(statistic=None, extended_statistic="p50", threshold=1.5, evaluation_periods=1, datapoints_to_alarm=1)
+    eq(A.evaluate(a, s).final_state, A.ALARM, "p50 = 2 > 1.5")
+
+
+@check("a 10-second alarm is evaluated every 10 seconds over high-resolution samples")
+def _():
+    a = alarm(period=10, evaluation_periods=1, datapoints_to_alarm=1)
+    s = [A.Sample("Test", "M", (), T0 + 12_000, 20.0, None, 1)]
+    ev = A.evaluate(a, s, start=T0, end=T0 + MIN)
+    eq([(t["time_ms"] - T0, t["to"]) for t in ev.transitions],
+       [(20_000, A.ALARM), (50_000, A.INSUFFICIENT_DATA)])  # in the 3-period range until 50 s
+
+
+# ---------------------------------------------------------------------------------------
+# EMF
+
+
+def relay_doc(ts, table="OutboxTable", namespace="Outbox", service="outbox-relay", **metrics):
+    """An EMF document shaped as lib/src/metrics/emf.rs renders one."""
+    units = {"OldestPendingAge": "Seconds", "BatchDuration": "Milliseconds", "RoundDuration": "Milliseconds"}
+    doc = {
+        "_aws": {
+            "Timestamp": ts,
+            "CloudWatchMetrics": [{
+                "Namespace": namespace,
+                "Dimensions": [["service", "table"]],
+                "Metrics": [{"Name": k, "Unit": units.get(k, "Count")} for k in metrics],
+            }],
+        },
+        "service": service,
+        "table": table,
+    }
+    doc.update(metrics)
+    return json.dumps(doc, separators=(",", ":"))
+
+
+@check("EMF: documents picked out of mixed log lines, Lambda's prefix allowed, arrays are samples")
+def _():
+    lines = [
+        "START RequestId: 1 Version: $LATEST",
+        '{"level":"INFO","message":"relay started"}',
+        relay_doc(T0 + 1000, Published=3, BatchDuration=[1.5, 2.5, 3]),
+        "2025-11-30T10:00:00.000Z 1234 INFO " + relay_doc(T0 + 2000, OldestPendingAge=7),
+        "not json {",
+        '{"_aws": {"Timestamp": 1}}',  # no CloudWatchMetrics: not an EMF document
+    ]
+    r = A.read_emf(lines)
+    eq(r.documents, 2, "documents")
+    eq(r.other_lines, 4, "other lines")
+    eq(r.rejected, [], "rejected")
+    by = {}
+    for s in r.samples:
+        by.setdefault(s.metric, []).append(s.value)
+    eq(by, {"Published": [3.0], "BatchDuration": [1.5, 2.5, 3.0], "OldestPendingAge": [7.0]})
+    s = [x for x in r.samples if x.metric == "OldestPendingAge"][0]
+    eq((s.namespace, s.dimensions, s.timestamp_ms, s.unit),
+       ("Outbox", (("service", "outbox-relay"), ("table", "OutboxTable")), T0 + 2000, "Seconds"))
+
+
+@check("EMF: documents breaking the specification are rejected whole")
+def _():
+    good = json.loads(relay_doc(T0, Published=1))
+    bad = []
+    d = json.loads(json.dumps(good)); d["table"] = 5; bad.append(d)                      # dimension not a string
+    d = json.loads(json.dumps(good)); d["Published"] = list(range(101)); bad.append(d)   # 101 values
+    d = json.loads(json.dumps(good)); d["Published"] = {"Values": [1], "Counts": [2]}; bad.append(d)
+    d = json.loads(json.dumps(good)); del d["_aws"]["Timestamp"]; bad.append(d)
+    d = json.loads(json.dumps(good)); d["Published"] = True; bad.append(d)
+    d = json.loads(json.dumps(good)); d["_aws"]["CloudWatchMetrics"][0]["Dimensions"] = [["service"] * 31]; bad.append(d)
+    r = A.read_emf([json.dumps(x) for x in bad] + [json.dumps(good)])
+    eq(r.documents, 1, "documents")
+    eq([n for n, _ in r.rejected], [1, 2, 3, 4, 5, 6], "rejected lines")
+    eq(len(r.samples), 1, "samples")
+
+
+@check("EMF: each dimension set is its own metric; an alarm matches the exact dimension set")
+def _():
+    doc = json.loads(relay_doc(T0, OldestPendingAge=400))
+    doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"] = [["service", "table"], ["service"], []]
+    doc["function_name"] = "relay"
+    r = A.read_emf([json.dumps(doc)])
+    eq(sorted(s.dimensions for s in r.samples),
+       sorted([(), (("service", "outbox-relay"),), (("service", "outbox-relay"), ("table", "OutboxTable"))]))
+    a = alarm(namespace="Outbox", metric_name="OldestPendingAge",
+              dimensions={"service": "outbox-relay", "table": "OutboxTable"})
+    eq(len(A.matching_samples(a, r.samples)), 1, "exact set")
+    a.dimensions = {"service": "outbox-relay", "table": "OutboxTable", "function_name": "relay"}
+    eq(len(A.matching_samples(a, r.samples)), 0, "a dimension the document does not publish")
+    a.dimensions = {"service": "outbox-relay", "table": "OutboxTable"}
+    # A relay that adds a dimension (EmfMetrics::with_dimension) publishes another metric.
+    more = json.loads(relay_doc(T0, OldestPendingAge=400))
+    more["_aws"]["CloudWatchMetrics"][0]["Dimensions"] = [["service", "table", "function_name"]]
+    more["function_name"] = "relay"
+    eq(len(A.matching_samples(a, A.read_emf([json.dumps(more)]).samples)), 0, "a superset of the alarm's dimensions")
+    a.unit = "Seconds"
+    eq(len(A.matching_samples(a, r.samples)), 1, "unit Seconds")
+    a.unit = "Milliseconds"
+    eq(len(A.matching_samples(a, r.samples)), 0, "another unit")
+
+
+# ---------------------------------------------------------------------------------------
+# The template
+
+
+def template_alarms(**params):
+    return A.resolve_alarms(A.load_template(TEMPLATE), {"AlarmTopicArn": TOPIC, **params})
+
+
+@check("template with its defaults: HasAlarms is false, so no alarm exists")
+def _():
+    eq(A.resolve_alarms(A.load_template(TEMPLATE)), {})
+
+
+@check("template with AlarmTopicArn: four alarms, fields resolved from the defaults")
+def _():
+    al = template_alarms()
+    eq(sorted(al), ["OutboxStuckAlarm", "RefusedWritesAlarm", "RelayErrorsAlarm", "RelayQuietAlarm"])
+    s = al["OutboxStuckAlarm"]
+    eq((s.namespace, s.metric_name, s.dimensions, s.statistic, s.period, s.evaluation_periods,
+        s.datapoints_to_alarm, s.threshold, s.comparison, s.treat_missing_data),
+       ("Outbox", "OldestPendingAge", {"service": "outbox-relay", "table": "OutboxTable"}, "Maximum",
+        60, 3, 3, 300.0, "GreaterThanThreshold", "notBreaching"))
+    q = al["RelayQuietAlarm"]
+    eq((q.dimensions, q.evaluation_periods, q.datapoints_to_alarm, q.treat_missing_data),
+       ({"FunctionName": "RelayFunction"}, 15, 15, "breaching"))
+
+
+@check("template parameters, conditions and resource names: overrides reach the alarms")
+def _():
+    t = A.load_template(TEMPLATE)
+    al = A.resolve_alarms(t, {"AlarmTopicArn": TOPIC, "UseExistingTable": "true", "TableName": "orders-outbox",
+                              "RefusedWritesMinutes": "7", "StuckMessageAgeSeconds": "60"},
+                          resource_names={"RelayFunction": "stack-RelayFunction-ABC"})
+    eq(al["OutboxStuckAlarm"].dimensions["table"], "orders-outbox", "table of an existing table")
+    eq(al["OutboxStuckAlarm"].threshold, 60.0, "threshold")
+    eq((al["RefusedWritesAlarm"].evaluation_periods, al["RefusedWritesAlarm"].datapoints_to_alarm), (7, 7))
+    eq(al["RelayErrorsAlarm"].dimensions, {"FunctionName": "stack-RelayFunction-ABC"})
+    al = A.resolve_alarms(t, {"AlarmTopicArn": TOPIC}, resource_names={"OutboxTable": "stack-OutboxTable-XYZ"})
+    eq(al["RefusedWritesAlarm"].dimensions["table"], "stack-OutboxTable-XYZ", "created table's name")
+    try:
+        A.resolve_alarms(t, {"NoSuchParameter": "1"})
+    except A.AlarmError:
+        pass
+    else:
+        raise AssertionError("an unknown parameter should be refused")
+
+
+def stuck_series(alarm_, minutes, growing=True):
+    """One relay document a minute (WakeOn=schedule at rate(1 minute)): the oldest pending
+    message ages by 60 s a minute from 0 (growing) or stays at 2 s (healthy)."""
+    return [relay_doc(T0 + i * MIN + 45_000, table=alarm_.dimensions["table"], Published=0 if growing else 5,
+                      PendingMessages=12, OldestPendingAge=(i * 60 if growing else 2))
+            for i in range(minutes)]
+
+
+@check("template OutboxStuckAlarm: ALARM once the age has exceeded the threshold for N minutes")
+def _():
+    a = template_alarms()["OutboxStuckAlarm"]
+    lines = stuck_series(a, 15)
+    r = A.read_emf(lines)
+    ev = A.evaluate(a, r.samples)
+    first_breach = next(i for i in range(15) if i * 60 > a.threshold)  # minute 6 with 300 s
+    eq(transitions(ev), [(1, A.OK), (first_breach + a.evaluation_periods, A.ALARM)])
+
+
+@check("template OutboxStuckAlarm: stays OK on a healthy series")
+def _():
+    a = template_alarms()["OutboxStuckAlarm"]
+    ev = A.evaluate(a, A.read_emf(stuck_series(a, 30, growing=False)).samples)
+    eq(transitions(ev), [(1, A.OK)])
+
+
+@check("template OutboxStuckAlarm: another table's documents do not count")
+def _():
+    a = template_alarms()["OutboxStuckAlarm"]
+    other = A.alarm_from_properties("X", {"Namespace": "Outbox", "MetricName": "M", "ComparisonOperator": "GreaterThanThreshold",
+                                           "Statistic": "Sum", "Period": 60, "EvaluationPeriods": 1, "Threshold": 0})
+    other.dimensions = {"table": "someone-else"}
+    r = A.read_emf(stuck_series(other, 15))
+    eq(A.matching_samples(a, r.samples), [])
+
+
+@check("template RelayQuietAlarm (direct Lambda datapoints): OK while invoked every 5 minutes, ALARM after they stop")
+def _():
+    a = template_alarms()["RelayQuietAlarm"]
+    fn = a.dimensions["FunctionName"]
+    records = [{"namespace": "AWS/Lambda", "metric": "Invocations", "dimensions": {"FunctionName": fn},
+                "timestamp": T0 + i * MIN + 5_000, "value": 1} for i in range(0, 60, 5)]
+    ev = A.evaluate(a, A.samples_from_records(records), start=T0, end=T0 + 120 * MIN)
+    last = 55
+    n = a.evaluation_periods
+    # The last invocation's datapoint (non-breaching) stays in the range of N + 2 periods:
+    # with it, N - 1 filled breaching datapoints are not enough; ALARM when it leaves.
+    eq(transitions(ev), [(1, A.OK), (last + n + 2 + 1, A.ALARM)])
+
+
+@check("template RelayErrorsAlarm (direct Lambda datapoints): ALARM on an error, OK 5 minutes later")
+def _():
+    a = template_alarms()["RelayErrorsAlarm"]
+    fn = a.dimensions["FunctionName"]
+    records = [{"namespace": "AWS/Lambda", "metric": "Errors", "dimensions": [{"Name": "FunctionName", "Value": fn}],
+                "timestamp": A.iso(T0 + i * MIN + 5_000), "value": 1 if i == 7 else 0} for i in range(20)]
+    ev = A.evaluate(a, A.samples_from_records(records), start=T0, end=T0 + 20 * MIN)
+    eq(transitions(ev), [(1, A.OK), (8, A.ALARM), (13, A.OK)])
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+
+
+def cli(*args, stdin=None):
+    p = subprocess.run([sys.executable, os.path.join(HERE, "alarms.py"), *args], input=stdin,
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+@check("CLI: EMF on stdin and datapoints from a file, transitions as JSON")
+def _():
+    a = template_alarms()["OutboxStuckAlarm"]
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "lambda.json")
+        with open(path, "w") as f:
+            json.dump([{"namespace": "AWS/Lambda", "metric": "Errors", "dimensions": {"FunctionName": "RelayFunction"},
+                        "timestamp": T0 + 2 * MIN, "value": 1}], f)
+        rc, out, err = cli("--param", f"AlarmTopicArn={TOPIC}", "--emf", "-", "--datapoints", path,
+                           stdin="\n".join(["a log line"] + stuck_series(a, 12)) + "\n")
+    eq(rc, 0, f"exit status ({err.strip()})")
+    doc = json.loads(out)
+    eq(doc["emf"]["documents"], 12, "documents")
+    eq(doc["emf"]["other_lines"], 1, "other lines")
+    stuck = doc["alarms"]["OutboxStuckAlarm"]
+    eq([(t["to"], (t["time_ms"] - T0) // MIN) for t in stuck["transitions"]], [(A.OK, 1), (A.ALARM, 9)])
+    eq(stuck["final_state"], A.ALARM, "final")
+    eq([(t["to"], (t["time_ms"] - T0) // MIN) for t in doc["alarms"]["RelayErrorsAlarm"]["transitions"]],
+       [(A.OK, 1), (A.ALARM, 3)], "errors")
+    eq(doc["alarms"]["RefusedWritesAlarm"]["final_state"], A.OK, "refused writes: none")
+
+
+@check("CLI: --from/--to, --alarm, --list, and errors exit 2")
+def _():
+    a = template_alarms()["OutboxStuckAlarm"]
+    rc, out, err = cli("--param", f"AlarmTopicArn={TOPIC}", "--alarm", "OutboxStuckAlarm", "--emf", "-",
+                       "--from", A.iso(T0), "--to", A.iso(T0 + 30 * MIN), stdin="\n".join(stuck_series(a, 12)))
+    eq(rc, 0, err)
+    doc = json.loads(out)
+    eq(list(doc["alarms"]), ["OutboxStuckAlarm"], "one alarm")
+    # The documents stop at minute 11: 3 real ones stay in the 5-minute range until 14.
+    eq([(t["to"], (t["time_ms"] - T0) // MIN) for t in doc["alarms"]["OutboxStuckAlarm"]["transitions"]],
+       [(A.OK, 1), (A.ALARM, 9), (A.OK, 15)])
+    rc, out, _ = cli("--list")
+    eq((rc, json.loads(out)), (0, {}), "--list with defaults")
+    rc, _, err = cli("--alarm", "OutboxStuckAlarm")
+    eq(rc, 2, "an alarm whose Condition is false")
+    assert "Condition" in err, err
+
+
+passed = sum(1 for _, ok in results if ok)
+failed = len(results) - passed
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
