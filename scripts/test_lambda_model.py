@@ -13,6 +13,10 @@ temporary directory: a Python script speaking the Runtime API that answers with
 what it received (headers, event, environment, pid), sleeps when asked, and fails
 when asked (or when a stream record's key contains FAIL).
 
+Arguments, optional: the names of the tests to run without their "test_" prefix
+(emulator schedule async streams record_age throttles function_errors bisect shards
+batching template); none runs them all.
+
 Prints one line per check and a closing line "N passed, M failed"; exits 1 when a
 check failed.
 """
@@ -1046,18 +1050,27 @@ def main() -> int:
     os.chmod(fake, 0o755)
     ddb_local = None
     print(f"# temp dir {tmp}", flush=True)
+    only = set(sys.argv[1:])  # test names without "test_" (e.g. bisect shards); none: all
+
+    def wanted(fn) -> bool:
+        return not only or fn.__name__[len("test_"):] in only
+
     try:
-        test_emulator(tmp, fake)
-        test_schedule(tmp, fake)
+        if wanted(test_emulator):
+            test_emulator(tmp, fake)
+        if wanted(test_schedule):
+            test_schedule(tmp, fake)
+        if wanted(test_async):
+            test_async(tmp, fake)
+        stream_tests = [t for t in (test_streams, test_record_age, test_throttles,
+                                    test_function_errors, test_bisect, test_shards,
+                                    test_batching, test_template) if wanted(t)]
         endpoint = os.environ.get("AWS_ENDPOINT_URL_DYNAMODB")
-        if not endpoint:
+        if stream_tests and not endpoint:
             ddb_local = DynamoDbLocal(tmp)
             endpoint = ddb_local.endpoint
             print(f"# started DynamoDB Local at {endpoint}", flush=True)
-        test_streams(tmp, fake, endpoint)
-        test_async(tmp, fake)
-        for test in (test_record_age, test_throttles, test_function_errors, test_bisect,
-                     test_shards, test_batching, test_template):
+        for test in stream_tests:
             try:
                 test(tmp, fake, endpoint)
             except Exception as e:  # one test's failure does not hide the others
