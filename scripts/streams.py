@@ -61,11 +61,20 @@ value matches (exact values, prefix, suffix, equals-ignore-case, anything-but,
 numeric, exists); filtered records are never sent and never counted against
 anything.  Without a pattern every record is kept.
 
-Shards.  Lambda processes each shard in order, one batch at a time, and several
-shards at once ("Using AWS Lambda with Amazon DynamoDB",
-https://docs.aws.amazon.com/lambda/latest/dg/with-ddb.html; "Understanding retry
-behavior in Lambda", https://docs.aws.amazon.com/lambda/latest/dg/invocation-retries.html:
-repeated errors block the affected shard).  DynamoDB Local gives one open shard, so
+Shards.  Lambda reads the stream's records in batches and invokes the function
+synchronously with each ("Using AWS Lambda with Amazon DynamoDB",
+https://docs.aws.amazon.com/lambda/latest/dg/with-ddb.html); a stream mapping
+retries the entire batch and repeated errors block processing of the affected
+shard ("Understanding retry behavior in Lambda",
+https://docs.aws.amazon.com/lambda/latest/dg/invocation-retries.html); with
+ParallelizationFactor at its default of 1 (the parameters page below; a larger one
+"processes multiple batches from each shard concurrently") a shard has one batch in
+flight at a time, in order, while different shards are processed independently.
+(The one-batch-at-a-time-per-shard wording is the Kinesis page's, "Using Lambda to
+process records from Amazon Kinesis Data Streams",
+https://docs.aws.amazon.com/lambda/latest/dg/with-kinesis.html; the DynamoDB page
+was only found here in a translation, so this module relies on the retry and
+parameter pages for DynamoDB.)  DynamoDB Local gives one open shard, so
 --shards N splits the kept records into N virtual shards by a hash (MD5) of the
 partition key's value (--key-attribute, default the table's hash key), as DynamoDB
 keeps the items of one partition key in one shard.  Each virtual shard is one

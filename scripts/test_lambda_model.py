@@ -10,8 +10,31 @@ Uses the DynamoDB Local at $AWS_ENDPOINT_URL_DYNAMODB (e.g. inside
 ($DYNAMO_OUTBOX_CACHE, default ~/.cache/dynamo-outbox) on a free loopback port
 and stops it at the end.  The function under the emulator is a fake written to a
 temporary directory: a Python script speaking the Runtime API that answers with
-what it received (headers, event, environment, pid), sleeps when asked, and fails
-when asked (or when a stream record's key contains FAIL).
+what it received (headers, event, environment, pid), sleeps when asked (or
+$FAKE_SLOW seconds when a stream record's key contains SLOW), and fails when asked
+(or when a stream record's key contains FAIL).
+
+The model of Lambda's event sources, each on a fresh table with times shortened by
+flags, checked by counting and ordering what reached the fake function:
+  async           EventInvokeConfig: a failing event is tried 1 + 2 times with the
+                  configured delays between; a throttled event runs once there is
+                  room; one throttled past MaximumEventAgeInSeconds is never run
+  record_age      records queued behind a slow batch past MaximumRecordAgeInSeconds
+                  are discarded unsent (expired_records), a later one is delivered
+  throttles       a throttled batch is retried until it goes through, with
+                  MaximumRetryAttempts 0, and discarded once its record is too old
+  function_errors a failing batch is tried 1 + MaximumRetryAttempts times, dropped,
+                  and the shard moves on to the next record
+  bisect          a failing batch of 4 is halved down to the bad record, the halves
+                  in order, no retry used, only the bad record lost
+  shards          --shards 2: two partition keys on two virtual shards run at the
+                  same time, each in order and one batch at a time
+  batching        BatchSize 3 and a 1.5 s window: batches 1, 2, 3, 3, 1; the window
+                  begins when the previous invocation completes
+  template        cfn_template.py and poll --template read RelayDoorbell (and a flag
+                  overrides one setting), the template's filter with KeyPrefix given,
+                  WakeOn=schedule refused; lambda_runtime.py's async settings from
+                  Lambda's defaults and from the template
 
 Arguments, optional: the names of the tests to run without their "test_" prefix
 (emulator schedule async streams record_age throttles function_errors bisect shards
