@@ -14,11 +14,14 @@ Modes (the template's, with WakeOn and RelayIdleStop):
   b  idle stop + schedule: OUTBOX_IDLE_STOP=5s, schedule every 60 s, no stream
      (WakeOn=schedule without an event bus)
   c  idle stop + doorbell: OUTBOX_IDLE_STOP=5s, schedule every 300 s, the table's
-     KEYS_ONLY stream polled by streams.py (BatchSize 10, window 1 s, the template's
-     filter) invoking the function synchronously (WakeOn=stream, the template's default)
+     KEYS_ONLY stream polled by streams.py with the template's RelayDoorbell mapping read
+     from template.yaml (BatchSize 10, window 0 s unless --stream-window, record age
+     60 s, no retries, its filter) invoking the function synchronously (WakeOn=stream,
+     the template's default)
 Every mode: relay timeout 70 s, 256 MB, max concurrency 5 (ReservedConcurrentExecutions),
 OUTBOX_MAX_RUN_TIME=900s and OUTBOX_SHUTDOWN_MARGIN=3s (the template's), the schedule's
-payload {"source":"dynamo-outbox.schedule"} as an asynchronous invocation.
+payload {"source":"dynamo-outbox.schedule"} as an asynchronous invocation with the
+relay's EventInvokeConfig read from template.yaml (no retries, 60 s event age).
 
 Loads: idle (nothing written), trickle (one message every --trickle-interval seconds),
 steady (--steady-rate messages a second). Messages are written as the library's writer
@@ -92,6 +95,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(SCRIPTS)
 PY = sys.executable
+# The stream mapping (RelayDoorbell) and the relay's EventInvokeConfig are read from the
+# template itself (streams.py poll --template, lambda_runtime.py --template).
+TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "template.yaml")
 SCHEDULE_PAYLOAD = '{"source":"dynamo-outbox.schedule"}'
 PREFIX = "OUTBOX"
 BUCKETS = 8
@@ -382,6 +389,7 @@ class Emulator:
                "--memory", str(args.memory), "--max-concurrency", str(args.max_concurrency),
                "--schedule", f"{self.period:g}", "--schedule-offset", f"{offset:g}",
                "--schedule-payload", SCHEDULE_PAYLOAD, "--port-file", self.port_file,
+               "--template", TEMPLATE, "--template-function", "RelayFunction",
                "--log-file", self.log, "--log-format", "JSON", "--log-level", "INFO",
                "--env", f"OUTBOX_TABLE_NAME={table}",
                "--env", f"OUTBOX_KEY_PREFIX={PREFIX}",
@@ -434,11 +442,14 @@ class StreamPoller:
         self.batch_log = os.path.join(workdir, f"{name}.poller.batches.jsonl")
         self.stderr = open(os.path.join(workdir, f"{name}.poller.log"), "w")
         cmd = [PY, os.path.join(SCRIPTS, "streams.py"), "poll", table, "--invoke", invoke_url,
-               "--filter-prefix", f"{PREFIX}#MESSAGES#", "--batch-size", "10",
-               "--window", f"{args.stream_window:g}", "--starting-position", "LATEST",
-               "--max-retries", str(args.stream_max_retries),
+               "--template", TEMPLATE, "--function", "RelayFunction",
+               "--param", f"KeyPrefix={PREFIX}",
                "--ready-file", self.ready, "--stats-file", self.stats_file,
                "--batch-log", self.batch_log]
+        if args.stream_window is not None:
+            cmd += ["--window", f"{args.stream_window:g}"]
+        if args.stream_max_retries is not None:
+            cmd += ["--max-retries", str(args.stream_max_retries)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.stderr,
                                      start_new_session=True)
         deadline = time.time() + 30
@@ -446,6 +457,8 @@ class StreamPoller:
             if self.proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"the stream poller did not start (see {self.stderr.name})")
             time.sleep(0.05)
+        with open(self.ready) as f:
+            self.settings = json.load(f)["settings"]
 
     def batches(self) -> list[dict]:
         out = []
@@ -606,6 +619,7 @@ def run_cell(args, mode_id: str, load: str, run_id: str, workdir: str) -> dict:
     emu = Emulator(args, mode, name, workdir, name)
     poller = None
     poller_stats = {}
+    mapping_settings = None
     poller_batch_log: list[dict] = []
     try:
         t0 = emu.started + args.warmup
@@ -614,6 +628,7 @@ def run_cell(args, mode_id: str, load: str, run_id: str, workdir: str) -> dict:
             writers.start(emu.started + 3.0)  # the load is on from the warm-up
         if mode["stream"]:
             poller = StreamPoller(name, emu.invoke_url, workdir, name, args)
+            mapping_settings = poller.settings
         if time.time() > t0 - 1:
             raise RuntimeError("the set-up took longer than --warmup; raise it")
         time.sleep(t0 - time.time())
@@ -737,7 +752,8 @@ def run_cell(args, mode_id: str, load: str, run_id: str, workdir: str) -> dict:
     cell = {
         "mode": mode_id, "mode_name": mode["name"], "load": load, "table": name,
         "warnings": warnings, "stationary_load": stationary,
-        "stream_window_s": args.stream_window if mode["stream"] else None,
+        "stream_window_s": mapping_settings["window_s"] if mapping_settings else None,
+        "stream_mapping": mapping_settings,
         "window_s": duration, "schedule_period_s": period, "relay_timeout_s": emu.timeout,
         "idle_stop": mode["idle_stop"], "t0": round(t0, 3),
         "drain_s": round(drained_at - t_end, 3),
@@ -862,12 +878,13 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=70.0, help="relay timeout (70 s)")
     p.add_argument("--memory", type=int, default=256)
     p.add_argument("--max-concurrency", type=int, default=5)
-    p.add_argument("--stream-max-retries", type=int, default=-1,
-                   help="streams.py poll --max-retries (default -1: a throttled batch is "
-                        "retried until it goes through)")
-    p.add_argument("--stream-window", type=float, default=0.0,
-                   help="the poller's batching window in mode c (default 0 s, the template's "
-                        "MaximumBatchingWindowInSeconds)")
+    p.add_argument("--stream-max-retries", type=int, default=None,
+                   help="streams.py poll --max-retries (default: the template's "
+                        "MaximumRetryAttempts, 0; throttles are retried until the records "
+                        "pass MaximumRecordAgeInSeconds either way)")
+    p.add_argument("--stream-window", type=float, default=None,
+                   help="the poller's batching window in mode c (default: the template's "
+                        "MaximumBatchingWindowInSeconds, 0)")
     p.add_argument("--stationary-loads", default="steady",
                    help="loads that run from the warm-up until the window's invocations have "
                         "ended (default: steady; empty: none)")

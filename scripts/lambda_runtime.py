@@ -59,10 +59,8 @@ the first line, and written to --port-file):
   POST /2015-03-31/functions/NAME/invocations   Lambda's Invoke API: the function
         name or its ARN; X-Amz-Invocation-Type RequestResponse (default: waits,
         200 with the function's response, X-Amz-Function-Error: Unhandled on a
-        function error), Event (202 at once; throttles retried for up to
-        --async-max-age seconds, function errors --async-retries times, as
-        Lambda's async queue does with the template's EventInvokeConfig) or
-        DryRun (204); X-Amz-Log-Type: Tail returns the invocation's last 4 KB of
+        function error), Event (202 at once, x-amzn-RequestId the event's id; then
+        Lambda's asynchronous queue, below) or DryRun (204); X-Amz-Log-Type: Tail returns the invocation's last 4 KB of
         log in X-Amz-Log-Result; X-Amz-Client-Context (base64 JSON) reaches the
         function as Lambda-Runtime-Client-Context.  Callable with `aws lambda invoke
         --endpoint-url http://127.0.0.1:PORT` or boto3's lambda client.
@@ -81,10 +79,41 @@ payload ({"version":"0","id":...,"detail-type":"Scheduled Event","source":
 delivers its Input, {"source":"dynamo-outbox.schedule"}).  A tick never waits for
 the invocation it starts.
 
+Asynchronous invocations (Event invokes and --schedule ticks), as "How Lambda
+handles errors and retries with asynchronous invocation"
+(https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-error-handling.html)
+and "Configuring error handling settings for Lambda asynchronous invocations"
+(https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-configuring.html)
+describe them.  The settings are the function's EventInvokeConfig:
+MaximumRetryAttempts (--async-retries, 0-2) and MaximumEventAgeInSeconds
+(--async-max-age, at most 21600; values below Lambda's minimum of 60 are accepted,
+for tests).  An explicit flag wins; else --template FILE reads them from the SAM
+template (the EventInvokeConfig of --template-function, default --function-name,
+through scripts/cfn_template.py; template.yaml's RelayFunction has 0 and 60); else
+Lambda's defaults, 2 and 21600 (6 hours).  A function error (the function's or the
+runtime's, timeouts included) is retried MaximumRetryAttempts times, the first
+retry after --async-retry-delays' first value and the second after its second
+(default 60,120: Lambda's "one-minute wait between the first two attempts, and two
+minutes between the second and third"; --async-retry-delay S sets one delay for
+both).  A throttle (no environment free under --max-concurrency) is retried with a
+wait of --async-throttle-backoff seconds doubling up to
+--async-throttle-max-backoff (default 1 and 300: "from 1 second after the first
+attempt to a maximum of 5 minutes"), never counted against the retries.  An event
+older than MaximumEventAgeInSeconds is discarded: it is not attempted again, and a
+retry that would come after that age is not made (the event is counted discarded
+when it reaches the age).  The age counts from the 202.  Not modelled: the queue's
+own delays and duplicates, on-failure destinations and dead-letter queues, the
+slower reading of a long queue.  Each attempt is one record of /stats with its
+event_id and attempt (1, 2, ...; throttled attempts included, status
+"throttled"); totals async_invocations, async_succeeded, async_retries (after
+function errors), async_throttle_retries, async_expired (discarded for their age),
+async_exhausted (out of retries), async_dropped (both); /stats' async_config says
+the settings in force and where each came from.
+
 The function's stdout and stderr go to our stderr (or --log-file), each line
 prefixed with "[NAME:ENV]", with Lambda's START / END / REPORT lines.
 
-Standard library only.  Exit codes: 0 after a shutdown, 2 usage.
+Standard library only (--template needs PyYAML, in the stack's venv).  Exit codes: 0 after a shutdown, 2 usage.
 """
 
 from __future__ import annotations
@@ -196,6 +225,8 @@ class Invocation:
         self.log_bytes = 0
         self.timer: threading.Timer | None = None
         self.done = threading.Event()
+        self.event_id: str | None = None  # async: the event's id (its 202's request id)
+        self.attempt = 1  # async: 1 for the first attempt, then one more per retry
 
     def add_log(self, line: str) -> None:
         if not self.tail:
@@ -274,7 +305,9 @@ class Service:
             "invocations": 0, "cold_starts": 0, "warm_starts": 0, "errors": 0,
             "timeouts": 0, "throttles": 0, "billed_ms": 0, "duration_ms": 0.0,
             "init_ms": 0.0, "environments_started": 0, "peak_concurrency": 0,
-            "async_invocations": 0, "async_dropped": 0, "schedule_ticks": 0,
+            "async_invocations": 0, "async_succeeded": 0, "async_dropped": 0,
+            "async_expired": 0, "async_exhausted": 0, "async_retries": 0,
+            "async_throttle_retries": 0, "schedule_ticks": 0,
         }
         self.name = args.function_name
         self.region = os.environ.get("AWS_REGION") or os.environ.get(
@@ -551,6 +584,9 @@ class Service:
             "status": inv.status, "error_type": inv.error_type,
             "max_memory_mb": getattr(inv, "max_memory_mb", None),
         }
+        if inv.event_id is not None:
+            rec["event_id"] = inv.event_id
+            rec["attempt"] = inv.attempt
         rec["response" if inv.status == "ok" else "error"] = body
         if len(inv.body) > KEEP_BODY_BYTES:
             rec["body_truncated_from"] = len(inv.body)
@@ -569,38 +605,70 @@ class Service:
             env.current = None
             env.kill("timeout")
 
-    def invoke_async(self, payload: bytes, source: str) -> None:
-        """Lambda's async queue: throttles retried until --async-max-age, function
-        errors retried --async-retries times (after 1 and 2 minutes in Lambda; here
-        after --async-retry-delay seconds)."""
+    def sleep(self, seconds: float) -> bool:
+        """Waits `seconds` unless the emulator shuts down meanwhile (False)."""
+        end = time.monotonic() + seconds
+        with self.cond:
+            while not self.closed:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return True
+                self.cond.wait(left)
+        return False
+
+    def invoke_async(self, payload: bytes, source: str, event_id: str | None = None) -> None:
+        """Lambda's asynchronous queue for one event (the module docstring,
+        "Asynchronous invocations")."""
+        a = self.args
+        event_id = event_id or str(uuid.uuid4())
         with self.cond:
             self.totals["async_invocations"] += 1
         first = time.monotonic()
-        errors = 0
-        backoff = 0.5
+        errors, attempt = 0, 0
+        backoff = a.async_throttle_backoff
+        inv = None
+        outcome = "expired"
         while True:
+            if time.monotonic() - first > a.async_max_age:
+                break
+            attempt += 1
             inv = Invocation(payload, source)
+            inv.event_id, inv.attempt = event_id, attempt
             ran = self.dispatch(inv)
-            if ran and inv.status == "ok":
-                return
             if self.closed:
                 return
-            age = time.monotonic() - first
+            if ran and inv.status == "ok":
+                with self.cond:
+                    self.totals["async_succeeded"] += 1
+                return
             if not ran and inv.status == "throttled":
-                if age + backoff > self.args.async_max_age:
+                wait = backoff
+                backoff = min(backoff * 2, a.async_throttle_max_backoff)
+                key = "async_throttle_retries"
+            else:
+                errors += 1
+                if errors > a.async_retries:
+                    outcome = "exhausted"
                     break
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-                continue
-            errors += 1
-            if errors > self.args.async_retries or age + self.args.async_retry_delay > \
-                    self.args.async_max_age:
+                wait = a.async_retry_delays[min(errors, len(a.async_retry_delays)) - 1]
+                key = "async_retries"
+            left = a.async_max_age - (time.monotonic() - first)
+            if wait > left:
+                # The event would be older than MaximumEventAgeInSeconds at the retry:
+                # discarded when it reaches that age.
+                if not self.sleep(max(0.0, left)):
+                    return
                 break
-            time.sleep(self.args.async_retry_delay)
+            with self.cond:
+                self.totals[key] += 1
+            if not self.sleep(wait):
+                return
         with self.cond:
             self.totals["async_dropped"] += 1
-        log(f"async event from {source} dropped after {errors} function error(s) "
-            f"and {time.monotonic() - first:.1f}s (last status {inv.status})")
+            self.totals[f"async_{outcome}"] += 1
+        log(f"async event {event_id} from {source} dropped ({outcome}) after {attempt} "
+            f"attempt(s), {errors} function error(s), {time.monotonic() - first:.1f}s "
+            f"(last status {inv.status if inv else None})")
 
     # ------------------------------------------------------------ schedule
 
@@ -650,6 +718,14 @@ class Service:
                 "memory_mb": self.args.memory, "timeout_s": self.args.timeout,
                 "max_concurrency": self.args.max_concurrency,
                 "bill_init": not self.args.no_bill_init,
+                "async_config": {
+                    "max_retries": self.args.async_retries,
+                    "max_event_age_s": self.args.async_max_age,
+                    "retry_delays_s": self.args.async_retry_delays,
+                    "throttle_backoff_s": [self.args.async_throttle_backoff,
+                                           self.args.async_throttle_max_backoff],
+                    "source": self.args.async_source,
+                },
                 "totals": totals,
                 "environments": [e.describe() for e in self.envs],
                 "invocation_count": len(self.records),
@@ -873,9 +949,10 @@ class ClientApiHandler(BaseHTTPRequestHandler):
                 return self.error(413, "RequestTooLargeException",
                                   "Request must be smaller than 1048576 bytes for the "
                                   "InvokeAsync operation")
-            threading.Thread(target=service.invoke_async, args=(body, "event"),
+            event_id = str(uuid.uuid4())
+            threading.Thread(target=service.invoke_async, args=(body, "event", event_id),
                              daemon=True).start()
-            return self.reply(202, b"", {"x-amzn-RequestId": str(uuid.uuid4())})
+            return self.reply(202, b"", {"x-amzn-RequestId": event_id})
         if kind != "RequestResponse":
             return self.error(400, "InvalidParameterValueException",
                               f"invalid X-Amz-Invocation-Type {kind}")
@@ -912,6 +989,43 @@ def function_name_of(name: str) -> str:
     if "function" in parts:
         return parts[parts.index("function") + 1]
     return parts[0]
+
+
+def async_settings(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The EventInvokeConfig: explicit flags over --template over Lambda's defaults."""
+    source = {"retries": "flag", "max_age": "flag"}
+    config = {"MaximumRetryAttempts": 2, "MaximumEventAgeInSeconds": 21600,
+              "Source": "Lambda's defaults"}
+    if args.template:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import cfn_template  # noqa: E402 (next to this script; needs PyYAML)
+        try:
+            tpl = cfn_template.Template(args.template, cfn_template.parse_params(args.param))
+            config = tpl.event_invoke_config(args.template_function or args.function_name)
+        except cfn_template.TemplateError as e:
+            p.error(f"--template: {e}")
+        config["Source"] = f"template:{config['Source']}"
+    if args.async_retries is None:
+        args.async_retries = config["MaximumRetryAttempts"]
+        source["retries"] = config["Source"]
+    if args.async_max_age is None:
+        args.async_max_age = float(config["MaximumEventAgeInSeconds"])
+        source["max_age"] = config["Source"]
+    args.async_source = source
+    if not 0 <= args.async_retries <= 2:
+        p.error("--async-retries must be 0, 1 or 2 (Lambda's range)")
+    if not 0 < args.async_max_age <= 21600:
+        p.error("--async-max-age must be > 0 and at most 21600 (Lambda's maximum)")
+    if args.async_retry_delay is not None:
+        args.async_retry_delays = [args.async_retry_delay]
+    else:
+        try:
+            args.async_retry_delays = [float(x) for x in args.async_retry_delays.split(",")]
+        except ValueError:
+            p.error("--async-retry-delays wants seconds separated by commas, e.g. 60,120")
+    if any(d < 0 for d in args.async_retry_delays) or args.async_throttle_backoff <= 0 \
+            or args.async_throttle_max_backoff < args.async_throttle_backoff:
+        p.error("async delays must be >= 0, the throttle back-off > 0 and <= its maximum")
 
 
 def main() -> int:
@@ -959,14 +1073,28 @@ def main() -> int:
                    help="first tick after this many seconds (default: SECONDS)")
     p.add_argument("--schedule-payload", metavar="JSON",
                    help="payload of each tick instead of the EventBridge scheduled event")
-    p.add_argument("--async-max-age", type=float, default=60.0,
-                   help="seconds an async event may wait on throttles (default 60, the "
-                        "template's MaximumEventAgeInSeconds)")
-    p.add_argument("--async-retries", type=int, default=0,
-                   help="retries of an async event after a function error (default 0, the "
-                        "template's MaximumRetryAttempts; Lambda's default is 2)")
-    p.add_argument("--async-retry-delay", type=float, default=60.0,
-                   help="seconds before such a retry (default 60)")
+    p.add_argument("--template", metavar="FILE",
+                   help="read the async settings (EventInvokeConfig) from this SAM template")
+    p.add_argument("--template-function", metavar="LOGICAL_ID",
+                   help="the function of --template (default: --function-name)")
+    p.add_argument("--param", action="append", default=[], metavar="K=V",
+                   help="a template parameter for --template (repeatable)")
+    p.add_argument("--async-max-age", type=float, default=None,
+                   help="MaximumEventAgeInSeconds: an async event older than this is "
+                        "discarded (default: the template's, else Lambda's 21600)")
+    p.add_argument("--async-retries", type=int, default=None,
+                   help="MaximumRetryAttempts after function errors, 0-2 (default: the "
+                        "template's, else Lambda's 2)")
+    p.add_argument("--async-retry-delays", metavar="S1,S2", default="60,120",
+                   help="seconds before the first and the second retry (default 60,120, "
+                        "Lambda's one and two minutes)")
+    p.add_argument("--async-retry-delay", type=float, default=None,
+                   help="one delay before every retry (overrides --async-retry-delays)")
+    p.add_argument("--async-throttle-backoff", type=float, default=1.0,
+                   help="first wait before retrying a throttled async event, doubling "
+                        "(default 1, Lambda's)")
+    p.add_argument("--async-throttle-max-backoff", type=float, default=300.0,
+                   help="longest wait between throttle retries (default 300, Lambda's)")
     args = p.parse_args()
 
     if not os.path.exists(args.binary):
@@ -985,6 +1113,7 @@ def main() -> int:
         base = os.path.basename(os.path.abspath(args.binary))
         args.function_name = (os.path.basename(os.path.dirname(os.path.abspath(args.binary)))
                               if base == "bootstrap" else base)
+    async_settings(p, args)
 
     service = Service(args)
     server = QuietServer((args.host, args.port), ClientApiHandler)

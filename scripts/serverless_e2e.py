@@ -36,8 +36,9 @@ What the default --mode doorbell does and checks:
      KAFKA_BOOTSTRAP_SERVERS and KAFKA_AUTH=none from the stack), its memory, timeouts,
      reserved concurrency and JSON logging, and nothing else of this process's
      environment (--clean-env, plus the stack's DynamoDB endpoint and credentials);
-     the poller with the template's mapping (filter INSERT of {prefix}#MESSAGES#*, batch
-     size 10, no batching window, no retries, from LATEST);
+     the poller with the template's mapping, read from template.yaml (streams.py poll
+     --template, KeyPrefix={prefix}: filter INSERT of {prefix}#MESSAGES#*, batch size
+     10, no batching window, no retries, record age 60 s, from LATEST);
   2. phase 1: invokes the enqueue function with 20 messages over 5 keys; checks the
      response (ids, each bucket equal to murmur2(key) % 8 by the Python port, per-key
      ascending sequences); waits until the poller has delivered the 20 inserts to the
@@ -96,9 +97,10 @@ ENQUEUE_TIMEOUT_S = 10
 # The template reserves none by default (RelayReservedConcurrency empty); the emulator needs a
 # ceiling on concurrent environments: 5.
 RELAY_RESERVED_CONCURRENCY = 5
-MAPPING_BATCH_SIZE = 10
-MAPPING_WINDOW_S = 0
-MAPPING_MAX_RETRIES = 0
+# The doorbell's event source mapping (RelayDoorbell): streams.py poll reads its settings
+# from the template itself (--template, KeyPrefix given as a parameter).
+TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "template.yaml")
 SHUTDOWN_MARGIN = "3s"
 MAX_RUN_TIME = "900s"
 
@@ -817,18 +819,21 @@ def run_doorbell(args, binaries: dict[str, str], workdir: str, started: list, t0
     poller_stats = os.path.join(workdir, "poller.stats.json")
     poller = Proc("poller", [
         PY, os.path.join(SCRIPTS, "streams.py"), "poll", table, "--invoke", relay.invoke_url,
-        "--filter-prefix", f"{prefix}#MESSAGES#", "--batch-size", str(MAPPING_BATCH_SIZE),
-        "--window", str(MAPPING_WINDOW_S), "--max-retries", str(MAPPING_MAX_RETRIES),
-        "--starting-position", "LATEST", "--ready-file", ready_file,
+        "--template", TEMPLATE, "--function", "RelayFunction", "--param", f"KeyPrefix={prefix}",
+        "--ready-file", ready_file,
         "--stats-file", poller_stats, "--batch-log", batch_log,
         "--invoke-timeout", f"{args.relay_timeout + 30:g}"],
         workdir, stdout_file=os.path.join(workdir, "poller.out"))
     started.append(poller)
     wait_file(ready_file, poller, "streams.py poll")
+    with open(ready_file) as f:
+        mapping = json.load(f)["settings"]
     step(f"RelayFunction (timeout {args.relay_timeout:g}s, idle stop {args.idle_stop}) and "
-         f"EnqueueFunction under lambda_runtime.py; streams.py poll: filter "
-         f"{prefix}#MESSAGES#, batch {MAPPING_BATCH_SIZE}, window {MAPPING_WINDOW_S}s, "
-         f"{MAPPING_MAX_RETRIES} retries; no schedule")
+         f"EnqueueFunction under lambda_runtime.py; streams.py poll with the template's "
+         f"{mapping['mapping']}: filter {json.dumps(mapping['filter_patterns'])}, batch "
+         f"{mapping['batch_size']}, window {mapping['window_s']:g}s, "
+         f"{mapping['max_retries']} retries, record age {mapping['max_record_age_s']:g}s; "
+         f"no schedule")
 
     # ---- phase 1: the enqueue function, woken relay by the stream.
     sent, enqueue_started = enqueue_batch(enqueue, topic, "phase 1")

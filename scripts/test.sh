@@ -8,6 +8,8 @@
 #        cargo clippy --workspace --all-targets -- -D warnings
 #        cargo doc -p dynamo-outbox --no-deps --all-features, warnings denied
 #        cfn-lint template.yaml, sam validate --lint
+#        scripts/test_lambda_model.py (the self-test of the local model of Lambda:
+#          lambda_runtime.py, streams.py poll, cfn_template.py, with a fake function)
 #        scripts/sam_build_check.sh: sam build with samconfig.toml for x86_64 (and again
 #          after a change under lib/), and as it is for arm64 (the template's default:
 #          the artifact `sam build && sam deploy` ships), each checked for its ELF machine
@@ -60,6 +62,14 @@ if [[ ${1:-} == --inside-stack ]]; then
     step "sam validate --lint"
     SAM_CLI_TELEMETRY=0 sam validate --lint --template template.yaml
 
+    # The local model of Lambda the end-to-end steps below rely on: the emulator, the
+    # stream event source mapping and the template reader, against a fake function
+    # (scripts/test_lambda_model.py says what it checks; about two minutes).
+    # A failure is reported after the tests, which run either way.
+    step "the local model of Lambda's event sources (scripts/test_lambda_model.py)"
+    model=0
+    "$CACHE/venv/bin/python" scripts/test_lambda_model.py || model=$?
+
     # sam build for the host's architecture (x86_64) with the repository's samconfig.toml
     # (cached = true, its parameter_overrides with Architecture="x86_64"), into the shared
     # target directory; then a second build with the same build and cache directories
@@ -111,6 +121,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     # an earlier one failed (the exit status is still non-zero then).
     step "cargo test --workspace --no-fail-fast"
     cargo test --workspace --no-fail-fast "$@"
+    if ((model != 0)); then
+        echo "the Lambda model's self-test FAILED (exit $model); see its output above" >&2
+    fi
     if ((arm64 != 0)); then
         echo "arm64 smoke run FAILED (exit $arm64); see its output above" >&2
     fi
@@ -126,6 +139,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     fi
     if ((arm64 != 0)); then
         exit "$arm64"
+    fi
+    if ((model != 0)); then
+        exit "$model"
     fi
     exit 0
 fi

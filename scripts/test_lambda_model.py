@@ -10,8 +10,35 @@ Uses the DynamoDB Local at $AWS_ENDPOINT_URL_DYNAMODB (e.g. inside
 ($DYNAMO_OUTBOX_CACHE, default ~/.cache/dynamo-outbox) on a free loopback port
 and stops it at the end.  The function under the emulator is a fake written to a
 temporary directory: a Python script speaking the Runtime API that answers with
-what it received (headers, event, environment, pid), sleeps when asked, and fails
-when asked (or when a stream record's key contains FAIL).
+what it received (headers, event, environment, pid), sleeps when asked (or
+$FAKE_SLOW seconds when a stream record's key contains SLOW), and fails when asked
+(or when a stream record's key contains FAIL).
+
+The model of Lambda's event sources, each on a fresh table with times shortened by
+flags, checked by counting and ordering what reached the fake function:
+  async           EventInvokeConfig: a failing event is tried 1 + 2 times with the
+                  configured delays between; a throttled event runs once there is
+                  room; one throttled past MaximumEventAgeInSeconds is never run
+  record_age      records queued behind a slow batch past MaximumRecordAgeInSeconds
+                  are discarded unsent (expired_records), a later one is delivered
+  throttles       a throttled batch is retried until it goes through, with
+                  MaximumRetryAttempts 0, and discarded once its record is too old
+  function_errors a failing batch is tried 1 + MaximumRetryAttempts times, dropped,
+                  and the shard moves on to the next record
+  bisect          a failing batch of 4 is halved down to the bad record, the halves
+                  in order, no retry used, only the bad record lost
+  shards          --shards 2: two partition keys on two virtual shards run at the
+                  same time, each in order and one batch at a time
+  batching        BatchSize 3 and a 1.5 s window: batches 1, 2, 3, 3, 1; the window
+                  begins when the previous invocation completes
+  template        cfn_template.py and poll --template read RelayDoorbell (and a flag
+                  overrides one setting), the template's filter with KeyPrefix given,
+                  WakeOn=schedule refused; lambda_runtime.py's async settings from
+                  Lambda's defaults and from the template
+
+Arguments, optional: the names of the tests to run without their "test_" prefix
+(emulator schedule async streams record_age throttles function_errors bisect shards
+batching template); none runs them all.
 
 Prints one line per check and a closing line "N passed, M failed"; exits 1 when a
 check failed.
@@ -21,6 +48,7 @@ from __future__ import annotations
 
 import base64
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -53,6 +81,10 @@ while True:
         event = json.loads(r.read() or b"null")
     if isinstance(event, dict) and event.get("sleep"):
         time.sleep(event["sleep"])
+    if isinstance(event, dict) and any(
+            "SLOW" in json.dumps(rec.get("dynamodb", {}).get("Keys", {}))
+            for rec in event.get("Records", [])):
+        time.sleep(float(os.environ.get("FAKE_SLOW", "1")))
     fail = isinstance(event, dict) and (event.get("fail") or any(
         "FAIL" in json.dumps(rec.get("dynamodb", {}).get("Keys", {}))
         for rec in event.get("Records", [])))
@@ -136,8 +168,9 @@ class Emulator:
         out["body"] = out["Payload"].read()
         return out
 
-    def stats(self) -> dict:
-        with urllib.request.urlopen(f"{self.url}/stats", timeout=10) as r:
+    def stats(self, invocations: bool = True) -> dict:
+        q = "" if invocations else "?invocations=0"
+        with urllib.request.urlopen(f"{self.url}/stats{q}", timeout=10) as r:
             return json.load(r)
 
     def shutdown(self) -> dict | None:
@@ -561,6 +594,477 @@ def test_streams(tmp: str, fake: str, endpoint: str) -> None:
             pass
 
 
+# ------------------------------------------------- the event source mapping model
+
+class StreamRig:
+    """A fresh table with a KEYS_ONLY stream, and streams.py poll on it."""
+
+    def __init__(self, tmp: str, endpoint: str):
+        self.tmp = tmp
+        self.env = dict(os.environ, AWS_ENDPOINT_URL_DYNAMODB=endpoint)
+        self.env.setdefault("AWS_ACCESS_KEY_ID", "local")
+        self.env.setdefault("AWS_SECRET_ACCESS_KEY", "local")
+        region = self.env.get("AWS_DEFAULT_REGION") or self.env.get("AWS_REGION") or "us-east-1"
+        self.ddb = boto3.client("dynamodb", endpoint_url=endpoint, region_name=region,
+                                aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+                                aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"])
+        self.table = f"esm-{uuid.uuid4().hex[:10]}"
+        self.ddb.create_table(
+            TableName=self.table, BillingMode="PAY_PER_REQUEST",
+            AttributeDefinitions=[{"AttributeName": "PK", "AttributeType": "S"},
+                                  {"AttributeName": "SK", "AttributeType": "S"}],
+            KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"},
+                       {"AttributeName": "SK", "KeyType": "RANGE"}],
+            StreamSpecification={"StreamEnabled": True, "StreamViewType": "KEYS_ONLY"})
+        self.proc = None
+
+    def start(self, invoke_url: str, *flags: str) -> subprocess.Popen:
+        base = os.path.join(self.tmp, f"{self.table}-{uuid.uuid4().hex[:4]}")
+        self.ready, self.stats_file, self.batch_log = (base + ".ready", base + ".stats.json",
+                                                       base + ".batches.jsonl")
+        self.log = open(base + ".poll.log", "w")
+        self.proc = subprocess.Popen(
+            [PY, os.path.join(SCRIPTS, "streams.py"), "poll", self.table, "--invoke", invoke_url,
+             "--ready-file", self.ready, "--stats-file", self.stats_file,
+             "--batch-log", self.batch_log, *flags],
+            env=self.env, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        ok = wait_for(lambda: os.path.exists(self.ready) or self.proc.poll() is not None, 30)
+        if not (ok and self.proc.poll() is None):
+            raise RuntimeError(f"streams.py poll did not get ready (see {self.log.name})")
+        return self.proc
+
+    def settings(self) -> dict:
+        return json.load(open(self.ready))["settings"]
+
+    def stop(self) -> dict:
+        if self.proc is None:
+            return {}
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        self.log.close()
+        self.proc = None
+        try:
+            return json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {}
+
+    def batches(self) -> list[dict]:
+        if not os.path.exists(self.batch_log):
+            return []
+        return [json.loads(x) for x in open(self.batch_log) if x.strip()]
+
+    def put(self, pk: str, sk: str = "1") -> None:
+        self.ddb.put_item(TableName=self.table, Item={"PK": {"S": pk}, "SK": {"S": sk}})
+
+    def put_together(self, keys: list[tuple[str, str]]) -> None:
+        """One transaction: the records appear in the stream together."""
+        self.ddb.transact_write_items(TransactItems=[
+            {"Put": {"TableName": self.table, "Item": {"PK": {"S": pk}, "SK": {"S": sk}}}}
+            for pk, sk in keys])
+
+    def close(self) -> None:
+        self.stop()
+        try:
+            self.ddb.delete_table(TableName=self.table)
+        except ClientError:
+            pass
+
+
+def invocation_keys(rec: dict) -> list[tuple[str, str]]:
+    """The (PK, SK) of the records an emulator invocation was given (ok or error)."""
+    body = rec.get("response") if rec["status"] == "ok" else None
+    if body is None:
+        return []
+    return [(r["dynamodb"]["Keys"]["PK"]["S"], r["dynamodb"]["Keys"]["SK"]["S"])
+            for r in (json.loads(body)["event"] or {}).get("Records", [])]
+
+
+def stream_invocations(emu: Emulator) -> list[dict]:
+    return [r for r in emu.stats()["invocations"] if r["source"] == "invoke"]
+
+
+def hold_environment(emu: Emulator, seconds: float) -> threading.Thread:
+    """Keeps the emulator's (single) environment busy with a synchronous invoke."""
+    t = threading.Thread(target=lambda: emu.invoke({"sleep": seconds}), daemon=True)
+    t.start()
+    wait_for(lambda: emu.stats(False)["totals"]["concurrency_now"] >= 1, 10)
+    return t
+
+
+def test_record_age(tmp: str, fake: str, endpoint: str) -> None:
+    """Records older than MaximumRecordAgeInSeconds are discarded unsent."""
+    rig = StreamRig(tmp, endpoint)
+    emu = Emulator(tmp, fake, "--timeout", "20", "--env", "FAKE_SLOW=4")
+    try:
+        rig.start(emu.invoke_url, "--batch-size", "1", "--max-record-age", "1",
+                  "--max-retries", "0")
+        rig.put("AGE#SLOW")  # blocks the shard for 4 s
+        wait_for(lambda: emu.stats()["totals"]["concurrency_now"] >= 1, 10)
+        for i in range(3):
+            rig.put(f"AGE#old{i}")
+        wait_for(lambda: len([r for r in stream_invocations(emu) if r["status"] == "ok"]) >= 1,
+                 20)
+        time.sleep(0.5)
+        rig.put("AGE#fresh")
+        got = wait_for(lambda: [k for r in stream_invocations(emu) for k in invocation_keys(r)]
+                       if len([r for r in stream_invocations(emu) if r["status"] == "ok"]) >= 2
+                       else None, 15)
+        time.sleep(0.5)
+        c = rig.stop()
+        keys = [k for r in stream_invocations(emu) for k in invocation_keys(r)]
+        check(keys == [("AGE#SLOW", "1"), ("AGE#fresh", "1")],
+              "records older than MaximumRecordAgeInSeconds are not delivered; later ones are",
+              str(keys or got))
+        check(c.get("expired_records") == 3 and c.get("records") == 2
+              and c.get("dropped_records") == 0 and c.get("buffered_unsent") == 0,
+              "the three expired records are counted as expired_records", json.dumps(c))
+    finally:
+        rig.close()
+        emu.shutdown()
+
+
+def test_throttles(tmp: str, fake: str, endpoint: str) -> None:
+    """A throttled batch is retried until it goes through or its records expire,
+    without using up MaximumRetryAttempts."""
+    rig = StreamRig(tmp, endpoint)
+    emu = Emulator(tmp, fake, "--timeout", "20", "--max-concurrency", "1")
+    try:
+        rig.start(emu.invoke_url, "--max-retries", "0", "--max-record-age", "3",
+                  "--backoff", "0.2", "--max-backoff", "0.4")
+        holder = hold_environment(emu, 1.0)
+        rig.put("THR#a")
+        holder.join(30)
+        wait_for(lambda: any(invocation_keys(r) == [("THR#a", "1")]
+                             for r in stream_invocations(emu)), 10)
+        c_mid_ok = [r for r in stream_invocations(emu) if invocation_keys(r)]
+        holder = hold_environment(emu, 6.0)
+        rig.put("THR#b")
+        holder.join(30)
+        time.sleep(1.0)
+        c = rig.stop()
+        lines = rig.batches()
+        keys = [k for r in stream_invocations(emu) for k in invocation_keys(r)]
+        throttled = [x for x in lines if x["status"] == 429]
+        check(keys == [("THR#a", "1")] and len(c_mid_ok) == 1,
+              "a batch throttled for 1 s is delivered once it can be (MaximumRetryAttempts 0)",
+              str(keys))
+        check(c.get("throttles", 0) >= 4 and c.get("throttle_retries", 0) >= 4
+              and c.get("retries") == 0 and c.get("function_errors") == 0
+              and c.get("dropped_records") == 0,
+              "throttles are retried and not counted against MaximumRetryAttempts",
+              json.dumps(c))
+        check(c.get("expired_records") == 1 and c.get("records") == 1,
+              "a batch throttled past MaximumRecordAgeInSeconds is discarded (expired)",
+              json.dumps(c))
+        late = [x for x in throttled if x["first_seq"] == x["last_seq"]
+                and x["oldest_age_s"] > 3.0 + 0.5]
+        check(not late, "no attempt is made with a record older than the maximum age",
+              json.dumps(late)[:300])
+    finally:
+        rig.close()
+        emu.shutdown()
+
+
+def test_function_errors(tmp: str, fake: str, endpoint: str) -> None:
+    """A function error is retried MaximumRetryAttempts times, then the batch is
+    dropped and the shard moves on."""
+    rig = StreamRig(tmp, endpoint)
+    emu = Emulator(tmp, fake, "--timeout", "10")
+    try:
+        rig.start(emu.invoke_url, "--max-retries", "2", "--backoff", "0.1", "--batch-size", "1")
+        rig.put("ERR#FAIL")
+        rig.put("ERR#after")
+        wait_for(lambda: any(invocation_keys(r) == [("ERR#after", "1")]
+                             for r in stream_invocations(emu)), 20)
+        time.sleep(0.5)
+        c = rig.stop()
+        invs = stream_invocations(emu)
+        statuses = [r["status"] for r in invs]
+        check(statuses == ["error", "error", "error", "ok"]
+              and invocation_keys(invs[-1]) == [("ERR#after", "1")],
+              "a failing batch is tried 1 + MaximumRetryAttempts (2) times, then the next one",
+              str(statuses))
+        check(c.get("function_errors") == 3 and c.get("retries") == 2
+              and c.get("dropped_batches") == 1 and c.get("dropped_records") == 1
+              and c.get("records") == 1 and c.get("throttles") == 0,
+              "function errors, retries and the dropped batch are counted", json.dumps(c))
+    finally:
+        rig.close()
+        emu.shutdown()
+
+
+def test_bisect(tmp: str, fake: str, endpoint: str) -> None:
+    """BisectBatchOnFunctionError splits a failing batch in two, without using up
+    retries."""
+    rig = StreamRig(tmp, endpoint)
+    emu = Emulator(tmp, fake, "--timeout", "10", "--env", "FAKE_SLOW=2")
+    try:
+        rig.start(emu.invoke_url, "--bisect", "--max-retries", "0", "--batch-size", "4",
+                  "--backoff", "0.1")
+        rig.put("BIS#SLOW")  # the next four queue up behind it
+        wait_for(lambda: emu.stats()["totals"]["concurrency_now"] >= 1, 10)
+        rig.put_together([("BIS#a", "1"), ("BIS#b", "1"), ("BIS#FAIL", "1"), ("BIS#d", "1")])
+        wait_for(lambda: any(invocation_keys(r) == [("BIS#d", "1")]
+                             for r in stream_invocations(emu)), 20)
+        time.sleep(0.5)
+        c = rig.stop()
+        lines = [x for x in rig.batches()][1:]
+        shape = [(x["records"], "ok" if x["status"] == 200 and not x["function_error"]
+                  else "error") for x in lines]
+        check(shape == [(4, "error"), (2, "ok"), (2, "error"), (1, "error"), (1, "ok")],
+              "a failing batch of 4 is bisected: 2 ok, 2 fail, 1 fails and is dropped, 1 ok",
+              str(shape))
+        keys = [k for r in stream_invocations(emu) for k in invocation_keys(r)]
+        check(keys == [("BIS#SLOW", "1"), ("BIS#a", "1"), ("BIS#b", "1"), ("BIS#d", "1")],
+              "the halves run in order; only the bad record is lost", str(keys))
+        check(c.get("bisects") == 2 and c.get("retries") == 0 and c.get("function_errors") == 3
+              and c.get("dropped_records") == 1 and c.get("records") == 4,
+              "two bisects, no retry used (MaximumRetryAttempts 0), one record dropped",
+              json.dumps(c))
+    finally:
+        rig.close()
+        emu.shutdown()
+
+
+def virtual_shard(pk: str, shards: int) -> int:
+    """streams.py's routing: MD5 of the partition key's JSON value, mod N."""
+    digest = hashlib.md5(json.dumps({"S": pk}, sort_keys=True).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+def test_shards(tmp: str, fake: str, endpoint: str) -> None:
+    """--shards 2: two pipelines at once, each in order, one batch at a time."""
+    rig = StreamRig(tmp, endpoint)
+    emu = Emulator(tmp, fake, "--timeout", "10", "--env", "FAKE_SLOW=0.8")
+    try:
+        pks = {}
+        for i in range(100):
+            pk = f"SHD#SLOW{i}"
+            pks.setdefault(virtual_shard(pk, 2), pk)
+            if len(pks) == 2:
+                break
+        p0, p1 = pks[0], pks[1]
+        rig.start(emu.invoke_url, "--shards", "2", "--batch-size", "1")
+        for sk in ("1", "2", "3"):
+            rig.put(p0, sk)
+            rig.put(p1, sk)
+        wait_for(lambda: len([r for r in stream_invocations(emu) if r["status"] == "ok"]) >= 6,
+                 30)
+        time.sleep(0.3)
+        c = rig.stop()
+        invs = [r for r in stream_invocations(emu) if r["status"] == "ok"]
+        by_pk: dict[str, list] = {p0: [], p1: []}
+        for r in invs:
+            for pk, sk in invocation_keys(r):
+                by_pk[pk].append((r["start"], r["end"], sk))
+        order_ok = all([x[2] for x in sorted(v)] == ["1", "2", "3"] for v in by_pk.values())
+        check(len(invs) == 6 and order_ok,
+              "each virtual shard delivers its partition key's records in order",
+              json.dumps({k: [x[2] for x in sorted(v)] for k, v in by_pk.items()}))
+        serial = all(b[0] >= a[1] - 0.01 for v in by_pk.values()
+                     for a, b in zip(sorted(v), sorted(v)[1:]))
+        check(serial, "a virtual shard runs one batch at a time (no overlap within a shard)")
+        overlap = any(a[0] < b[1] and b[0] < a[1] for a in by_pk[p0] for b in by_pk[p1])
+        check(overlap and c.get("peak_in_flight_batches") == 2 and c.get("virtual_shards") == 2,
+              "the two virtual shards run at the same time (two invocations in flight)",
+              json.dumps({k: c.get(k) for k in ("peak_in_flight_batches", "virtual_shards")}))
+    finally:
+        rig.close()
+        emu.shutdown()
+
+
+def test_batching(tmp: str, fake: str, endpoint: str) -> None:
+    """BatchSize and MaximumBatchingWindowInSeconds (the window begins when the
+    previous invocation completes)."""
+    rig = StreamRig(tmp, endpoint)
+    emu = Emulator(tmp, fake, "--timeout", "10")
+    try:
+        window = 1.5
+        rig.start(emu.invoke_url, "--batch-size", "3", "--window", str(window))
+        time.sleep(window + 0.3)
+
+        def ok_invs(n):
+            return wait_for(lambda: [r for r in stream_invocations(emu) if r["status"] == "ok"]
+                            if len([r for r in stream_invocations(emu)
+                                    if r["status"] == "ok"]) >= n else None, 20)
+
+        rig.put("BAT#r1")
+        ok_invs(1)
+        rig.put_together([("BAT#r2", "1"), ("BAT#r3", "1")])
+        ok_invs(2)
+        rig.put_together([(f"BAT#r{i}", "1") for i in range(4, 11)])
+        ok_invs(5)
+        time.sleep(0.3)
+        c = rig.stop()
+        lines = rig.batches()
+        invs = [r for r in stream_invocations(emu) if r["status"] == "ok"]
+        sizes = [x["records"] for x in lines]
+        check(sizes == [1, 2, 3, 3, 1] and c.get("records") == 10,
+              "batches of at most BatchSize (3): 1, 2, 3, 3, 1", str(sizes))
+        if len(lines) == 5 and len(invs) == 5:
+            waited = lines[1]["sent"] - invs[0]["end"]
+            check(waited >= window - 0.1,
+                  "records arriving inside the window wait for it (it begins when the previous "
+                  "invocation completes)", f"sent {waited:.2f}s after the previous end")
+            quick = lines[2]["sent"] - invs[1]["end"]
+            check(quick < window - 0.2, "a full batch is sent without waiting for the window",
+                  f"sent {quick:.2f}s after the previous end")
+            last = lines[4]["sent"] - invs[3]["end"]
+            check(last >= window - 0.1, "the remainder waits for the window", f"{last:.2f}s")
+    finally:
+        rig.close()
+        emu.shutdown()
+
+
+def test_template(tmp: str, fake: str, endpoint: str) -> None:
+    """The mapping's and the async settings come from template.yaml."""
+    template = os.path.join(os.path.dirname(SCRIPTS), "template.yaml")
+    out = subprocess.run([PY, os.path.join(SCRIPTS, "cfn_template.py"), template,
+                          "--function", "RelayFunction"], capture_output=True, text=True,
+                         timeout=60)
+    doc = json.loads(out.stdout) if out.returncode == 0 else {}
+    m = doc.get("mapping") or {}
+    pattern = json.loads(m.get("FilterCriteria", {}).get("Filters", [{}])[0].get("Pattern", "{}"))
+    check(m.get("LogicalId") == "RelayDoorbell" and m.get("BatchSize") == 10
+          and m.get("MaximumBatchingWindowInSeconds") == 0
+          and m.get("MaximumRecordAgeInSeconds") == 60 and m.get("MaximumRetryAttempts") == 0
+          and m.get("BisectBatchOnFunctionError") is False
+          and m.get("StartingPosition") == "LATEST"
+          and pattern == {"eventName": ["INSERT"], "dynamodb": {"Keys": {"PK": {"S": [
+              {"prefix": "OUTBOX#MESSAGES#"}]}}}},
+          "cfn_template.py reads RelayDoorbell's settings and resolves its !Sub filter",
+          out.stderr + json.dumps(m))
+    eic = doc.get("event_invoke_config") or {}
+    check(eic.get("MaximumRetryAttempts") == 0 and eic.get("MaximumEventAgeInSeconds") == 60,
+          "cfn_template.py reads RelayFunction's EventInvokeConfig", json.dumps(eic))
+
+    rig = StreamRig(tmp, endpoint)
+    emu = Emulator(tmp, fake, "--timeout", "10")
+    try:
+        bad = subprocess.run(
+            [PY, os.path.join(SCRIPTS, "streams.py"), "poll", rig.table, "--invoke",
+             emu.invoke_url, "--template", template, "--param", "WakeOn=schedule"],
+            env=rig.env, capture_output=True, text=True, timeout=60)
+        check(bad.returncode != 0 and "no DynamoDB stream event source mapping" in bad.stderr,
+              "--param WakeOn=schedule: the mapping's condition is false, the poller refuses",
+              bad.stderr[-300:])
+        rig.start(emu.invoke_url, "--template", template, "--function", "RelayFunction",
+                  "--param", "KeyPrefix=TPL", "--batch-size", "5")
+        st = rig.settings()
+        check(st["batch_size"] == 5 and st["source"]["batch_size"] == "flag"
+              and st["max_record_age_s"] == 60 and st["max_retries"] == 0
+              and st["bisect"] is False and st["window_s"] == 0
+              and st["starting_position"] == "LATEST"
+              and st["source"]["max_record_age"] == "template:RelayDoorbell"
+              and st["filter_patterns"][0]["dynamodb"]["Keys"]["PK"]["S"] == [
+                  {"prefix": "TPL#MESSAGES#"}],
+              "poll --template: the template's settings, a flag overriding one of them",
+              json.dumps(st))
+        rig.put("TPL#MESSAGES#1", "1")
+        rig.put("TPL#LEASE#1", "1")
+        rig.put("OUTBOX#MESSAGES#1", "1")
+        wait_for(lambda: [r for r in stream_invocations(emu) if r["status"] == "ok"], 10)
+        time.sleep(1.0)
+        rig.ddb.delete_item(TableName=rig.table,
+                            Key={"PK": {"S": "TPL#MESSAGES#1"}, "SK": {"S": "1"}})
+        time.sleep(1.0)
+        c = rig.stop()
+        keys = [k for r in stream_invocations(emu) for k in invocation_keys(r)]
+        check(keys == [("TPL#MESSAGES#1", "1")] and c.get("records_filtered_out") == 3,
+              "the template's filter (KeyPrefix=TPL) keeps only the message INSERT",
+              f"{keys} {json.dumps(c)[:300]}")
+    finally:
+        rig.close()
+        emu.shutdown()
+
+    # The emulator's async settings: Lambda's defaults, or the template's.
+    emu = Emulator(tmp, fake)
+    try:
+        ac = emu.stats(False)["async_config"]
+        check(ac["max_retries"] == 2 and ac["max_event_age_s"] == 21600
+              and ac["retry_delays_s"] == [60, 120],
+              "lambda_runtime.py without --template: Lambda's async defaults (2, 6 h, 1 and "
+              "2 min)", json.dumps(ac))
+    finally:
+        emu.shutdown()
+    emu = Emulator(tmp, fake, "--template", template, "--template-function", "RelayFunction")
+    try:
+        ac = emu.stats(False)["async_config"]
+        check(ac["max_retries"] == 0 and ac["max_event_age_s"] == 60
+              and ac["source"]["retries"].startswith("template:"),
+              "lambda_runtime.py --template: RelayFunction's EventInvokeConfig (0, 60 s)",
+              json.dumps(ac))
+        emu.invoke({"fail": True}, kind="Event")
+        wait_for(lambda: emu.stats(False)["totals"]["async_dropped"] >= 1, 10)
+        time.sleep(1.0)
+        s = emu.stats()
+        tries = [r for r in s["invocations"] if r["source"] == "event"]
+        check(len(tries) == 1 and s["totals"]["async_exhausted"] == 1,
+              "with the template's MaximumRetryAttempts 0 a failed event is not retried",
+              json.dumps(s["totals"]))
+    finally:
+        emu.shutdown()
+
+
+def test_async(tmp: str, fake: str) -> None:
+    """EventInvokeConfig: function errors retried MaximumRetryAttempts times after the
+    configured delays; throttles retried until MaximumEventAgeInSeconds."""
+    emu = Emulator(tmp, fake, "--timeout", "10", "--async-retries", "2",
+                   "--async-retry-delays", "0.5,1.0")
+    try:
+        emu.invoke({"fail": True, "n": "retried"}, kind="Event")
+        wait_for(lambda: emu.stats(False)["totals"]["async_dropped"] >= 1, 15)
+        time.sleep(1.5)
+        s = emu.stats()
+        tries = [r for r in s["invocations"] if r["source"] == "event"]
+        check([r["attempt"] for r in tries] == [1, 2, 3]
+              and len({r["event_id"] for r in tries}) == 1
+              and all(r["status"] == "error" for r in tries),
+              "a failing async event is tried 1 + MaximumRetryAttempts (2) times",
+              json.dumps([(r.get("attempt"), r["status"]) for r in tries]))
+        if len(tries) == 3:
+            gaps = [tries[1]["received"] - tries[0]["end"], tries[2]["received"] - tries[1]["end"]]
+            check(0.45 <= gaps[0] < 0.45 + 2 and 0.95 <= gaps[1] < 0.95 + 2,
+                  "the retries wait the configured delays (0.5 s, then 1 s)",
+                  str([round(g, 2) for g in gaps]))
+        t = s["totals"]
+        check(t["async_retries"] == 2 and t["async_exhausted"] == 1 and t["async_expired"] == 0,
+              "async_retries 2, async_exhausted 1", json.dumps(t))
+    finally:
+        emu.shutdown()
+
+    emu = Emulator(tmp, fake, "--timeout", "10", "--max-concurrency", "1",
+                   "--async-max-age", "2.5", "--async-throttle-backoff", "0.2",
+                   "--async-throttle-max-backoff", "0.4")
+    try:
+        holder = hold_environment(emu, 1.0)
+        emu.invoke({"n": "patient"}, kind="Event")
+        holder.join(30)
+        wait_for(lambda: emu.stats(False)["totals"]["async_succeeded"] >= 1, 10)
+        holder = hold_environment(emu, 5.0)
+        emu.invoke({"n": "stale"}, kind="Event")
+        holder.join(30)
+        time.sleep(1.0)
+        s = emu.stats()
+        t = s["totals"]
+        ev = [r for r in s["invocations"] if r["source"] == "event"]
+        ran = [json.loads(r["response"])["event"]["n"] for r in ev if r["status"] == "ok"]
+        stale = [r for r in ev if r["status"] == "throttled"
+                 and r["event_id"] == ev[-1]["event_id"]]
+        check(ran == ["patient"] and t["async_succeeded"] == 1,
+              "a throttled async event runs once the function has room", str(ran))
+        check(t["async_expired"] == 1 and t["async_retries"] == 0 and len(stale) >= 3
+              and all(r["received"] - stale[0]["received"] <= 2.5 + 0.5 for r in stale),
+              "an event throttled past MaximumEventAgeInSeconds is discarded, never run",
+              json.dumps(t))
+    finally:
+        emu.shutdown()
+
+
 def main() -> int:
     tmp = tempfile.mkdtemp(prefix="lambda-model-")
     fake = os.path.join(tmp, "fake-function.py")
@@ -569,15 +1073,33 @@ def main() -> int:
     os.chmod(fake, 0o755)
     ddb_local = None
     print(f"# temp dir {tmp}", flush=True)
+    only = set(sys.argv[1:])  # test names without "test_" (e.g. bisect shards); none: all
+
+    def wanted(fn) -> bool:
+        return not only or fn.__name__[len("test_"):] in only
+
     try:
-        test_emulator(tmp, fake)
-        test_schedule(tmp, fake)
+        if wanted(test_emulator):
+            test_emulator(tmp, fake)
+        if wanted(test_schedule):
+            test_schedule(tmp, fake)
+        if wanted(test_async):
+            test_async(tmp, fake)
+        stream_tests = [t for t in (test_streams, test_record_age, test_throttles,
+                                    test_function_errors, test_bisect, test_shards,
+                                    test_batching, test_template) if wanted(t)]
         endpoint = os.environ.get("AWS_ENDPOINT_URL_DYNAMODB")
-        if not endpoint:
+        if stream_tests and not endpoint:
             ddb_local = DynamoDbLocal(tmp)
             endpoint = ddb_local.endpoint
             print(f"# started DynamoDB Local at {endpoint}", flush=True)
-        test_streams(tmp, fake, endpoint)
+        for test in stream_tests:
+            try:
+                test(tmp, fake, endpoint)
+            except Exception as e:  # one test's failure does not hide the others
+                import traceback
+                traceback.print_exc()
+                check(False, f"{test.__name__} ran to its end", f"{type(e).__name__}: {e}")
     except Exception as e:  # an unexpected failure is a failed check, not a traceback only
         import traceback
         traceback.print_exc()
