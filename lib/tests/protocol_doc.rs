@@ -776,7 +776,7 @@ fn worked_examples_match_the_code() {
         ("lease-times", 1),
         ("keyless", 1),
         ("kafka-partition", 4),
-        ("header-blobs", 11),
+        ("header-blobs", 12),
         ("heartbeats", 9),
         ("constants", 1),
     ];
