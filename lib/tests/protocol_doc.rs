@@ -75,7 +75,10 @@ fn example_blocks() -> Vec<Example> {
             ex.body.push('\n');
         }
     }
-    assert!(inside.is_none(), "unclosed fenced block in docs/protocol.md");
+    assert!(
+        inside.is_none(),
+        "unclosed fenced block in docs/protocol.md"
+    );
     out
 }
 
@@ -345,11 +348,18 @@ fn check_keys(ex: &Example) {
     let sequence: u64 = num(get(&m, ex, "first sequence number"), ex, "sequence");
     let at = ex.at();
     assert_eq!(k.message_pk(bucket), get(&m, ex, "message PK"), "{at}");
-    assert_eq!(schema::message_sk(sequence), get(&m, ex, "message SK"), "{at}");
+    assert_eq!(
+        schema::message_sk(sequence),
+        get(&m, ex, "message SK"),
+        "{at}"
+    );
     assert_eq!(k.sequence_pk(bucket), get(&m, ex, "counter PK"), "{at}");
     assert_eq!(k.coordination_pk(), get(&m, ex, "coordination PK"), "{at}");
     assert_eq!(schema::lease_sk(bucket), get(&m, ex, "lease SK"), "{at}");
-    assert_eq!(schema::parse_lease_sk(get(&m, ex, "lease SK")), Some(bucket));
+    assert_eq!(
+        schema::parse_lease_sk(get(&m, ex, "lease SK")),
+        Some(bucket)
+    );
     assert_eq!(
         schema::relay_sk(get(&m, ex, "relay id")),
         get(&m, ex, "heartbeat SK"),
@@ -435,8 +445,15 @@ fn check_keyless(ex: &Example) {
     assert_eq!(hex(&bytes), get(&m, ex, "id bytes"), "{at}");
     let h = murmur2(&bytes);
     assert_eq!(h, num::<i32>(get(&m, ex, "murmur2"), ex, "murmur2"), "{at}");
-    assert_eq!(format!("{:#010x}", h as u32), get(&m, ex, "murmur2 (hex)"), "{at}");
-    assert_eq!(to_positive(h), num::<u32>(get(&m, ex, "toPositive"), ex, "toPositive"));
+    assert_eq!(
+        format!("{:#010x}", h as u32),
+        get(&m, ex, "murmur2 (hex)"),
+        "{at}"
+    );
+    assert_eq!(
+        to_positive(h),
+        num::<u32>(get(&m, ex, "toPositive"), ex, "toPositive")
+    );
     let count: u32 = num(get(&m, ex, "bucket count"), ex, "bucket count");
     assert_eq!(
         compute_bucket(None, None, &id, count),
@@ -560,7 +577,12 @@ fn check_heartbeats(ex: &Example) -> usize {
         ex.at()
     );
     for (r, active, stale) in &records {
-        assert_eq!(r.is_active(NOW, lease), *active, "{}: {r:?} active", ex.at());
+        assert_eq!(
+            r.is_active(NOW, lease),
+            *active,
+            "{}: {r:?} active",
+            ex.at()
+        );
         assert_eq!(r.is_stale(NOW, lease), *stale, "{}: {r:?} stale", ex.at());
     }
     // The same through a read of the coordination partition.
@@ -582,7 +604,12 @@ fn check_constant(name: &str, value: &str, ex: &Example) -> bool {
     let relay = RelayOptions::default();
     let outbox = OutboxOptions::new("orders-outbox");
     let duration = |d: Duration| {
-        assert_eq!(duration_to_ticks(d), ticks(value, ex), "{}: {name}", ex.at());
+        assert_eq!(
+            duration_to_ticks(d),
+            ticks(value, ex),
+            "{}: {name}",
+            ex.at()
+        );
     };
     let number = |actual: u64| {
         assert_eq!(actual, num::<u64>(value, ex, name), "{}: {name}", ex.at());
@@ -611,7 +638,11 @@ fn check_constant(name: &str, value: &str, ex: &Example) -> bool {
             let largest: u32 = num(value, ex, name);
             assert!(outbox.clone().with_bucket_count(largest).validate().is_ok());
             assert!(
-                outbox.clone().with_bucket_count(largest + 1).validate().is_err(),
+                outbox
+                    .clone()
+                    .with_bucket_count(largest + 1)
+                    .validate()
+                    .is_err(),
                 "{}: a bucket count above {largest} is accepted",
                 ex.at()
             );
@@ -634,16 +665,20 @@ fn check_constant(name: &str, value: &str, ex: &Example) -> bool {
         }
         "relay::JOIN_DELAY" => duration(dynamo_outbox::relay::JOIN_DELAY),
         "relay::DEFAULT_STOP_RESERVE" => duration(dynamo_outbox::relay::DEFAULT_STOP_RESERVE),
-        "relay::BACKLOG_SAMPLE_INTERVAL" => {
-            duration(dynamo_outbox::relay::BACKLOG_SAMPLE_INTERVAL)
-        }
+        "relay::BACKLOG_SAMPLE_INTERVAL" => duration(dynamo_outbox::relay::BACKLOG_SAMPLE_INTERVAL),
         "coordination::HANDOVER_STEP" => {
             duration(coordination::HANDOVER_STEP);
-            assert_eq!(dynamo_outbox::relay::HANDOVER_STEP, coordination::HANDOVER_STEP);
+            assert_eq!(
+                dynamo_outbox::relay::HANDOVER_STEP,
+                coordination::HANDOVER_STEP
+            );
         }
         "coordination::HANDOVER_WATCH" => {
             duration(coordination::HANDOVER_WATCH);
-            assert_eq!(dynamo_outbox::relay::HANDOVER_WATCH, coordination::HANDOVER_WATCH);
+            assert_eq!(
+                dynamo_outbox::relay::HANDOVER_WATCH,
+                coordination::HANDOVER_WATCH
+            );
         }
         "coordination::ROUND_WINDOW" => duration(coordination::ROUND_WINDOW),
         "store::MAX_GAP_PROBES" => number(dynamo_outbox::store::MAX_GAP_PROBES as u64),
@@ -668,7 +703,11 @@ fn check_constant(name: &str, value: &str, ex: &Example) -> bool {
                 stops_at: None,
             };
             assert!(silent(factor * lease).is_stale(NOW, lease), "{}", ex.at());
-            assert!(!silent(factor * lease - 1).is_stale(NOW, lease), "{}", ex.at());
+            assert!(
+                !silent(factor * lease - 1).is_stale(NOW, lease),
+                "{}",
+                ex.at()
+            );
         }
         "far-back standby skips while its heartbeat stays younger than (of the lease duration)" => {
             let (a, b) = value
