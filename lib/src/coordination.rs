@@ -39,6 +39,21 @@ pub struct TakeoverTicks {
     pub watch: i64,
 }
 
+/// The timings [`Coordination::uncovered`] judges coverage with (UTC ticks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoverageTicks {
+    /// The lease duration (who is active).
+    pub lease: i64,
+    /// A relay announcing its stop within this does not count (the poll interval).
+    pub soon: i64,
+    /// How recent a heartbeat must be for its round's claims to count ([`ROUND_WINDOW`]).
+    pub round: i64,
+    /// How long after a leaver's announced stop its successor has taken its buckets over:
+    /// two handover steps ([`HANDOVER_STEP`]), the re-read after the stop and one retry
+    /// while the stamp and the releases land.
+    pub takeover: i64,
+}
+
 /// One lease item as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRecord {
@@ -395,19 +410,22 @@ impl Coordination {
 
     /// Which of `buckets` no live relay publishes or is about to claim, at `now`.
     ///
-    /// A relay counts when it is active (heartbeat younger than `lease_ticks`, not stamped
-    /// stopped) and does not announce a stop (`StopsAtUtc`) within `soon_ticks`. A bucket
-    /// is covered when its lease is unlapsed and names such a relay (it probes the bucket
+    /// A relay counts when it is active (heartbeat younger than `t.lease`, not stamped
+    /// stopped) and does not announce a stop (`StopsAtUtc`) within `t.soon`. A bucket is
+    /// covered when its lease is unlapsed and names such a relay (it probes the bucket
     /// every poll interval), or when such a relay is in the middle of an acquisition round
-    /// (its heartbeat is younger than `round_ticks`) whose plan, computed from this read as
+    /// (its heartbeat is younger than `t.round`) whose plan, computed from this read as
     /// that relay computes it, claims the bucket: a relay that has just joined.
     ///
     /// A scheduled handover is covered too: a bucket whose unlapsed lease names an active
-    /// relay whose announced stop is near but still ahead, while another relay counts. That
-    /// successor has read the announcement (a relay with a deadline announces its stop from
-    /// its first heartbeat on) and takes the bucket over just after the stop
-    /// ([`Self::handover_at`]), so a notification there starts no extra relay. A stop
-    /// announced for now or past (an idle stop) has no such successor yet: uncovered.
+    /// relay whose announced stop is near but still ahead, while a successor counts that
+    /// will still be there when it takes the bucket. A successor reads the announcement (a
+    /// relay with a deadline announces its stop from its first heartbeat on) and takes the
+    /// bucket over within `t.takeover` of the stop ([`Self::handover_at`]); so it counts
+    /// only when it announces no stop, or one more than `t.soon` after that takeover. A
+    /// successor that leaves sooner would take nothing, and the bucket would wait for the
+    /// next wake. A stop announced for now or past (an idle stop) has no such successor
+    /// yet: uncovered.
     ///
     /// Every other bucket is uncovered, also one that a live relay would claim only at its
     /// next round (up to a renew interval away): the notified invocation joins instead.
@@ -416,25 +434,32 @@ impl Coordination {
         buckets: &[u32],
         bucket_count: u32,
         now: i64,
-        lease_ticks: i64,
-        soon_ticks: i64,
-        round_ticks: i64,
+        t: &CoverageTicks,
     ) -> Vec<u32> {
+        let lease_ticks = t.lease;
         let live: Vec<&RelayRecord> = self
             .relays
             .iter()
             .filter(|r| {
                 r.is_active(now, lease_ticks)
-                    && r.stops_at
-                        .is_none_or(|s| s > now.saturating_add(soon_ticks))
+                    && r.stops_at.is_none_or(|s| s > now.saturating_add(t.soon))
             })
             .collect();
+        // A successor of a relay leaving at `leaves`: live, and still there (beyond its own
+        // poll interval) when it has taken the leaver's buckets.
+        let successor_of = |owner: &str, leaves: i64| {
+            let taken = leaves.saturating_add(t.takeover);
+            live.iter().any(|r| {
+                r.relay_id != owner && r.stops_at.is_none_or(|s| s > taken.saturating_add(t.soon))
+            })
+        };
         let handing_over = |owner: &str| {
             self.relays.iter().any(|r| {
                 r.relay_id == owner
                     && r.is_active(now, lease_ticks)
-                    && r.stops_at.is_some_and(|s| s > now)
-            }) && live.iter().any(|r| r.relay_id != owner)
+                    && r.stops_at
+                        .is_some_and(|s| s > now && successor_of(owner, s))
+            })
         };
         let mut covered = vec![false; bucket_count as usize];
         for l in &self.leases {
@@ -447,6 +472,7 @@ impl Coordination {
                 covered[l.bucket as usize] = true;
             }
         }
+        let round_ticks = t.round;
         let active = self.active_relays(now, lease_ticks);
         let leases = self.lease_views(now);
         for joining in live
@@ -478,6 +504,7 @@ mod tests {
     const LEASE: i64 = 30;
     const SOON: i64 = 10;
     const ROUND: i64 = 2;
+    const TAKEOVER_TICKS: i64 = 6;
     const NOW: i64 = 1_000;
 
     fn relay(id: &str, last_seen: i64) -> RelayRecord {
@@ -499,7 +526,17 @@ mod tests {
     }
 
     fn check(c: &Coordination, buckets: &[u32]) -> Vec<u32> {
-        c.uncovered(buckets, 4, NOW, LEASE, SOON, ROUND)
+        c.uncovered(
+            buckets,
+            4,
+            NOW,
+            &CoverageTicks {
+                lease: LEASE,
+                soon: SOON,
+                round: ROUND,
+                takeover: TAKEOVER_TICKS,
+            },
+        )
     }
 
     #[test]
@@ -565,9 +602,30 @@ mod tests {
         };
         let c = Coordination {
             leases: vec![lease(0, "a", NOW + 20)],
-            relays: vec![leaving, also_leaving],
+            relays: vec![leaving.clone(), also_leaving],
         };
         assert_eq!(check(&c, &[0]), vec![0]);
+        // A successor that is live now but leaves before it has taken the bucket over (the
+        // leaver's stop plus the takeover, plus its own poll interval) covers nothing: it
+        // would be gone, and the bucket ownerless, until the next wake.
+        let leaves = NOW + SOON;
+        for (b_stops, covered) in [
+            (NOW + SOON + 1, false),
+            (leaves + TAKEOVER_TICKS, false),
+            (leaves + TAKEOVER_TICKS + SOON, false),
+            (leaves + TAKEOVER_TICKS + SOON + 1, true),
+        ] {
+            let short_lived = RelayRecord {
+                stops_at: Some(b_stops),
+                ..relay("b", NOW - 1)
+            };
+            let c = Coordination {
+                leases: vec![lease(0, "a", NOW + 20)],
+                relays: vec![leaving.clone(), short_lived],
+            };
+            let want = if covered { vec![] } else { vec![0] };
+            assert_eq!(check(&c, &[0]), want, "successor stopping at {b_stops}");
+        }
         // A stop announced further out still counts.
         let mut staying = relay("a", NOW - 1);
         staying.stops_at = Some(NOW + SOON + 1);

@@ -171,9 +171,12 @@ impl DynamoDbOutboxStore {
             buckets,
             self.options().bucket_count,
             now,
-            lease,
-            soon,
-            duration_to_ticks(coordination::ROUND_WINDOW),
+            &coordination::CoverageTicks {
+                lease,
+                soon,
+                round: duration_to_ticks(coordination::ROUND_WINDOW),
+                takeover: duration_to_ticks(coordination::HANDOVER_STEP * 2),
+            },
         );
         let takeover = coordination::TakeoverTicks {
             lease,
