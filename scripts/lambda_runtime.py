@@ -41,7 +41,10 @@ AWS_LAMBDA_INITIALIZATION_TYPE (on-demand), LAMBDA_TASK_ROOT and
 LAMBDA_RUNTIME_DIR (the binary's directory, also the working directory),
 _HANDLER (bootstrap), TZ (:UTC), AWS_REGION and AWS_DEFAULT_REGION (kept when set,
 else us-east-1), and with --log-format/--log-level AWS_LAMBDA_LOG_FORMAT and
-AWS_LAMBDA_LOG_LEVEL (the template's LoggingConfig).
+AWS_LAMBDA_LOG_LEVEL (the template's LoggingConfig), and AWS_ENDPOINT_URL_LAMBDA
+pointing at the emulator's own client API (a function that calls Lambda's Invoke on
+itself, the relay starting its successor, reaches this emulator as it would reach
+Lambda; an --env value wins).
 
 Measured per invocation: request id, source (invoke, event, schedule), received,
 start, end (Unix s), duration_ms, billed_ms, init_ms (cold starts: process start
@@ -310,6 +313,9 @@ class Service:
             "async_throttle_retries": 0, "schedule_ticks": 0,
         }
         self.name = args.function_name
+        # The client API's port (set once its server listens): the functions' endpoint for
+        # Lambda's API.
+        self.client_port: int | None = None
         self.region = os.environ.get("AWS_REGION") or os.environ.get(
             "AWS_DEFAULT_REGION") or "us-east-1"
         self.arn = f"arn:aws:lambda:{self.region}:{args.account_id}:function:{self.name}"
@@ -361,6 +367,12 @@ class Service:
             "_HANDLER": "bootstrap",
             "TZ": ":UTC",
         })
+        # The function's own Lambda API calls (a relay starting its successor with Invoke)
+        # reach this emulator, as they reach Lambda; --env AWS_ENDPOINT_URL_LAMBDA=...
+        # points them elsewhere.
+        if self.client_port and not any(
+                kv.partition("=")[0] == "AWS_ENDPOINT_URL_LAMBDA" for kv in self.args.env):
+            base["AWS_ENDPOINT_URL_LAMBDA"] = f"http://127.0.0.1:{self.client_port}"
         base.setdefault("AWS_REGION", self.region)
         base.setdefault("AWS_DEFAULT_REGION", base["AWS_REGION"])
         if self.args.log_format:
@@ -1119,6 +1131,7 @@ def main() -> int:
     server = QuietServer((args.host, args.port), ClientApiHandler)
     server.service = service  # type: ignore[attr-defined]
     port = server.server_address[1]
+    service.client_port = port
 
     def on_signal(signum, _frame):
         service.shutdown()

@@ -8,6 +8,7 @@
 #        cargo clippy --workspace --all-targets -- -D warnings
 #        cargo doc -p dynamo-outbox --no-deps --all-features, warnings denied
 #        cfn-lint template.yaml, sam validate --lint
+#        scripts/test_alarms.py (the self-test of the CloudWatch alarm evaluator)
 #        scripts/test_lambda_model.py (the self-test of the local model of Lambda:
 #          lambda_runtime.py, streams.py poll, cfn_template.py, with a fake function)
 #        scripts/sam_build_check.sh: sam build with samconfig.toml for x86_64 (and again
@@ -70,6 +71,13 @@ if [[ ${1:-} == --inside-stack ]]; then
     model=0
     "$CACHE/venv/bin/python" scripts/test_lambda_model.py || model=$?
 
+    # The evaluator of the template's CloudWatch alarms over EMF documents (CloudWatch's
+    # M-of-N and missing-data rules; scripts/test_alarms.py says what it checks; seconds).
+    # A failure is reported after the tests, which run either way.
+    step "the CloudWatch alarm evaluator (scripts/test_alarms.py)"
+    alarms=0
+    "$CACHE/venv/bin/python" scripts/test_alarms.py || alarms=$?
+
     # sam build for the host's architecture (x86_64) with the repository's samconfig.toml
     # (cached = true, its parameter_overrides with Architecture="x86_64"), into the shared
     # target directory; then a second build with the same build and cache directories
@@ -124,6 +132,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     if ((model != 0)); then
         echo "the Lambda model's self-test FAILED (exit $model); see its output above" >&2
     fi
+    if ((alarms != 0)); then
+        echo "the alarm evaluator's self-test FAILED (exit $alarms); see its output above" >&2
+    fi
     if ((arm64 != 0)); then
         echo "arm64 smoke run FAILED (exit $arm64); see its output above" >&2
     fi
@@ -142,6 +153,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     fi
     if ((model != 0)); then
         exit "$model"
+    fi
+    if ((alarms != 0)); then
+        exit "$alarms"
     fi
     exit 0
 fi

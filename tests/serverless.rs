@@ -577,3 +577,118 @@ async fn a_relay_about_to_idle_out_takes_the_buckets_handed_over_since_its_last_
         "a holder handing over to a newcomer about to idle out",
     );
 }
+
+/// Records the successors a relay asks for.
+#[derive(Debug, Default)]
+struct RecordingSuccessor {
+    started: Mutex<Vec<dynamo_outbox::notification::Handoff>>,
+}
+
+impl dynamo_outbox::notification::Successor for RecordingSuccessor {
+    fn start<'a>(
+        &'a self,
+        handoff: &'a dynamo_outbox::notification::Handoff,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = dynamo_outbox::Result<()>> + Send + 'a>>
+    {
+        self.started.lock().unwrap().push(handoff.clone());
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Refuses every publish, as a Kafka that is down.
+#[derive(Debug)]
+struct KafkaDown;
+
+impl dynamo_outbox::publish::Publisher for KafkaDown {
+    async fn publish(
+        &self,
+        _: &[dynamo_outbox::schema::StoredMessage],
+    ) -> dynamo_outbox::publish::PublishOutcome {
+        dynamo_outbox::publish::PublishOutcome::failed(dynamo_outbox::Error::Kafka {
+            message: "injected: connection refused".into(),
+            retryable: true,
+            source: None,
+        })
+    }
+}
+
+/// A run with a deadline that still has work in its buckets when its deadline nears
+/// (here: Kafka down, so nothing leaves) starts one successor, naming those buckets and
+/// itself; a run whose buckets are empty starts none. Both runs are a little longer than
+/// the shortest that may start one (twice the successor lead, plus the stop reserve).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_that_leaves_work_starts_one_successor_and_an_empty_one_none() {
+    use dynamo_outbox::notification::SUCCESSOR_LEAD;
+    let counter = RequestCounter::default();
+    let client = client_with(None, &counter).await;
+    let busy = fresh_table(&client, 2).await;
+    let empty = fresh_table(&client, 2).await;
+    let topic = random_name("successor");
+    let writer = DynamoDbOutboxWriter::new(client.clone(), busy.clone()).unwrap();
+    let written = enqueue(&writer, &topic, &["a", "b", "c", "d"]).await;
+    let run =
+        SUCCESSOR_LEAD * 2 + dynamo_outbox::relay::DEFAULT_STOP_RESERVE + Duration::from_secs(1);
+
+    let run_one = |options: OutboxOptions, id: &'static str| {
+        let client = client.clone();
+        async move {
+            let successor = Arc::new(RecordingSuccessor::default());
+            let store = DynamoDbOutboxStore::new(client, options).unwrap();
+            let relay = Relay::new(store, Arc::new(KafkaDown), fast_relay_options(id, 2))
+                .unwrap()
+                .with_successor(successor.clone());
+            let report = relay.run_until(Instant::now() + run).await.unwrap();
+            let started = successor.started.lock().unwrap().clone();
+            (report, started)
+        }
+    };
+    let ((busy_report, busy_started), (empty_report, empty_started)) = tokio::join!(
+        run_one(busy.clone(), "leaves-work"),
+        run_one(empty.clone(), "leaves-nothing")
+    );
+
+    assert_eq!(
+        busy_report.stop_reason,
+        StopReason::Deadline,
+        "{busy_report:?}"
+    );
+    assert!(busy_report.successor_started, "{busy_report:?}");
+    assert_eq!(
+        busy_started.len(),
+        1,
+        "one successor per run: {busy_started:?}"
+    );
+    let handoff = &busy_started[0];
+    assert_eq!(handoff.predecessor, "leaves-work");
+    assert_eq!(
+        (handoff.table.as_str(), handoff.bucket_count),
+        (busy.table_name.as_str(), 2)
+    );
+    let waiting: std::collections::BTreeSet<u32> = scan_all(&client, &busy.table_name)
+        .await
+        .iter()
+        .filter_map(|item| {
+            let pk = item.get(&busy.partition_key_attribute)?.as_s().ok()?;
+            pk.strip_prefix(&dynamo_outbox::schema::Keys::new(&busy).messages_prefix())?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(pending_messages(&client, &busy).await, written.len());
+    assert_eq!(
+        handoff
+            .buckets
+            .iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
+        waiting,
+        "the handoff names the buckets with messages"
+    );
+
+    assert!(!empty_report.successor_started, "{empty_report:?}");
+    assert!(empty_started.is_empty(), "{empty_started:?}");
+    assert_eq!(
+        busy_report.refused_total() + empty_report.refused_total(),
+        0
+    );
+}

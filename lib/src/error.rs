@@ -85,6 +85,15 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// A request to AWS Lambda failed (a relay starting its successor).
+    #[error("lambda {operation} failed")]
+    Lambda {
+        /// The API operation.
+        operation: &'static str,
+        /// The SDK error.
+        #[source]
+        source: BoxError,
+    },
     /// Publishing to Kafka failed.
     #[error("kafka: {message}")]
     Kafka {
@@ -142,7 +151,7 @@ impl Error {
             Error::DynamoDb { retryable, .. }
             | Error::Kafka { retryable, .. }
             | Error::TransactionCanceled { retryable, .. } => *retryable,
-            Error::DeadlineExceeded(_) => true,
+            Error::DeadlineExceeded(_) | Error::Lambda { .. } => true,
             _ => false,
         }
     }
@@ -151,7 +160,7 @@ impl Error {
     ///
     /// `ValidationError` (fix the request: [`Error::InvalidMessage`], [`Error::Limit`]),
     /// `Misconfiguration` (fix the deployment: [`Error::InvalidOption`],
-    /// [`Error::Misconfiguration`]), `DynamoDb`, `Kafka` or `DeadlineExceeded`.
+    /// [`Error::Misconfiguration`]), `DynamoDb`, `Kafka`, `Lambda` or `DeadlineExceeded`.
     pub fn error_type(&self) -> &'static str {
         match self {
             Error::InvalidMessage { .. } | Error::Limit { .. } => "ValidationError",
@@ -161,6 +170,7 @@ impl Error {
             | Error::TransactionCanceled { .. }
             | Error::Corrupt { .. } => "DynamoDb",
             Error::Kafka { .. } | Error::KafkaRejected { .. } => "Kafka",
+            Error::Lambda { .. } => "Lambda",
             Error::DeadlineExceeded(_) => "DeadlineExceeded",
         }
     }

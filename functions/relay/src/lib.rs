@@ -4,24 +4,29 @@
 //! released before Lambda can time the function out.
 //!
 //! The DynamoDB client is built once per execution environment (in `main`, before the
-//! runtime loop); the Kafka publisher is connected by the first invocation and reused by
-//! the warm ones, and dropped (to be rebuilt by the next invocation) when a run published
-//! nothing but failed to publish.
+//! runtime loop); the Kafka publisher ([`LazyKafkaPublisher`]) connects on first use and is
+//! reused by the warm invocations, and is dropped (to be rebuilt by the next publish) when
+//! a run published nothing but failed to publish.
 //!
-//! # Commit notifications
-//! An invocation whose payload is a commit notification
-//! ([`dynamo_outbox::notification`]; the SAM template's rule on the event bus delivers
-//! them) first reads the coordination partition once and returns (`stop_reason`
-//! `covered`, no write) when live relays hold (or, having just joined, are claiming) every notified bucket. When some
-//! bucket has none, it connects to Kafka, waits a jitter of its own
-//! ([`notification_jitter`], under 300 ms) and reads once more; only when a bucket is
-//! still uncovered does it run as a relay. A notification for another table, key
-//! prefix or bucket count returns at once (`not_this_outbox`). So a burst of commits does
-//! not start a burst of relays: while live relays hold the buckets, none joins; on an idle
-//! fleet, the first notified invocation that joins writes its heartbeat before anything
-//! else, and the ones that look after that count its first round's claims as covering.
-//! A free bucket that a live relay would claim only at its next round (up to a renew
-//! interval away) counts as uncovered, so a notification gets it published sooner.
+//! # Wake-ups
+//! An invocation whose payload is a commit notification (the SAM template's rule on the
+//! event bus) or a doorbell (a batch of the table's stream records) decides first whether
+//! it is needed, with [`dynamo_outbox::notification::decide`]: it returns at once
+//! (`stop_reason` `covered`, `empty` or `not_this_outbox`, no write) when live relays hold
+//! the notified buckets or nothing waits in them, and runs a relay otherwise. The decision
+//! never fails: a coverage read that fails (a throttle, a 5xx, a timeout) makes the
+//! invocation join, and Kafka is connected while deciding only as a head start (a failed
+//! connection is retried by the relay, as any failed publish). So a wake-up is never lost
+//! to a function error.
+//!
+//! # Successors
+//! A run that reaches its deadline minus [`dynamo_outbox::notification::SUCCESSOR_LEAD`]
+//! with work left in its buckets starts its successor: an asynchronous invocation of this
+//! function (`AWS_LAMBDA_FUNCTION_NAME`) with a [`dynamo_outbox::notification::Handoff`]
+//! payload, which runs a relay at once and takes the buckets over at the leaver's stop.
+//! So a backlog drains without waiting for the schedule, and a relay that cannot publish
+//! tries again in its successor about once a minute ([`dynamo_outbox::notification`] says
+//! why that is bounded).
 //!
 //! # Environment
 //! Everything [`OutboxOptions::from_env`], [`RelayOptions::from_env`] and
@@ -42,10 +47,9 @@ use dynamo_outbox::accounting::RequestCounter;
 pub use dynamo_outbox::lambda::FunctionError;
 use dynamo_outbox::metrics::emf::EmfMetrics;
 use dynamo_outbox::notification::event::Wake;
-use dynamo_outbox::notification::CommitNotification;
+use dynamo_outbox::notification::{decide, Decision, Skip, Successor};
 use dynamo_outbox::options::{parse_duration, MAX_RELAY_ID_LEN};
-use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
-use dynamo_outbox::relay::JOIN_DELAY;
+use dynamo_outbox::publish::{KafkaConfig, LazyKafkaPublisher};
 use dynamo_outbox::{
     DynamoDbOutboxStore, OutboxOptions, Relay, RelayOptions, RunReport, StopReason,
 };
@@ -69,12 +73,6 @@ pub const DEFAULT_SHUTDOWN_MARGIN: Duration = Duration::from_secs(3);
 /// The function's idle stop when `OUTBOX_IDLE_STOP` is unset (the library's default is
 /// never): an invocation whose buckets have all been empty this long stops early.
 pub const DEFAULT_IDLE_STOP: Duration = Duration::from_secs(5);
-/// Longest time a notified invocation waits for live relays to take uncovered buckets over
-/// before it looks again (a successor claims a leaver's buckets a few hundred milliseconds
-/// after the announced stop); takers further away than this are not waited for.
-pub const HANDOVER_SETTLE_MAX: Duration = Duration::from_millis(1500);
-/// Longest time the first invocation waits for the Kafka connection.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Everything the relay function is configured with.
 #[derive(Debug, Clone)]
@@ -176,15 +174,6 @@ pub fn run_deadline(
     }
 }
 
-/// How long a notified invocation that found uncovered buckets waits before it looks
-/// again: spread over `[0, JOIN_DELAY)` by its request id, so that invocations of one
-/// burst look at different times.
-pub fn notification_jitter(request_id: &str) -> Duration {
-    let spread = JOIN_DELAY.as_millis() as u64;
-    let hash = dynamo_outbox::message::murmur2(request_id.as_bytes()) as u32 as u64;
-    Duration::from_millis(hash % spread)
-}
-
 /// The relay id of one invocation: function name and request id, at most 128 characters,
 /// without control characters.
 pub fn relay_id(function_name: &str, request_id: &str) -> String {
@@ -217,17 +206,9 @@ pub enum Trigger {
     /// A doorbell: a batch of the table's DynamoDB stream records (message inserts by any
     /// writer), from the event source mapping.
     Doorbell,
-}
-
-/// Why a notified invocation returned without running a relay.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Skip {
-    /// Live relays hold (or, having just joined, are claiming) every notified bucket.
-    Covered,
-    /// The notified buckets no live relay holds have no message.
-    Empty,
-    /// The notification names another table, key prefix or bucket count.
-    NotThisOutbox,
+    /// A successor request from a relay that left work in its buckets
+    /// ([`dynamo_outbox::notification::Handoff`]).
+    Successor,
 }
 
 /// How an invocation ended: the stop reason of the relay it ran, or why it ran none.
@@ -246,9 +227,7 @@ impl Ending {
     pub fn as_str(self) -> &'static str {
         match self {
             Ending::Ran(reason) => reason.as_str(),
-            Ending::Skipped(Skip::Covered) => "covered",
-            Ending::Skipped(Skip::Empty) => "empty",
-            Ending::Skipped(Skip::NotThisOutbox) => "not_this_outbox",
+            Ending::Skipped(skip) => skip.as_str(),
         }
     }
 
@@ -305,6 +284,12 @@ pub struct RelaySummary {
     pub stop_reason: Ending,
     /// Whether every lease was released at the end.
     pub released: bool,
+    /// Whether the run started a successor for the work it left.
+    pub successor_started: bool,
+    /// Why a woken invocation joined without knowing whether it was needed (a failed
+    /// coverage read), when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub doubt: Option<String>,
     /// Where the run's deadline came from.
     pub deadline_source: DeadlineSource,
     /// Milliseconds left when the handler returned: before the invocation's deadline, or
@@ -343,6 +328,8 @@ impl RelaySummary {
             kafka_client_reused,
             stop_reason: Ending::Ran(report.stop_reason),
             released: report.released,
+            successor_started: report.successor_started,
+            doubt: None,
             deadline_source: source,
             time_left_ms: millis(time_left),
             dynamodb_requests: BTreeMap::new(),
@@ -372,6 +359,8 @@ impl RelaySummary {
             kafka_client_reused: false,
             stop_reason: Ending::Skipped(skip),
             released: true,
+            successor_started: false,
+            doubt: None,
             deadline_source: source,
             time_left_ms: millis(time_left),
             dynamodb_requests: BTreeMap::new(),
@@ -383,25 +372,15 @@ fn millis(d: Duration) -> u64 {
     d.as_millis().try_into().unwrap_or(u64::MAX)
 }
 
-/// What a notified invocation decided ([`RelayFunction::look_at_notification`]).
-enum Notified {
-    /// Run a relay: these notified buckets have no live relay. `connected`: the Kafka
-    /// connection was made while deciding (so the run does not count it as reused).
-    Join {
-        uncovered: Vec<u32>,
-        connected: bool,
-    },
-    /// Return without a relay, with the uncovered buckets of the last read (none when the
-    /// notification is for another outbox).
-    Skip(Skip, Option<Vec<u32>>),
-}
-
 /// The relay function: clients of one execution environment and the handler.
 #[derive(Debug)]
 pub struct RelayFunction {
     settings: RelaySettings,
     store: DynamoDbOutboxStore,
-    publisher: tokio::sync::Mutex<Option<Arc<KafkaPublisher>>>,
+    publisher: Arc<LazyKafkaPublisher>,
+    /// Starts the successor of a run that leaves work (none: the run leaves it to the next
+    /// wake-up).
+    successor: Option<Arc<dyn Successor>>,
     /// CloudWatch metrics (Embedded Metric Format), flushed to stdout after each invocation.
     metrics: Arc<EmfMetrics>,
     /// Counts the DynamoDB client's attempts, when it has the counter attached.
@@ -418,99 +397,14 @@ impl RelayFunction {
         let metrics = Arc::new(EmfMetrics::from_env(settings.outbox.table_name.clone()));
         // The first invocation of this execution environment is its cold start.
         metrics.cold_start();
+        let publisher = Arc::new(LazyKafkaPublisher::new(settings.kafka.clone()));
         Ok(RelayFunction {
             settings,
             store,
-            publisher: tokio::sync::Mutex::new(None),
+            publisher,
+            successor: None,
             metrics,
             requests: None,
-        })
-    }
-
-    /// Whether every one of `buckets` has no message (strongly consistent probes, bounded
-    /// by `deadline`); a probe that fails or runs out of time counts as a message.
-    async fn all_empty(&self, buckets: &[u32], deadline: Instant) -> bool {
-        for &b in buckets {
-            match tokio::time::timeout_at(deadline, self.store.probe_consistent(b)).await {
-                Ok(Ok(false)) => {}
-                _ => return false,
-            }
-        }
-        true
-    }
-
-    /// What a notified invocation does about `n` (a commit notification or a doorbell):
-    /// reads the coordination partition once; when live relays cover every notified
-    /// bucket, or the uncovered ones are empty, it skips. Otherwise it connects to Kafka,
-    /// waits its jitter (or for an imminent handover to settle) and reads again; it joins
-    /// when a bucket is still uncovered.
-    async fn look_at_notification(
-        &self,
-        n: &CommitNotification,
-        options: &RelayOptions,
-        deadline: Instant,
-        request_id: &str,
-    ) -> Result<Notified, FunctionError> {
-        let mismatch = match n.mismatch(&self.settings.outbox) {
-            Some(why) => Some(why),
-            None if n.buckets.is_empty() => {
-                Some("no message of this outbox in the doorbell".to_owned())
-            }
-            None => None,
-        };
-        if let Some(why) = mismatch {
-            info!(why, "commit notification for another outbox: ignored");
-            return Ok(Notified::Skip(Skip::NotThisOutbox, None));
-        }
-        let look = || async {
-            tokio::time::timeout_at(deadline, self.store.coverage(&n.buckets, options))
-                .await
-                .map_err(|_| {
-                    FunctionError::from(dynamo_outbox::Error::DeadlineExceeded(
-                        "reading the coordination partition",
-                    ))
-                })?
-                .map_err(FunctionError::from)
-        };
-        let first = look().await?;
-        let mut read = first.uncovered;
-        let mut connected = false;
-        // Nothing waiting in them (a later batch of the same commit's stream records, whose
-        // messages an earlier invocation already published): no relay to run. One strongly
-        // consistent one-item query per bucket; a commit after it rings its own doorbell.
-        if !read.is_empty() && self.all_empty(&read, deadline).await {
-            info!(uncovered = ?read, "commit notification: the uncovered buckets are empty, not joining");
-            return Ok(Notified::Skip(Skip::Empty, Some(read)));
-        }
-        if !read.is_empty() {
-            // A burst of notifications to an idle fleet: the invocations spread out by a
-            // jitter of their own and look again, so that the first to join (its heartbeat
-            // is its first write) covers the later ones. The Kafka connection is made
-            // first, to keep the time between the second look and the heartbeat short.
-            // When live relays are about to take the buckets over (a handover, a
-            // newcomer's share changing hands) within HANDOVER_SETTLE_MAX, the second look
-            // waits until they have: a handover starts no extra relay.
-            connected = !self.publisher(deadline).await?.1;
-            let jitter = notification_jitter(request_id);
-            let settle = first
-                .settles_in
-                .filter(|s| *s <= HANDOVER_SETTLE_MAX)
-                .unwrap_or(Duration::ZERO);
-            let again = Instant::now() + jitter.max(settle);
-            tokio::time::sleep_until(again.min(deadline)).await;
-            read = look().await?.uncovered;
-        }
-        if read.is_empty() {
-            info!(
-                buckets = ?n.buckets,
-                "commit notification: live relays own the notified buckets, not joining"
-            );
-            return Ok(Notified::Skip(Skip::Covered, Some(read)));
-        }
-        info!(uncovered = ?read, "commit notification: buckets without a live relay, joining");
-        Ok(Notified::Join {
-            uncovered: read,
-            connected,
         })
     }
 
@@ -522,33 +416,23 @@ impl RelayFunction {
         self
     }
 
+    /// Starts a successor through `successor` when a run leaves work in its buckets (the
+    /// deployed binary: [`dynamo_outbox::notification::LambdaSuccessor`], itself).
+    pub fn with_successor(mut self, successor: Arc<dyn Successor>) -> Self {
+        self.successor = Some(successor);
+        self
+    }
+
     /// The settings the function runs with.
     pub fn settings(&self) -> &RelaySettings {
         &self.settings
     }
 
-    /// The Kafka publisher of this execution environment, connected on first use, and
-    /// whether it was there already.
-    async fn publisher(
-        &self,
-        deadline: Instant,
-    ) -> Result<(Arc<KafkaPublisher>, bool), FunctionError> {
-        let mut slot = self.publisher.lock().await;
-        if let Some(p) = slot.as_ref() {
-            return Ok((p.clone(), true));
-        }
-        let connect_by = deadline.min(Instant::now() + CONNECT_TIMEOUT);
-        let publisher =
-            Arc::new(KafkaPublisher::connect(self.settings.kafka.clone(), connect_by).await?);
-        *slot = Some(publisher.clone());
-        Ok((publisher, false))
-    }
-
-    /// Handles one invocation. A commit notification ([`dynamo_outbox::notification::CommitNotification`]) first reads
-    /// the coordination partition once and returns (`stop_reason` `covered`) when live
-    /// relays hold (or, having just joined, are claiming) every notified bucket; any other payload (a schedule tick, a
-    /// manual invoke), and a notification they do not cover, runs one relay until the run
-    /// deadline, then returns the summary.
+    /// Handles one invocation. A commit notification or a doorbell first decides whether a
+    /// relay is needed ([`decide`]) and returns at once (`stop_reason` `covered`, `empty`
+    /// or `not_this_outbox`) when it is not; any other payload (a schedule tick, a
+    /// successor request, a manual invoke), and a wake-up that joins, runs one relay until
+    /// the run deadline, then returns the summary.
     pub async fn handle(
         &self,
         event: LambdaEvent<serde_json::Value>,
@@ -601,30 +485,45 @@ impl RelayFunction {
         let wake = Wake::from_payload(&event.payload, &self.settings.outbox)?;
         let (trigger, notified) = match wake {
             Wake::Tick => (Trigger::Direct, None),
+            Wake::Successor(handoff) => {
+                info!(predecessor = %handoff.predecessor, buckets = ?handoff.buckets, "started as a successor");
+                (Trigger::Successor, None)
+            }
             Wake::Notification(n) => (Trigger::Notification, Some(n)),
             Wake::Doorbell(n) => (Trigger::Doorbell, Some(n)),
         };
-        let (uncovered, connected_here) = match notified {
-            None => (None, false),
-            Some(n) => match self
-                .look_at_notification(&n, &options, deadline, &context.request_id)
-                .await?
-            {
-                Notified::Join {
-                    uncovered,
-                    connected,
-                } => (Some(uncovered), connected),
-                Notified::Skip(skip, uncovered) => {
-                    return Ok(RelaySummary::skipped(
-                        options.relay_id,
-                        trigger,
-                        uncovered,
-                        skip,
-                        source,
-                        time_left(source),
-                    ));
+        let was_connected = self.publisher.is_connected().await;
+        let (uncovered, doubt) = match notified {
+            None => (None, None),
+            Some(n) => {
+                // The head start: connect while deciding, so that the time between the
+                // second look and the heartbeat is short. A failure is the relay's to retry.
+                let prepare = async {
+                    let _ = self.publisher.connect(deadline).await;
+                };
+                match decide(
+                    &self.store,
+                    &n,
+                    &options,
+                    deadline,
+                    &context.request_id,
+                    prepare,
+                )
+                .await
+                {
+                    Decision::Join { uncovered, doubt } => (Some(uncovered), doubt),
+                    Decision::Skip { why, uncovered } => {
+                        return Ok(RelaySummary::skipped(
+                            options.relay_id,
+                            trigger,
+                            uncovered,
+                            why,
+                            source,
+                            time_left(source),
+                        ));
+                    }
                 }
-            },
+            }
         };
         if source == DeadlineSource::Fallback {
             warn!(
@@ -633,10 +532,11 @@ impl RelayFunction {
                 "the invocation has no usable deadline: running for the configured maximum run time"
             );
         }
-        let (publisher, reused) = self.publisher(deadline).await?;
-        let reused = reused && !connected_here;
-        let relay =
-            Relay::new(self.store.clone(), publisher, options)?.with_metrics(self.metrics.clone());
+        let mut relay = Relay::new(self.store.clone(), self.publisher.clone(), options)?
+            .with_metrics(self.metrics.clone());
+        if let Some(successor) = &self.successor {
+            relay = relay.with_successor(successor.clone());
+        }
         let result = relay.run_until(deadline).await;
         // One EMF document set per invocation, on stdout, where CloudWatch Logs picks it up.
         if let Err(e) = self.metrics.flush_to(&mut std::io::stdout().lock()) {
@@ -644,17 +544,18 @@ impl RelayFunction {
         }
         let report = result?;
         if report.published == 0 && report.publish_failures > 0 {
-            warn!("nothing published and publishing failed: the Kafka client is rebuilt on the next invocation");
-            *self.publisher.lock().await = None;
+            warn!("nothing published and publishing failed: the Kafka client is rebuilt by the next publish");
+            self.publisher.disconnect().await;
         }
-        let summary = RelaySummary::new(
+        let mut summary = RelaySummary::new(
             &report,
-            reused,
+            was_connected,
             trigger,
             uncovered,
             source,
             time_left(source),
         );
+        summary.doubt = doubt;
         info!(
             relay_id = %summary.relay_id,
             published = summary.published,
@@ -664,6 +565,7 @@ impl RelayFunction {
             trigger = ?summary.trigger,
             stop_reason = %summary.stop_reason,
             released = summary.released,
+            successor_started = summary.successor_started,
             time_left_ms = summary.time_left_ms,
             "relay invocation done"
         );
@@ -705,26 +607,6 @@ mod tests {
                 "{deadline_ms}"
             );
         }
-    }
-
-    #[test]
-    fn notification_jitter_spreads_a_burst_under_the_join_delay() {
-        let jitters: Vec<Duration> = (0..1000)
-            .map(|i| notification_jitter(&format!("request-{i}")))
-            .collect();
-        assert!(jitters.iter().all(|j| *j < JOIN_DELAY));
-        // Spread over the whole window: every tenth of it gets some.
-        let mut tenths = [0; 10];
-        for j in &jitters {
-            tenths[(j.as_millis() * 10 / JOIN_DELAY.as_millis()) as usize] += 1;
-        }
-        assert!(tenths.iter().all(|n| *n >= 50), "{tenths:?}");
-        // The ids the idle-burst handler test relies on.
-        let ms = |id: &str| notification_jitter(id).as_millis();
-        assert_eq!(
-            ["wake-150", "wake-119", "wake-53", "wake-108", "wake-144"].map(ms),
-            [0, 56, 112, 167, 224]
-        );
     }
 
     #[test]

@@ -9,12 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dynamo_outbox::accounting::RequestCounter;
+use dynamo_outbox::notification::{notification_jitter, Skip};
 use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions, StopReason};
 use lambda_runtime::LambdaEvent;
 use outbox_integration_tests::*;
-use outbox_relay_function::{
-    notification_jitter, Ending, RelayFunction, RelaySettings, RelaySummary, Skip, Trigger,
-};
+use outbox_relay_function::{Ending, RelayFunction, RelaySettings, RelaySummary, Trigger};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -407,4 +406,147 @@ async fn doorbells_at_scheduled_handovers_start_no_relay() {
     wait_for_ids(&topic, &written, Duration::from_secs(30))
         .await
         .assert_at_least_once(&written);
+}
+
+/// Fails the next `left` DynamoDB `Query` attempts, as a throttled or failing table.
+#[derive(Debug, Clone)]
+struct FailQueries {
+    left: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl aws_sdk_dynamodb::config::Intercept for FailQueries {
+    fn name(&self) -> &'static str {
+        "FailQueries"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_sdk_dynamodb::config::RuntimeComponents,
+        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        use std::sync::atomic::Ordering;
+        if operation_is(cfg, "Query")
+            && self
+                .left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return Err("injected: Query unavailable".into());
+        }
+        Ok(())
+    }
+}
+
+/// A doorbell whose coverage read fails (every attempt the SDK makes) is not a lost
+/// wake-up: the invocation cannot tell whether live relays cover the buckets, so it joins,
+/// says why in its summary, and publishes. No function error, which the stream mapping
+/// would answer by holding up the shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_doorbell_whose_coverage_read_fails_joins_and_publishes() {
+    let (client, options) = streamed_table(2).await;
+    let topic = random_name("doubt");
+    create_topic(&topic, 1);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let written = enqueue(&writer, &topic, &["a", "b", "c"]).await;
+    let (doorbell, _) = doorbell_since(&options, None);
+
+    // Three failed attempts: the coverage read and the SDK's two retries of it (an
+    // interceptor's error may also end it at the first; then the relay's next reads fail
+    // and are retried on its back-off).
+    let failing = FailQueries {
+        left: Arc::new(3.into()),
+    };
+    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let faulty = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&config)
+            .interceptor(failing.clone())
+            .build(),
+    );
+    let function = RelayFunction::new(faulty, settings(&options, &[])).unwrap();
+    let summary = function
+        .handle(event("doubt", Duration::from_secs(20), doorbell))
+        .await
+        .expect("a failed coverage read is no function error");
+    assert_eq!(summary.trigger, Trigger::Doorbell);
+    assert!(summary.stop_reason.ran(), "{summary:?}");
+    let doubt = summary.doubt.as_deref().unwrap_or_default();
+    assert!(
+        doubt.contains("coordination partition") && doubt.contains("injected"),
+        "{summary:?}"
+    );
+    wait_for_ids(&topic, &written, Duration::from_secs(20))
+        .await
+        .assert_at_least_once(&written);
+    assert_eq!(pending_messages(&client, &options).await, 0);
+    assert_eq!(summary.published, written.len() as u64, "{summary:?}");
+    assert_eq!(summary.refused_writes, 0, "{summary:?}");
+}
+
+/// A doorbell on a cold start while Kafka refuses connections is not a lost wake-up: the
+/// invocation joins (its head-start connection gives up after the connect timeout, which
+/// is no part of the decision), the relay retries the connection on its back-off, and
+/// publishes once Kafka is back, within the invocation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_doorbell_on_a_cold_start_with_kafka_unreachable_publishes_once_kafka_returns() {
+    let (client, options) = streamed_table(2).await;
+    let log = std::env::temp_dir().join(format!("{}.log", random_name("tansu-cold")));
+    let broker = outbox_harness::broker::ProxiedBroker::start(&log)
+        .await
+        .expect("private tansu behind the fault proxy");
+    let bootstrap = broker.bootstrap();
+    let topic = random_name("cold");
+    outbox_harness::kafka_py(&[
+        "--bootstrap",
+        &bootstrap,
+        "create-topic",
+        &topic,
+        "--partitions",
+        "1",
+    ])
+    .unwrap();
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let written = enqueue(&writer, &topic, &["a", "b", "c"]).await;
+    let (doorbell, _) = doorbell_since(&options, None);
+
+    broker.proxy.refuse();
+    let function = RelayFunction::new(
+        client.clone(),
+        settings(
+            &options,
+            &[
+                ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
+                ("OUTBOX_ERROR_BACKOFF", "200ms"),
+            ],
+        ),
+    )
+    .unwrap();
+    // Refused for longer than one connection attempt may take.
+    let reopen = async {
+        tokio::time::sleep(dynamo_outbox::publish::CONNECT_TIMEOUT + Duration::from_secs(2)).await;
+        broker.proxy.pass();
+    };
+    let (summary, ()) = tokio::join!(
+        function.handle(event("cold", Duration::from_secs(40), doorbell)),
+        reopen
+    );
+    let summary = summary.expect("Kafka unreachable is no function error");
+    assert_eq!(summary.trigger, Trigger::Doorbell);
+    assert!(summary.stop_reason.ran(), "{summary:?}");
+    assert!(!summary.kafka_client_reused, "{summary:?}");
+    assert!(
+        summary.publish_failures > 0,
+        "it tried while Kafka refused: {summary:?}"
+    );
+    assert_eq!(summary.published, written.len() as u64, "{summary:?}");
+    assert_eq!(pending_messages(&client, &options).await, 0);
+    let records: Vec<ReadRecord> =
+        outbox_harness::kafka_py(&["--bootstrap", &bootstrap, "read", &topic])
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).expect("record json"))
+            .collect();
+    Deliveries::of(&records).assert_at_least_once(&written);
+    let _ = std::fs::remove_file(&log);
 }

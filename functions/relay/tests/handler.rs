@@ -7,13 +7,14 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use dynamo_outbox::notification::{CommitNotification, DETAIL_TYPE, SOURCE};
+use dynamo_outbox::notification::{
+    notification_jitter, CommitNotification, Skip, DETAIL_TYPE, SOURCE,
+};
 use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions, StopReason};
 use lambda_runtime::LambdaEvent;
 use outbox_integration_tests::*;
 use outbox_relay_function::{
-    notification_jitter, DeadlineSource, Ending, RelayFunction, RelaySettings, RelaySummary, Skip,
-    Trigger,
+    DeadlineSource, Ending, RelayFunction, RelaySettings, RelaySummary, Trigger,
 };
 use serde_json::{json, Value};
 use tokio::time::Instant;

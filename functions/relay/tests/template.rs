@@ -189,12 +189,14 @@ fn the_enqueue_function_gets_exactly_its_actions() {
             "events:PutEvents"
         ])
     );
-    // events:PutEvents only when an event bus is configured, and only on that bus.
+    // events:PutEvents only when commits are notified over a bus (an event bus is
+    // configured, and the stream's doorbell does not wake the relay already), and only on
+    // that bus.
     let lines = resource(&t, "EnqueueFunction");
     let text = lines.join("\n");
     let at = text.find("events:PutEvents").unwrap();
     assert!(
-        text[..at].contains("- HasEventBus"),
+        text[..at].contains("- NotifyOnCommit"),
         "PutEvents is conditional"
     );
     assert!(text[at..].contains("event-bus/${EventBusName}"));
@@ -647,11 +649,19 @@ fn the_table_is_the_specifications() {
 }
 
 #[test]
-fn commit_notifications_invoke_the_relay_only_when_a_bus_is_configured() {
+fn commit_notifications_invoke_the_relay_only_when_a_bus_is_configured_in_schedule_mode() {
     let t = template();
+    // One wake-up per commit: with WakeOn=stream the doorbell rings for every commit, so
+    // the bus carries no notifications then (no rule, no PutEvents, no variable).
+    assert!(
+        t.contains(
+            "  NotifyOnCommit: !And\n    - !Condition HasEventBus\n    - !Not [!Condition WakeOnStream]\n"
+        ),
+        "NotifyOnCommit must be HasEventBus and not WakeOnStream"
+    );
     let rule = resource(&t, "CommitNotificationRule").join("\n");
     for needle in [
-        "Condition: HasEventBus",
+        "Condition: NotifyOnCommit",
         "EventBusName: !Ref EventBusName",
         // The library's notification::SOURCE and DETAIL_TYPE.
         "source: [dynamo-outbox]",
@@ -669,7 +679,7 @@ fn commit_notifications_invoke_the_relay_only_when_a_bus_is_configured() {
     assert_eq!(dynamo_outbox::notification::DETAIL_TYPE, "OutboxCommitted");
     let permission = resource(&t, "CommitNotificationPermission").join("\n");
     for needle in [
-        "Condition: HasEventBus",
+        "Condition: NotifyOnCommit",
         "Principal: events.amazonaws.com",
         "SourceArn: !GetAtt CommitNotificationRule.Arn",
         "FunctionName: !Ref RelayFunction",
@@ -682,10 +692,33 @@ fn commit_notifications_invoke_the_relay_only_when_a_bus_is_configured() {
     let enqueue = resource(&t, "EnqueueFunction").join("\n");
     assert!(
         enqueue.contains(
-            "OUTBOX_NOTIFY_EVENT_BUS: !If [HasEventBus, !Ref EventBusName, !Ref AWS::NoValue]"
+            "OUTBOX_NOTIFY_EVENT_BUS: !If [NotifyOnCommit, !Ref EventBusName, !Ref AWS::NoValue]"
         ),
         "{enqueue}"
     );
+    assert!(
+        enqueue.contains("- !If\n          - NotifyOnCommit\n          - Statement:\n              - Sid: CommitNotifications"),
+        "the PutEvents grant must follow NotifyOnCommit:\n{enqueue}"
+    );
+}
+
+#[test]
+fn the_relay_may_invoke_itself_only_to_start_its_successor() {
+    let t = template();
+    let policy = resource(&t, "RelaySuccessorPolicy");
+    assert_eq!(actions(&policy), set(&["lambda:InvokeFunction"]));
+    let text = policy.join("\n");
+    for needle in [
+        "Type: AWS::IAM::Policy",
+        "- !Ref RelayFunctionRole",
+        "Resource: !GetAtt RelayFunction.Arn",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing:\n{text}");
+    }
+    // The successor chain is on purpose (bounded by the relay), so Lambda's recursive
+    // loop detection must not cut it after 16 invocations.
+    let relay = resource(&t, "RelayFunction").join("\n");
+    assert!(relay.contains("      RecursiveLoop: Allow"), "{relay}");
 }
 
 /// The DynamoDB operations the relay's code calls (the store the relay function runs:

@@ -1,14 +1,15 @@
 //! What a Lambda invocation's payload says, read with the `aws_lambda_events` types:
 //! a commit notification delivered by an EventBridge rule, a doorbell (a batch of the
-//! table's DynamoDB stream records, delivered by an event source mapping), or anything
-//! else (a schedule tick, a manual invoke). Behind the cargo feature `lambda`.
+//! table's DynamoDB stream records, delivered by an event source mapping), a leaving
+//! relay's request for a successor ([`super::Handoff`]), or anything else (a schedule
+//! tick, a manual invoke). Behind the cargo feature `lambda`.
 
 use aws_lambda_events::event::dynamodb::Event as StreamEvent;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use serde_json::Value;
 use tracing::warn;
 
-use super::{CommitNotification, DETAIL_TYPE, SOURCE};
+use super::{CommitNotification, Handoff, DETAIL_TYPE, SOURCE};
 use crate::error::{Error, Result};
 use crate::options::OutboxOptions;
 use crate::schema::Keys;
@@ -24,6 +25,8 @@ pub enum Wake {
     /// outbox `options` describes (by any writer). Records of other outboxes or of
     /// other items are left out; a doorbell with no bucket left rang for another outbox.
     Doorbell(CommitNotification),
+    /// A relay that left with work in its buckets started this one as its successor.
+    Successor(Handoff),
 }
 
 impl Wake {
@@ -35,6 +38,9 @@ impl Wake {
     pub fn from_payload(payload: &Value, options: &OutboxOptions) -> Result<Wake> {
         if is_stream_event(payload) {
             return Ok(Wake::Doorbell(doorbell(payload, options)));
+        }
+        if let Some(handoff) = Handoff::from_payload(payload)? {
+            return Ok(Wake::Successor(handoff));
         }
         Ok(match CommitNotification::from_event(payload)? {
             Some(n) => Wake::Notification(n),

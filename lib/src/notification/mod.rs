@@ -28,8 +28,14 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::options::OutboxOptions;
 
+mod decide;
 mod local;
+mod successor;
+pub use decide::{decide, notification_jitter, Decision, Skip, HANDOVER_SETTLE_MAX};
 pub use local::LocalNotifier;
+#[cfg(feature = "lambda")]
+pub use successor::LambdaSuccessor;
+pub use successor::{Handoff, Successor, SUCCESSOR_KEY, SUCCESSOR_LEAD};
 #[cfg(feature = "lambda")]
 pub mod event;
 #[cfg(feature = "eventbridge")]

@@ -30,6 +30,7 @@ use crate::schema::StoredMessage;
 
 pub(crate) mod config;
 pub(crate) mod kafka;
+mod lazy;
 pub(crate) mod msk_iam;
 pub(crate) mod record;
 pub(crate) mod route;
@@ -41,6 +42,7 @@ mod fake_broker;
 
 pub use config::{env, KafkaAuth, KafkaCompression, KafkaConfig, DEFAULT_MESSAGE_ID_HEADER};
 pub use kafka::KafkaPublisher;
+pub use lazy::{LazyKafkaPublisher, CONNECT_TIMEOUT, RECONNECT_PAUSE};
 pub use msk_iam::MskIamTokenProvider;
 pub use route::partition_for;
 pub use sasl::{Password, SaslCredentials, SecretsManagerSecret, UsernamePassword};

@@ -33,7 +33,7 @@ use tracing::{error, info, instrument, warn};
 
 use crate::error::{Error, Result};
 use crate::metrics::{NoMetrics, RelayMetrics};
-use crate::notification::LocalNotifier;
+use crate::notification::{Handoff, LocalNotifier, Successor, SUCCESSOR_LEAD};
 use crate::options::RelayOptions;
 use crate::publish::Publisher;
 use crate::store::{DynamoDbOutboxStore, WriteKind};
@@ -46,6 +46,8 @@ use state::RunState;
 pub const DEFAULT_STOP_RESERVE: Duration = Duration::from_secs(2);
 /// The handover's timings, which the coordination snapshot computes with.
 pub use crate::coordination::{HANDOVER_STEP, HANDOVER_WATCH};
+/// Longest time a relay waits for its successor's start to be accepted.
+pub const SUCCESSOR_START_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pause between a relay's first heartbeat and its first read of the coordination partition.
 pub const JOIN_DELAY: Duration = Duration::from_millis(300);
 /// How often the owner of bucket zero samples the backlog (counts are billed per item
@@ -59,6 +61,7 @@ pub struct Relay<P: Publisher> {
     options: RelayOptions,
     metrics: Arc<dyn RelayMetrics>,
     notifier: Option<Arc<LocalNotifier>>,
+    successor: Option<Arc<dyn Successor>>,
     stop_reserve: Duration,
 }
 
@@ -94,6 +97,7 @@ impl<P: Publisher> Relay<P> {
             options,
             metrics: Arc::new(NoMetrics),
             notifier: None,
+            successor: None,
             stop_reserve: DEFAULT_STOP_RESERVE,
         })
     }
@@ -108,6 +112,14 @@ impl<P: Publisher> Relay<P> {
     /// the writer with [`crate::DynamoDbOutboxWriter::with_notifier`]).
     pub fn with_notifier(mut self, notifier: Arc<LocalNotifier>) -> Self {
         self.notifier = Some(notifier);
+        self
+    }
+
+    /// Starts a successor through `successor` when a run with a deadline reaches it minus
+    /// [`SUCCESSOR_LEAD`] with work left in its buckets (once per run; see
+    /// [`crate::notification::Successor`]).
+    pub fn with_successor(mut self, successor: Arc<dyn Successor>) -> Self {
+        self.successor = Some(successor);
         self
     }
 
@@ -159,6 +171,7 @@ impl<P: Publisher> Relay<P> {
             ..RunState::default()
         };
         let mut shutdown = Shutdown::new(deadline, signal, grace);
+        state.successor_at = self.successor_due(&shutdown, Instant::now());
         info!(bucket_count = self.options.bucket_count, "relay starting");
         let reason = loop {
             if shutdown.requested() {
@@ -211,6 +224,10 @@ impl<P: Publisher> Relay<P> {
                     None => {}
                 }
             }
+            if state.successor_at.is_some_and(|at| Instant::now() >= at) {
+                state.successor_at = None;
+                shutdown.race(self.start_successor(&mut state)).await;
+            }
             if !shutdown.requested() {
                 let now = Instant::now();
                 let wake = state.next_wake(
@@ -262,6 +279,46 @@ impl<P: Publisher> Relay<P> {
         shutdown
             .hard_deadline()
             .map(|d| d.checked_sub(self.stop_reserve).unwrap_or(now))
+    }
+
+    /// When a run starting at `now` looks for work left to start its successor: the end
+    /// of work minus [`SUCCESSOR_LEAD`], for a relay with a successor and a deadline whose
+    /// run is at least that long (so a chain of successors starts at most one relay per
+    /// [`SUCCESSOR_LEAD`]).
+    fn successor_due(&self, shutdown: &Shutdown, now: Instant) -> Option<Instant> {
+        self.successor.as_ref()?;
+        let at = self
+            .work_until(shutdown, now)?
+            .checked_sub(SUCCESSOR_LEAD)?;
+        (at >= now + SUCCESSOR_LEAD).then_some(at)
+    }
+
+    /// Starts the successor when an owned bucket has work left (a failure is logged and
+    /// counted: the buckets then wait for the next wake-up, as without a successor).
+    async fn start_successor(&self, state: &mut RunState) {
+        let Some(successor) = &self.successor else {
+            return;
+        };
+        let buckets = state.work_left();
+        if buckets.is_empty() {
+            info!("no work left in the owned buckets: no successor");
+            return;
+        }
+        let handoff = Handoff::new(self.store.options(), &self.options.relay_id, buckets);
+        match tokio::time::timeout(SUCCESSOR_START_TIMEOUT, successor.start(&handoff)).await {
+            Ok(Ok(())) => {
+                state.successor_started = true;
+                info!(buckets = ?handoff.buckets, "work left: successor started");
+            }
+            Ok(Err(e)) => {
+                state.errors += 1;
+                warn!(error = %crate::error::chain(&e), "starting the successor failed");
+            }
+            Err(_) => {
+                state.errors += 1;
+                warn!("starting the successor timed out");
+            }
+        }
     }
 
     /// Completes at the next commit notification (never without a notifier).

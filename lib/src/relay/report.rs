@@ -57,6 +57,9 @@ pub struct RunReport {
     pub stop_reason: StopReason,
     /// Whether the stop released every lease (re-read until none named the relay).
     pub released: bool,
+    /// Whether the run started a successor for the work it left
+    /// ([`crate::notification::Successor`]).
+    pub successor_started: bool,
 }
 
 impl RunReport {

@@ -35,6 +35,9 @@ pub(super) struct Owned {
     pub(super) retry_at: Option<Instant>,
     /// The last publish failed: the next batch is the head alone.
     pub(super) head_only: bool,
+    /// Stuck behind an item no relay can publish (a poison item, a topic outside the
+    /// allow-list) until an operator moves it: not work a successor could do.
+    pub(super) parked: bool,
     /// Fetches of this bucket ran into their time limit: the next ones read the batch's
     /// byte share halved this many times (one less after each batch that went through).
     pub(super) fetch_halvings: u32,
@@ -54,6 +57,7 @@ impl Owned {
             next_probe: now,
             retry_at: None,
             head_only: false,
+            parked: false,
             fetch_halvings: 0,
         }
     }
@@ -114,6 +118,11 @@ pub(super) struct RunState {
     pub(super) last_activity: Option<Instant>,
     /// Whether the last round found live peers holding every bucket this relay does not.
     pub(super) peers_hold_the_rest: bool,
+    /// When the run looks for work left and starts its successor (a relay with a successor
+    /// and a deadline); `None` once done, or when there is none to start.
+    pub(super) successor_at: Option<Instant>,
+    /// Whether it started one.
+    pub(super) successor_started: bool,
 }
 
 impl RunState {
@@ -184,10 +193,24 @@ impl RunState {
         ) {
             wake = wake.min(last + after);
         }
+        if let Some(s) = self.successor_at {
+            wake = wake.min(s);
+        }
         if let Some(w) = work_until {
             wake = wake.min(w);
         }
         wake
+    }
+
+    /// The owned buckets with work a successor could do: messages known or likely to be
+    /// waiting (dirty, or a failed batch waiting for its retry), unless parked behind an
+    /// item no relay can publish.
+    pub(super) fn work_left(&self) -> Vec<u32> {
+        self.owned
+            .iter()
+            .filter(|(_, o)| (o.dirty || o.retry_at.is_some()) && !o.parked)
+            .map(|(b, _)| *b)
+            .collect()
     }
 
     /// Applies one bucket's batch result (`took` long) at `now`; a misconfiguration is
@@ -207,6 +230,7 @@ impl RunState {
         }
         match result {
             Ok(BatchResult::Idle) => {
+                o.parked = false;
                 o.dirty = false;
                 o.retry_at = None;
                 o.next_probe = now + options.poll_interval;
@@ -230,6 +254,7 @@ impl RunState {
                 }
                 o.retry_at = None;
                 o.head_only = false;
+                o.parked = false;
                 o.fetch_halvings = o.fetch_halvings.saturating_sub(1);
                 o.dirty = full || deleted < fetched;
                 o.next_probe = now + options.poll_interval;
@@ -284,6 +309,7 @@ impl RunState {
                 self.publish_failures += 1;
                 o.dirty = true;
                 o.head_only = true;
+                o.parked = true;
                 o.retry_at = Some(now + options.lease_renew_interval);
             }
             Err(e @ Error::Misconfiguration(_)) => return Some(e),
@@ -334,6 +360,7 @@ impl RunState {
             errors: self.errors,
             stop_reason,
             released,
+            successor_started: self.successor_started,
         }
     }
 }
