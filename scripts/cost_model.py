@@ -61,11 +61,21 @@ the margin or the loads): only for quick checks, the figures are not the deploym
 Prints one JSON line per cell as it ends, and the whole result as JSON to --out (a
 file; default: none) and a Markdown table on stdout.
 
-Prices (USD, us-east-1, as published in 2025): Lambda arm64 $0.0000133334 per GB-s and
-$0.20 per million requests; DynamoDB on-demand $0.625 per million write request units and
-$0.125 per million read request units; EventBridge Scheduler $1.00 per million
-invocations (after 14 million free a month, not deducted); DynamoDB Streams reads by a
-Lambda event source mapping are free. 730 hours a month.
+The bill (bill(), per cell; --reprice FILE... prints it for recorded --out files; a
+self-check of the pricing functions: --self-test): us-east-1 list prices, one table
+(PRICE_TABLE, with the page each is read from and the date, PRICES_READ), 730 hours a
+month, free tiers not deducted. Counted for the default stack (WakeOn=stream, arm64,
+256 MB, msk-iam, no AlarmTopicArn): Lambda GB-s and requests (schedule, doorbell and
+successor invocations alike); EventBridge Scheduler invocations; DynamoDB reads in RRU by
+the bytes each Query reads (query_mix splits the measured Query count by kind from the
+relay's structure: an estimate), writes in WRU by item size, the stream (reads by the
+event source mapping are free), storage (not material: the outbox holds only unpublished
+messages); CloudWatch EMF custom metrics (emf_metric_count), alarms (none by default, 4
+with AlarmTopicArn) and Logs (log_bytes_h: line sizes rebuilt from the log formats, an
+estimate). your_vpc_adds() names what the user's VPC adds (interface endpoints, a NAT
+gateway) and a SCRAM secret; they are not in the stack's figures. The old relay-side
+figure (usd_month: every Query 1 RRU; Lambda, scheduler, DynamoDB only) is kept in each
+cell for comparison.
 """
 
 from __future__ import annotations
@@ -104,13 +114,49 @@ PREFIX = "OUTBOX"
 BUCKETS = 8
 HOURS_PER_MONTH = 730
 
-PRICES = {
-    "lambda_arm64_gb_s": 0.0000133334,
-    "lambda_request": 0.20 / 1e6,
-    "ddb_wru": 0.625 / 1e6,
-    "ddb_rru": 0.125 / 1e6,
-    "scheduler_invocation": 1.00 / 1e6,
+# Every price of the bill, USD, us-east-1 list prices, in one table: key -> (price, unit,
+# the AWS pricing page it is read from). Read on PRICES_READ from the stored copies of those
+# pages; free tiers are not deducted anywhere (they are per account, not per stack).
+PRICES_READ = "2026-12-02"
+PRICE_TABLE = {
+    # Lambda, arm64 (the template's Architecture default), first 7.5 billion GB-s a month.
+    "lambda_arm64_gb_s": (0.0000133334, "GB-second", "https://aws.amazon.com/lambda/pricing/"),
+    "lambda_request": (0.20 / 1e6, "request", "https://aws.amazon.com/lambda/pricing/"),
+    # DynamoDB on-demand (the template's BillingMode: PAY_PER_REQUEST), standard table class.
+    "ddb_rru": (0.125 / 1e6, "read request unit",
+                "https://aws.amazon.com/dynamodb/pricing/on-demand/"),
+    "ddb_wru": (0.625 / 1e6, "write request unit",
+                "https://aws.amazon.com/dynamodb/pricing/on-demand/"),
+    "ddb_storage_gb_month": (0.25, "GB-month (the first 25 GB a month free)",
+                             "https://aws.amazon.com/dynamodb/pricing/on-demand/"),
+    # "You are not charged for GetRecords API calls invoked by AWS Lambda as part of
+    # DynamoDB triggers" (the same page, DynamoDB Streams); enabling a stream costs nothing.
+    "ddb_stream_read_by_lambda": (0.0, "GetRecords by an event source mapping",
+                                  "https://aws.amazon.com/dynamodb/pricing/on-demand/"),
+    "scheduler_invocation": (1.00 / 1e6, "schedule invocation (after 14 million free a month)",
+                             "https://aws.amazon.com/eventbridge/pricing/"),
+    # CloudWatch: a custom metric (EMF) per metric name and dimension set, pro-rated by the
+    # hour; a standard-resolution alarm per alarm metric; Logs (Standard class; Lambda's
+    # logs start at the same rate) ingestion and archive storage.
+    "cw_metric_month": (0.30, "metric-month (first 10,000 metrics)",
+                        "https://aws.amazon.com/cloudwatch/pricing/"),
+    "cw_alarm_month": (0.10, "standard-resolution alarm metric-month",
+                       "https://aws.amazon.com/cloudwatch/pricing/"),
+    "cw_logs_ingest_gb": (0.50, "GB ingested", "https://aws.amazon.com/cloudwatch/pricing/"),
+    "cw_logs_store_gb_month": (0.03, "GB-month stored",
+                               "https://aws.amazon.com/cloudwatch/pricing/"),
+    # Only with KafkaAuth scram-* / plain (the default, msk-iam, has no secret).
+    "secret_month": (0.40, "secret-month", "https://aws.amazon.com/secrets-manager/pricing/"),
+    "secret_api_call": (0.05 / 1e4, "API call", "https://aws.amazon.com/secrets-manager/pricing/"),
+    # What the user's VPC may add (not priced into the stack's figures).
+    "vpce_interface_hour": (0.01, "interface endpoint-hour per AZ",
+                            "https://aws.amazon.com/privatelink/pricing/"),
+    "vpce_interface_gb": (0.01, "GB processed (first PB)",
+                          "https://aws.amazon.com/privatelink/pricing/"),
+    "nat_gateway_hour": (0.045, "NAT gateway-hour", "https://aws.amazon.com/vpc/pricing/"),
+    "nat_gateway_gb": (0.045, "GB processed", "https://aws.amazon.com/vpc/pricing/"),
 }
+PRICES = {k: v[0] for k, v in PRICE_TABLE.items()}
 
 MODES = {
     "a": {"name": "always-on", "idle_stop": "never", "schedule": 60.0, "stream": False},
@@ -569,6 +615,408 @@ def usd_month(billed_ms_h: float, invocations_h: float, ticks_h: float, rru_h: f
     return out
 
 
+# ------------------------------------------------------------------- the whole bill
+#
+# What the default stack (template.yaml with its defaults: WakeOn=stream, arm64, 256 MB,
+# KafkaAuth msk-iam, no AlarmTopicArn) is billed for, per mode and load, from the counts a
+# cell recorded. DynamoDB's rules (the developer guide's "DynamoDB read and write
+# operations", docs.aws.amazon.com/amazondynamodb/latest/developerguide/
+# read-write-operations.html): a Query is one read of the total size of the items it
+# reads, rounded up to the next 4 KB (1 RRU per 4 KB strongly consistent, half that
+# eventually consistent), and still consumes that minimum when it finds nothing; a
+# projection ("keys only") and a COUNT do not change the item sizes counted; a write or
+# delete is 1 WRU per 1 KB of the item (the larger of before and after), per item of a
+# BatchWriteItem, 2 per KB in a transaction.
+
+MAX_RELAY_ID = 128  # MAX_RELAY_ID_LEN (lib/src/options.rs)
+# The relay id in the deployment: "{function name}-{request id}"; SAM names the function
+# "{stack}-RelayFunction-{12 characters}" (41 characters for a stack "dynamo-outbox").
+DEPLOYED_RELAY_ID_LEN = len("dynamo-outbox-RelayFunction-AbCdEfGh1234") + 1 + 36
+COORDINATION_HEARTBEATS = 4  # heartbeat records read with the leases (live + not cleaned)
+RENEW_INTERVAL_S = 10.0  # RelayOptions::lease_renew_interval
+BACKLOG_SAMPLE_S = 60.0  # BACKLOG_SAMPLE_INTERVAL (lib/src/relay/mod.rs)
+DELETE_CHUNK = 25  # BatchWriteItem's most delete requests
+
+
+def attr_bytes(name: str, kind: str, value) -> int:
+    """An attribute's size as DynamoDB counts it: the name's UTF-8 bytes plus the value's
+    (S: UTF-8 bytes, B: bytes); numbers counted at their 21-byte maximum, as the library's
+    schema::item_size does (an upper bound)."""
+    n = len(name.encode())
+    if kind == "S":
+        return n + len(str(value).encode())
+    if kind == "B":
+        return n + len(value)
+    if kind == "N":
+        return n + 21
+    raise ValueError(kind)
+
+
+def item_bytes(attrs: list[tuple]) -> int:
+    return sum(attr_bytes(*a) for a in attrs)
+
+
+def message_item_bytes(topic: str = "orders", key_len: int = 7, value_len: int = 100,
+                       headers_len: int = 0, prefix: str = PREFIX) -> int:
+    """A message item as docs/item-schema.md lays it out (PK, SK, MessageId, Topic, Key,
+    Value, Headers when present, CreatedAtUtc, BucketCount)."""
+    attrs = [("PK", "S", f"{prefix}#MESSAGES#7"), ("SK", "S", "0" * 19),
+             ("MessageId", "S", "0" * 36), ("Topic", "S", topic),
+             ("Key", "B", b"k" * key_len), ("Value", "B", b"v" * value_len),
+             ("CreatedAtUtc", "N", 0), ("BucketCount", "N", 0)]
+    if headers_len:
+        attrs.append(("Headers", "B", b"h" * headers_len))
+    return item_bytes(attrs)
+
+
+def cost_model_message_bytes(topic: str = "cost-c-steady-91c88b") -> int:
+    """The items this model's writers write (Writers.write): a 7-byte key, a JSON value."""
+    value = json.dumps({"id": str(uuid.UUID(int=0)), "key": "key-000", "n": 1000,
+                        "sent": 1796047200.123456})
+    return message_item_bytes(topic, 7, len(value))
+
+
+def lease_item_bytes(relay_id_len: int = DEPLOYED_RELAY_ID_LEN, prefix: str = PREFIX) -> int:
+    return item_bytes([("PK", "S", f"{prefix}#COORDINATION"), ("SK", "S", "LEASE#0000000003"),
+                       ("Owner", "S", "r" * relay_id_len), ("ExpiresAtUtc", "N", 0)])
+
+
+def heartbeat_item_bytes(relay_id_len: int = DEPLOYED_RELAY_ID_LEN,
+                         prefix: str = PREFIX) -> int:
+    return item_bytes([("PK", "S", f"{prefix}#COORDINATION"),
+                       ("SK", "S", "RELAY#" + "r" * relay_id_len), ("LastSeenUtc", "N", 0),
+                       ("StopsAtUtc", "N", 0), ("StoppedAtUtc", "N", 0)])
+
+
+def counter_item_bytes(prefix: str = PREFIX) -> int:
+    return item_bytes([("PK", "S", f"{prefix}#SEQUENCE#7"), ("SK", "S", "SEQUENCE"),
+                       ("Sequence", "N", 0)])
+
+
+def coordination_read_bytes(buckets: int = BUCKETS, heartbeats: int = COORDINATION_HEARTBEATS,
+                            relay_id_len: int = DEPLOYED_RELAY_ID_LEN) -> int:
+    """One read of the coordination partition: every lease and heartbeat item."""
+    return buckets * lease_item_bytes(relay_id_len) + heartbeats * heartbeat_item_bytes(
+        relay_id_len)
+
+
+def query_rru(total_bytes: float, consistent: bool = True) -> float:
+    """A Query's read request units: the items' total size rounded up to 4 KB, at least
+    one unit (an empty result is charged too); half for an eventually consistent read."""
+    units = max(1, math.ceil(total_bytes / 4096))
+    return units if consistent else units / 2
+
+
+def write_units(item_size: float) -> int:
+    """A write or delete of one item: 1 WRU per 1 KB, rounded up, at least 1."""
+    return max(1, math.ceil(item_size / 1024))
+
+
+def runs_of(cell: dict) -> list[tuple[float, dict]]:
+    """The counted invocations as (weight per hour, record): a schedule tick weighs
+    (3600 / P) / ticks counted, a doorbell 3600 / D. Doorbells left out of the recorded
+    list (over 400 in a cell) come back from the window's totals: the skipped ones
+    (covered, empty) as 10 ms answers, the rest as runs sharing the doorbells' billed
+    time."""
+    period, window = cell["schedule_period_s"], cell["window_s"]
+    inv = cell["invocation_list"]
+    ticks = [r for r in inv if r["source"] == "schedule" and 0 <= r["at_s"] < window
+             and r.get("status") != "throttled"]
+    bells = [r for r in inv if r["source"] == "invoke" and r.get("status") != "throttled"
+             and (not cell["stationary_load"] or 0 <= r["at_s"] < window)]
+    out = [((3600 / period) / len(ticks), r) for r in ticks] if ticks else []
+    n_bells = cell["doorbell_invocations"]
+    if bells or not n_bells:
+        out += [(3600 / window, r) for r in bells]
+        return out
+    w = cell["window"]
+    skipped = sum(n for k, n in w["stop_reasons"].items()
+                  if k in ("covered", "empty", "not_this_outbox"))
+    ran = n_bells - skipped
+    bell_ms = (w["doorbell_billed_ms_mean"] or 0) * n_bells
+    skip_ms = 10
+    out.append((3600 / window * skipped, {"source": "invoke", "trigger": "doorbell",
+                                          "stop_reason": "covered", "billed_ms": skip_ms,
+                                          "published": 0}))
+    if ran:
+        per_run = max(0.0, bell_ms - skipped * skip_ms) / ran
+        out.append((3600 / window * ran, {"source": "invoke", "trigger": "doorbell",
+                                          "stop_reason": "deadline", "billed_ms": per_run}))
+    return out
+
+
+SKIPPED = ("covered", "empty", "not_this_outbox")
+
+
+def query_mix(cell: dict, message_bytes: int, coordination_bytes: int,
+              buckets: int = BUCKETS) -> dict:
+    """The relay's Query count per hour (measured) split by kind, from the structure of a
+    run (lib/src/relay, lib/src/store; an estimate: the function counts requests by
+    operation only), each kind with the RRU one query of it costs:
+      coordination  read_coordination: one per round (every 10 s from the start), one
+                    before an idle stop, one per doorbell decision (coverage); strong,
+                    every lease and heartbeat item (coordination_bytes)
+      probe_strong  probe_consistent of each owned bucket before an idle stop (8 for a
+                    lone relay); strong, at most one message item read
+      backlog_head  the owner of bucket 0, every 60 s from its second round: a strong
+                    one-item Query per bucket
+      backlog_count with it, an eventually consistent COUNT per bucket (it reads the
+                    pending items; at these loads under 4 KB)
+      fetch         fetches that found messages: one per batch, counted as the
+                    BatchWriteItem requests (one per batch of at most 25); strong, the
+                    batch's items (published / batches x message_bytes)
+      probe         the rest: the idle probes (eventually consistent, keys-only projection
+                    but billed by the item read: one message item, or nothing) and the
+                    gap probes (strong COUNT of at most one item; not separated, so priced
+                    as probes)."""
+    ph = cell["per_hour"]
+    q = ph["dynamodb_requests"].get("Query", 0.0)
+    bw = ph["dynamodb_requests"].get("BatchWriteItem", 0.0)
+    published = ph["published"]
+    coord = probe_strong = backlog = 0.0
+    for w, r in runs_of(cell):
+        if r.get("stop_reason") in SKIPPED:
+            coord += w  # the coverage read of the decision
+            continue
+        t = (r.get("billed_ms") or 0) / 1000
+        coord += w * math.ceil(max(t, 0.001) / RENEW_INTERVAL_S)
+        if r.get("trigger") == "doorbell":
+            coord += w
+        if r.get("stop_reason") == "idle":
+            coord += w
+            probe_strong += w * buckets
+        if t > RENEW_INTERVAL_S:
+            backlog += w * (1 + math.floor((t - RENEW_INTERVAL_S) / BACKLOG_SAMPLE_S)) * buckets
+    fetches = bw
+    per_fetch = published / fetches * message_bytes if fetches else 0.0
+    known = coord + probe_strong + 2 * backlog + fetches
+    probes = q - known
+    mix = {
+        "coordination": (coord, query_rru(coordination_bytes)),
+        "probe_strong": (probe_strong, query_rru(message_bytes)),
+        "backlog_head": (backlog, query_rru(message_bytes)),
+        "backlog_count": (backlog, query_rru(message_bytes * 0, consistent=False)),
+        "fetch": (fetches, query_rru(per_fetch)),
+        "probe": (max(0.0, probes), query_rru(message_bytes, consistent=False)),
+    }
+    return {"queries_h": q, "kinds": mix, "unexplained_h": min(0.0, probes),
+            "rru_h": sum(n * u for n, u in mix.values())}
+
+
+def emf_metric_count(cell: dict) -> int:
+    """Metrics the relay's EMF documents carry in an hour (lib/src/metrics/emf.rs: one
+    dimension set, service and table; a counter only when not zero, gauges when measured):
+    every run claims leases and reports OwnedBuckets and RoundDuration; ColdStart counted
+    in every hour (an upper bound); PendingMessages and OldestPendingAge when a run lasts
+    past its first round (the backlog sample); Published and BatchDuration when messages
+    were published. Not counted: failures, refusals, lost leases, poison items (0 in
+    these runs)."""
+    runs = [r for _, r in runs_of(cell) if r.get("stop_reason") not in SKIPPED]
+    if not runs:
+        return 0
+    n = 4  # LeasesAcquired, OwnedBuckets, RoundDuration, ColdStart
+    if any((r.get("billed_ms") or 0) / 1000 > RENEW_INTERVAL_S for r in runs):
+        n += 2
+    if cell["per_hour"]["published"] > 0:
+        n += 2
+    return n
+
+
+def log_line_bytes(relay_id_len: int = DEPLOYED_RELAY_ID_LEN) -> dict:
+    """Sizes of the relay's log lines, rebuilt from their formats (no function log of the
+    published runs is kept): the function's JSON lines (tracing-subscriber's JSON, no time,
+    no target, with the run's span carrying the relay id), Lambda's JSON platform records
+    (LogFormat: JSON, SystemLogLevel: INFO: platform.start and platform.report), an EMF
+    document per flush (8 metrics, 12 duration values)."""
+    rid = "r" * relay_id_len
+    span = {"relay_id": rid, "name": "run_until"}
+    app = json.dumps({"level": "INFO", "fields": {"message": "bucket ownership", "bucket": 3,
+                                                   "ownership": "owns"},
+                      "span": span, "spans": [span]}, separators=(",", ":"))
+    done = json.dumps({"level": "INFO", "fields": {
+        "message": "relay invocation done", "relay_id": rid, "published": 12,
+        "publish_failures": 0, "buckets_owned": 8, "refused_writes": 0,
+        "trigger": "Doorbell", "stop_reason": "idle", "released": True,
+        "successor_started": False, "time_left_ms": 61234}}, separators=(",", ":"))
+    req = str(uuid.UUID(int=0))
+    start = json.dumps({"time": "2026-12-01T12:44:51.123Z", "type": "platform.start",
+                        "record": {"requestId": req, "version": "$LATEST"}},
+                       separators=(",", ":"))
+    report = json.dumps({"time": "2026-12-01T12:44:56.123Z", "type": "platform.report",
+                         "record": {"requestId": req, "metrics": {
+                             "durationMs": 5087.123, "billedDurationMs": 5088,
+                             "memorySizeMB": 256, "maxMemoryUsedMB": 31,
+                             "initDurationMs": 41.2}, "status": "success"}},
+                        separators=(",", ":"))
+    names = ["LeasesAcquired", "OwnedBuckets", "PendingMessages", "OldestPendingAge",
+             "RoundDuration", "ColdStart", "Published", "BatchDuration"]
+    emf = json.dumps({"_aws": {"Timestamp": 1796047200123, "CloudWatchMetrics": [{
+        "Namespace": "Outbox", "Dimensions": [["service", "table"]],
+        "Metrics": [{"Name": m, "Unit": "Count"} for m in names]}]},
+        "service": "outbox-relay", "table": "dynamo-outbox-OutboxTable-ABCDEFGHIJKL",
+        **{m: 1 for m in names}, "RoundDuration": [12.5] * 7, "BatchDuration": [4.5] * 5},
+        separators=(",", ":"))
+    return {"app": len(app) + 1, "done": len(done) + 1, "platform": len(start) + len(report) + 2,
+            "emf": len(emf) + 1, "duration_value": len("12.5,")}
+
+
+def log_bytes_h(cell: dict, buckets: int = BUCKETS) -> float:
+    """Log bytes per hour (an estimate from the lines' formats, log_line_bytes): every
+    invocation Lambda's two platform records; a skipped doorbell one decision line; a run
+    its INFO lines (relay starting, claimed buckets, an ownership line per bucket claimed
+    and per bucket released, the idle decision, relay stopped, the successor decision,
+    the Kafka connection when it published, invocation done) and one EMF document, plus a
+    value per batch for BatchDuration (the batches: BatchWriteItem requests)."""
+    size = log_line_bytes()
+    total = 0.0
+    for w, r in runs_of(cell):
+        total += w * size["platform"]
+        if r.get("stop_reason") in SKIPPED:
+            total += w * size["app"]
+            continue
+        lines = 2 + 2 * buckets + (1 if r.get("stop_reason") == "idle" else 0) + 2
+        lines += 1 if (r.get("published") or 0) > 0 else 0
+        total += w * (lines * size["app"] + size["done"] + size["emf"])
+    total += cell["per_hour"]["dynamodb_requests"].get("BatchWriteItem", 0.0) \
+        * size["duration_value"]
+    return total
+
+
+ALARMS = 4  # RelayErrors, OutboxStuck, RefusedWrites, RelayQuiet: only with AlarmTopicArn
+
+
+def bill(cell: dict, message_bytes: int | None = None, memory_mb: int = 256,
+         alarms: int = 0) -> dict:
+    """The monthly bill of one cell (USD), line by line, from its recorded counts. Default
+    stack: no alarms (AlarmTopicArn empty; ALARMS with one), no secret (msk-iam)."""
+    ph = cell["per_hour"]
+    req = ph["dynamodb_requests"]
+    m = HOURS_PER_MONTH
+    msg = message_bytes or cost_model_message_bytes()
+    mix = query_mix(cell, msg, coordination_read_bytes())
+    relay_writes = max(lease_item_bytes(), heartbeat_item_bytes())
+    wru_h = (req.get("UpdateItem", 0.0) * write_units(relay_writes)
+             + req.get("DeleteItem", 0.0) * write_units(heartbeat_item_bytes())
+             + max(ph["published"], 0.0) * write_units(msg)
+             + req.get("PutItem", 0.0) * write_units(relay_writes))
+    gb_s = ph["billed_s"] * memory_mb / 1024 * m
+    metrics = emf_metric_count(cell)
+    logs_gb = log_bytes_h(cell) * m / 1e9
+    lines = {
+        "lambda_compute": gb_s * PRICES["lambda_arm64_gb_s"],
+        "lambda_requests": ph["invocations"] * m * PRICES["lambda_request"],
+        "scheduler": ph["schedule_invocations"] * m * PRICES["scheduler_invocation"],
+        "dynamodb_reads": mix["rru_h"] * m * PRICES["ddb_rru"],
+        "dynamodb_writes": wru_h * m * PRICES["ddb_wru"],
+        "dynamodb_stream": 0.0,
+        "dynamodb_storage": 0.0,
+        "cloudwatch_metrics": metrics * PRICES["cw_metric_month"],
+        "cloudwatch_alarms": alarms * PRICES["cw_alarm_month"],
+        "cloudwatch_logs": logs_gb * (PRICES["cw_logs_ingest_gb"]
+                                      + PRICES["cw_logs_store_gb_month"]),
+    }
+    return {
+        "usd": lines, "total": sum(lines.values()),
+        "counts": {"gb_s_month": gb_s, "invocations_h": ph["invocations"],
+                   "schedule_h": ph["schedule_invocations"], "rru_h": mix["rru_h"],
+                   "wru_h": wru_h, "queries": {k: v for k, v in mix["kinds"].items()},
+                   "queries_unexplained_h": mix["unexplained_h"], "emf_metrics": metrics,
+                   "log_gb_month": logs_gb, "message_item_bytes": msg,
+                   "coordination_read_bytes": coordination_read_bytes()},
+    }
+
+
+def your_vpc_adds(azs: int = 2, secret: bool = False, cold_starts_month: float = 730) -> dict:
+    """What the user's network adds around the relay (VpcConfig: SubnetIds are required),
+    not the stack's: the relay reaches DynamoDB (a gateway endpoint, free), the brokers
+    (in the VPC), and with successors the Lambda API (Invoke), with SCRAM Secrets
+    Manager (once per execution environment): an interface endpoint for each, per AZ,
+    or one NAT gateway."""
+    month = HOURS_PER_MONTH
+    out = {
+        "lambda_endpoint": azs * month * PRICES["vpce_interface_hour"],
+        "nat_gateway": month * PRICES["nat_gateway_hour"],
+    }
+    if secret:
+        out["secrets_manager_endpoint"] = azs * month * PRICES["vpce_interface_hour"]
+        out["secret"] = PRICES["secret_month"] + cold_starts_month * PRICES["secret_api_call"]
+    return out
+
+
+def self_test() -> int:
+    checks = []
+
+    def check(name, got, want, tol=1e-9):
+        ok = (abs(got - want) <= tol) if isinstance(want, float) else got == want
+        checks.append((name, ok, got, want))
+
+    check("query: empty strong", query_rru(0), 1)
+    check("query: empty eventual", query_rru(0, consistent=False), 0.5)
+    check("query: 4096 B", query_rru(4096), 1)
+    check("query: 4097 B", query_rru(4097), 2)
+    check("query: 10 items of 40.8 KB total -> 44 KB (the guide's example)",
+          query_rru(40.8 * 1024), 11)
+    check("query: 1500 x 64 B = 96 KB", query_rru(1500 * 64), 24)
+    check("query: 8 KB eventual", query_rru(8192, consistent=False), 1.0)
+    check("write: 500 B", write_units(500), 1)
+    check("write: 1.6 KB", write_units(1.6 * 1024), 2)
+    check("write: 1024 B", write_units(1024), 1)
+    check("attr: N at 21", attr_bytes("Seq", "N", 5), 24)
+    check("attr: S utf-8", attr_bytes("K", "S", "é"), 3)
+    check("message item under 1 KB", message_item_bytes() < 1024, True)
+    check("coordination read under 4 KB", coordination_read_bytes() < 4096, True)
+    check("lease item", lease_item_bytes(10), 2 + 19 + 2 + 16 + 5 + 10 + 12 + 21)
+    check("price: 1 M RRU", 1e6 * PRICES["ddb_rru"], 0.125)
+    check("price: 1 M WRU", 1e6 * PRICES["ddb_wru"], 0.625)
+    check("price: GB-s of a 256 MB second", 0.25 * PRICES["lambda_arm64_gb_s"],
+          0.00000333335)
+    fake = {"schedule_period_s": 300.0, "window_s": 300.0, "stationary_load": False,
+            "doorbell_invocations": 0, "window": {},
+            "invocation_list": [{"source": "schedule", "at_s": 150.0, "billed_ms": 5000,
+                                 "stop_reason": "idle", "published": 0, "status": "ok"}],
+            "per_hour": {"dynamodb_requests": {"Query": 51 * 12.0}, "published": 0.0,
+                         "billed_s": 60.0, "invocations": 12.0,
+                         "schedule_invocations": 12.0}}
+    mix = query_mix(fake, 300, 2000)
+    k = mix["kinds"]
+    check("mix: an idle 5 s run reads the coordination twice", k["coordination"][0], 24.0)
+    check("mix: and probes 8 buckets strongly", k["probe_strong"][0], 96.0)
+    check("mix: the rest are 0.5 RRU probes", k["probe"], (612.0 - 120.0, 0.5))
+    check("mix: RRU", mix["rru_h"], 24 + 96 + 0.5 * 492)
+    check("emf: idle short runs", emf_metric_count(fake), 4)
+    b = bill(fake)
+    check("bill: requests", b["usd"]["lambda_requests"], 12 * 730 * 0.2e-6, 1e-12)
+    check("bill: scheduler", b["usd"]["scheduler"], 12 * 730 * 1e-6, 1e-12)
+    check("bill: metrics", b["usd"]["cloudwatch_metrics"], 1.2, 1e-12)
+    passed = sum(1 for c in checks if c[1])
+    for name, ok, got, want in checks:
+        if not ok:
+            print(f"FAIL {name}: got {got!r}, want {want!r}")
+    print(f"{passed} passed, {len(checks) - passed} failed")
+    return 0 if passed == len(checks) else 1
+
+
+def bill_markdown(cells: list[dict], label=lambda c: "") -> str:
+    lines = [
+        "| Mode | Load | Lambda GB-s | Lambda requests | Scheduler | DynamoDB reads "
+        "(RRU / h) | DynamoDB writes (WRU / h) | EMF metrics | Logs (GB / month) | "
+        "Total USD / month |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        b = c.get("bill") or bill(c)
+        u, n = b["usd"], b["counts"]
+        lines.append(
+            f"| {c['mode']} | {c['load']}{label(c)} | {u['lambda_compute']:,.2f} | "
+            f"{u['lambda_requests']:,.2f} | {u['scheduler']:,.2f} | "
+            f"{u['dynamodb_reads']:,.2f} ({n['rru_h']:,.0f}) | "
+            f"{u['dynamodb_writes']:,.2f} ({n['wru_h']:,.0f}) | "
+            f"{u['cloudwatch_metrics']:,.2f} ({n['emf_metrics']}) | "
+            f"{u['cloudwatch_logs']:,.2f} ({n['log_gb_month']:,.2f}) | "
+            f"**{b['total']:,.2f}** |")
+    return "\n".join(lines)
+
+
 def slow_seconds(committed: dict, first: dict, t0: float, over: float = 2.0) -> list:
     per: dict[int, list[float]] = defaultdict(list)
     for m, c in committed.items():
@@ -814,6 +1262,7 @@ def run_cell(args, mode_id: str, load: str, run_id: str, workdir: str) -> dict:
         "emulator_totals": final["totals"],
         "invocation_list": compact,
     }
+    cell["bill"] = bill(cell, memory_mb=memory)
     return cell
 
 
@@ -837,7 +1286,7 @@ def markdown(cells: list[dict]) -> str:
     lines = [
         "| Mode | Load | Billed s / h | Invocations / h (cold in window) | DynamoDB requests / h "
         "(relay) | Latency p50 / p99 / max (s) | Messages (lost, order, refused) | "
-        "USD / month (relay side) |",
+        "USD / month (the whole bill) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
@@ -850,7 +1299,7 @@ def markdown(cells: list[dict]) -> str:
             f"{ph['invocations']:,.0f} ({c['window']['cold_starts']}) | "
             f"{op_short(ph['dynamodb_requests'])} | {lat_s} | "
             f"{m['committed']:,} ({m['lost']}, {order}, {c['window']['refused_writes']}) | "
-            f"{c['usd_month']['total_relay_side']:,.2f} |")
+            f"{c['bill']['total']:,.2f} |")
     return "\n".join(lines)
 
 
@@ -894,7 +1343,23 @@ def main() -> int:
     p.add_argument("--out", help="write the full result JSON here")
     p.add_argument("--workdir", help="logs of the emulator, function and poller "
                    "(default: a new temp dir, kept)")
+    p.add_argument("--self-test", action="store_true",
+                   help="check the pricing functions and exit")
+    p.add_argument("--reprice", nargs="+", metavar="RESULT_JSON",
+                   help="print the whole bill of recorded results (--out files) and exit")
     args = p.parse_args()
+    if args.self_test:
+        return self_test()
+    if args.reprice:
+        for path in args.reprice:
+            with open(path) as f:
+                result = json.load(f)
+            print(f"{os.path.basename(path)} (commit {result.get('commit')}):")
+            print(bill_markdown(result["cells"]))
+            print()
+        print("Your VPC adds (2 AZs): " + ", ".join(
+            f"{k} ${v:,.2f}" for k, v in your_vpc_adds(secret=True).items()))
+        return 0
     for var in ("AWS_ENDPOINT_URL_DYNAMODB", "KAFKA_BOOTSTRAP_SERVERS"):
         if not os.environ.get(var):
             p.error(f"{var} is not set: run inside scripts/stack.sh run -- ...")
@@ -919,7 +1384,8 @@ def main() -> int:
     result = {
         "run_id": run_id, "commit": commit,
         "started_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "argv": sys.argv[1:], "prices_usd": PRICES, "hours_per_month": HOURS_PER_MONTH,
+        "argv": sys.argv[1:], "prices_usd": PRICES, "prices_read": PRICES_READ,
+        "hours_per_month": HOURS_PER_MONTH,
         "load_average_start": os.getloadavg(), "cells": [],
     }
     for m in modes:
@@ -929,7 +1395,7 @@ def main() -> int:
             result["cells"].append(cell)
             print(json.dumps({k: cell[k] for k in (
                 "mode", "load", "warnings", "per_hour", "latency_s", "doorbell_path_s",
-                "messages", "window", "usd_month")},
+                "messages", "window", "usd_month", "bill")},
                 default=str), flush=True)
             if args.out:
                 with open(args.out, "w") as f:
