@@ -401,12 +401,12 @@ async fn a_backlog_too_slow_to_fetch_at_full_size_drains_in_smaller_fetches() {
         dynamo_outbox::StopReason::Idle,
         "drained, then idle: {report:?}"
     );
-    // What a user sees: every message in Kafka and none left in the table. (The report's
-    // `published` is not asserted exactly: one run on this slowed table reported 19 of 20
-    // with one publish failure and stopped idle; its cause is not investigated yet.)
+    // What a user sees: every message in Kafka and none left in the table, and a report
+    // that says so: a delete cut at its limit on this slow table, which lands after the
+    // relay looked, is counted when the next fetch finds the messages gone.
     wait_for_ids(&topic, &written, Duration::from_secs(30))
         .await
         .assert_at_least_once(&written);
     assert_eq!(pending(&plain, &options).await, 0, "{report:?}");
-    assert!(report.published > 0, "{report:?}");
+    assert_eq!(report.published, written.len() as u64, "{report:?}");
 }

@@ -13,7 +13,7 @@ use super::Relay;
 use crate::error::{Error, Result};
 use crate::options::RelayOptions;
 use crate::publish::{PublishOutcome, Publisher};
-use crate::schema::MAX_ITEM_BYTES;
+use crate::schema::{StoredMessage, MAX_ITEM_BYTES};
 
 /// What one bucket's batch did.
 #[derive(Debug)]
@@ -124,7 +124,9 @@ impl<P: Publisher> Relay<P> {
         if due.is_empty() {
             return Ok(());
         }
-        let results: Vec<(u32, Result<BatchResult>, Duration)> = stream::iter(
+        // Each result is applied as its batch ends, not when the whole wave has: a wave cut
+        // by the hard deadline keeps the counts of the batches that finished.
+        let mut results = stream::iter(
             due.into_iter()
                 .map(|(b, o)| async move {
                     let started = Instant::now();
@@ -134,11 +136,18 @@ impl<P: Publisher> Relay<P> {
                 })
                 .collect::<Vec<_>>(),
         )
-        .buffer_unordered(self.store.options().max_concurrency)
-        .collect()
-        .await;
+        .buffer_unordered(self.store.options().max_concurrency);
         let mut fault = None;
-        for (bucket, result, took) in results {
+        while let Some((bucket, result, took)) = results.next().await {
+            let result = result.map(|report| {
+                state.settle(
+                    self.metrics.as_ref(),
+                    bucket,
+                    report.settled,
+                    report.unconfirmed,
+                );
+                report.result
+            });
             let applied = state.apply(
                 &self.options,
                 self.metrics.as_ref(),
@@ -173,13 +182,13 @@ impl<P: Publisher> Relay<P> {
         owned: &Owned,
         limits: BatchLimits,
         estimate: Duration,
-    ) -> Result<BatchResult> {
+    ) -> Result<BatchReport> {
         let limit = limits.publish;
         if Instant::now() + estimate >= limit {
-            return Ok(BatchResult::Skipped);
+            return Ok(BatchResult::Skipped.into());
         }
         if !owned.dirty && !self.store.probe(bucket).await? {
-            return Ok(BatchResult::Idle);
+            return Ok(BatchResult::Idle.into());
         }
         // After a failed publish the head goes out alone first (the reference relay's
         // rule): a poison or oversized head does not send the rest of the batch again on
@@ -202,7 +211,7 @@ impl<P: Publisher> Relay<P> {
             .store
             .fetch_bounded(bucket, owned.last_removed, count, bytes);
         let fetched = match tokio::time::timeout_at(limit, fetching).await {
-            Err(_) => return Ok(BatchResult::FetchCut),
+            Err(_) => return Ok(BatchResult::FetchCut.into()),
             Ok(Ok(f)) => f,
             Ok(Err(e @ Error::Corrupt { .. })) => {
                 return Ok(BatchResult::Poison {
@@ -210,13 +219,32 @@ impl<P: Publisher> Relay<P> {
                     at: None,
                     deleted: 0,
                     last: None,
-                })
+                }
+                .into())
             }
             Ok(Err(e)) => return Err(e),
         };
+        // A strongly consistent read from the bucket's head: it settles what earlier
+        // batches published but could not confirm deleted.
+        let settled = Some(Settled::of(&owned.unconfirmed, &fetched.messages));
         if fetched.messages.is_empty() {
-            return Ok(BatchResult::Idle);
+            return Ok(BatchReport {
+                result: BatchResult::Idle,
+                settled,
+                unconfirmed: Vec::new(),
+            });
         }
+        // The head's age, every batch: a bucket stuck behind its head (a poison item,
+        // publishes failing) reports it growing at each retry, which the stuck-outbox alarm
+        // watches.
+        let head = &fetched.messages[0];
+        let waited = self
+            .store
+            .clock()
+            .now_ticks()
+            .saturating_sub(head.message.created_at_ticks);
+        self.metrics
+            .head_age(bucket, crate::clock::ticks_to_duration(waited.max(0)));
         // The relay's topic allow-list, the backstop behind every writer's: a message on
         // another topic (written straight into the table, past the enqueue service) is
         // never published. The batch stops in front of it, and the bucket parks there as
@@ -237,11 +265,15 @@ impl<P: Publisher> Relay<P> {
             });
         let refused = match refused {
             Some((0, error, at)) => {
-                return Ok(BatchResult::Poison {
-                    error,
-                    at: Some(at),
-                    deleted: 0,
-                    last: None,
+                return Ok(BatchReport {
+                    result: BatchResult::Poison {
+                        error,
+                        at: Some(at),
+                        deleted: 0,
+                        last: None,
+                    },
+                    settled,
+                    unconfirmed: Vec::new(),
                 });
             }
             other => other,
@@ -250,7 +282,11 @@ impl<P: Publisher> Relay<P> {
             &fetched.messages[..refused.as_ref().map_or(fetched.messages.len(), |r| r.0)];
         if Instant::now() >= limit {
             // The fetch took the batch's whole time: as good as cut.
-            return Ok(BatchResult::FetchCut);
+            return Ok(BatchReport {
+                result: BatchResult::FetchCut,
+                settled,
+                unconfirmed: Vec::new(),
+            });
         }
         // Each produce request is bounded by the limit (what was acknowledged by then is the
         // prefix); a publisher that cannot say is cut at it, counting nothing acknowledged:
@@ -283,29 +319,32 @@ impl<P: Publisher> Relay<P> {
             }
         };
         let last = deleted.checked_sub(1).map(|i| sequences[i]);
-        match outcome.error {
+        // Acknowledged by the brokers, not known deleted (a delete cut at its limit may
+        // still land): the next fetch of the bucket settles them.
+        let unconfirmed = sequences[deleted..].to_vec();
+        let result = match outcome.error {
             // Everything in front of the refused message went through: park at it.
             None if deleted == sequences.len() && refused.is_some() => {
                 let (_, error, at) = refused.expect("checked in the guard");
-                Ok(BatchResult::Poison {
+                BatchResult::Poison {
                     error,
                     at: Some(at),
                     deleted,
                     last,
-                })
+                }
             }
-            None if deleted == sequences.len() => Ok(BatchResult::Done {
+            None if deleted == sequences.len() => BatchResult::Done {
                 fetched: fetched.messages.len(),
                 deleted,
                 last,
                 full: fetched.messages.len() as u32 >= count || fetched.bytes >= self.batch_bytes(),
-            }),
-            None => Ok(BatchResult::Failed {
+            },
+            None => BatchResult::Failed {
                 deleted,
                 last,
                 publish_failed: false,
-            }),
-            Some(e @ Error::KafkaRejected { .. }) => Ok(BatchResult::Poison {
+            },
+            Some(e @ Error::KafkaRejected { .. }) => BatchResult::Poison {
                 error: e,
                 at: fetched
                     .messages
@@ -313,19 +352,75 @@ impl<P: Publisher> Relay<P> {
                     .map(|m| (m.message.message_id.to_string(), m.sequence)),
                 deleted,
                 last,
-            }),
+            },
             Some(e) => {
                 warn!(bucket, acknowledged = acked, error = %crate::error::chain(&e), "publish failed");
-                Ok(BatchResult::Failed {
+                BatchResult::Failed {
                     deleted,
                     last,
                     publish_failed: true,
-                })
+                }
             }
+        };
+        Ok(BatchReport {
+            result,
+            settled,
+            unconfirmed,
+        })
+    }
+}
+
+/// What one batch reports: its result, and what it learned of earlier batches' deletes.
+#[derive(Debug)]
+pub(super) struct BatchReport {
+    pub(super) result: BatchResult,
+    /// What the batch's fetch settled of the bucket's unconfirmed deletes (`None`: no
+    /// fetch completed).
+    pub(super) settled: Option<Settled>,
+    /// Messages this batch published but could not confirm deleted.
+    pub(super) unconfirmed: Vec<u64>,
+}
+
+impl From<BatchResult> for BatchReport {
+    fn from(result: BatchResult) -> Self {
+        BatchReport {
+            result,
+            settled: None,
+            unconfirmed: Vec::new(),
         }
     }
 }
 
+/// Published messages whose delete was not confirmed, as a strongly consistent fetch from
+/// the bucket's head finds them: `gone` (below its first item, or missing within what it
+/// read: deleted, so published and removed), and `unknown` (beyond what it read). The
+/// ones it found are neither: they go out again and are counted then.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Settled {
+    pub(super) gone: Vec<u64>,
+    pub(super) unknown: Vec<u64>,
+}
+
+impl Settled {
+    pub(super) fn of(unconfirmed: &[u64], fetched: &[StoredMessage]) -> Self {
+        let mut settled = Settled::default();
+        let (first, last) = match (fetched.first(), fetched.last()) {
+            (Some(f), Some(l)) => (f.sequence, l.sequence),
+            _ => {
+                settled.gone = unconfirmed.to_vec();
+                return settled;
+            }
+        };
+        for &s in unconfirmed {
+            if s < first || (s <= last && !fetched.iter().any(|m| m.sequence == s)) {
+                settled.gone.push(s);
+            } else if s > last {
+                settled.unknown.push(s);
+            }
+        }
+        settled
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
-use super::batch::BatchResult;
+use super::batch::{BatchResult, Settled};
 use super::report::{RunReport, StopReason};
 use crate::clock::duration_to_ticks;
 use crate::error::{Error, Result};
@@ -38,6 +38,10 @@ pub(super) struct Owned {
     /// Stuck behind an item no relay can publish (a poison item, a topic outside the
     /// allow-list) until an operator moves it: not work a successor could do.
     pub(super) parked: bool,
+    /// Published (acknowledged by the brokers) but not confirmed deleted: a delete cut at
+    /// its limit, or whose answer was lost, may still have landed. The bucket's next
+    /// fetch settles them ([`Settled`]): gone ones are counted published then.
+    pub(super) unconfirmed: Vec<u64>,
     /// Fetches of this bucket ran into their time limit: the next ones read the batch's
     /// byte share halved this many times (one less after each batch that went through).
     pub(super) fetch_halvings: u32,
@@ -58,6 +62,7 @@ impl Owned {
             retry_at: None,
             head_only: false,
             parked: false,
+            unconfirmed: Vec::new(),
             fetch_halvings: 0,
         }
     }
@@ -213,6 +218,34 @@ impl RunState {
             .collect()
     }
 
+    /// Settles `bucket`'s unconfirmed deletes with what a batch's fetch found (`settled`;
+    /// the gone ones count as published now), then adds the batch's own `unconfirmed`.
+    pub(super) fn settle(
+        &mut self,
+        metrics: &dyn RelayMetrics,
+        bucket: u32,
+        settled: Option<Settled>,
+        unconfirmed: Vec<u64>,
+    ) {
+        let Some(o) = self.owned.get_mut(&bucket) else {
+            return;
+        };
+        if let Some(settled) = settled {
+            if !settled.gone.is_empty() {
+                let n = settled.gone.len() as u64;
+                self.published += n;
+                metrics.published(bucket, n);
+                info!(
+                    bucket,
+                    count = n,
+                    "published messages whose delete was not confirmed are gone: counted published"
+                );
+            }
+            o.unconfirmed = settled.unknown;
+        }
+        o.unconfirmed.extend(unconfirmed);
+    }
+
     /// Applies one bucket's batch result (`took` long) at `now`; a misconfiguration is
     /// handed back for the loop to fault with.
     pub(super) fn apply(
@@ -230,6 +263,9 @@ impl RunState {
         }
         match result {
             Ok(BatchResult::Idle) => {
+                // An empty bucket has no waiting head: its age is zero, so the stuck-outbox
+                // alarm sees the outbox move again once a stuck bucket is cleared.
+                metrics.head_age(bucket, Duration::ZERO);
                 o.parked = false;
                 o.dirty = false;
                 o.retry_at = None;
@@ -265,9 +301,15 @@ impl RunState {
                 publish_failed,
             }) => {
                 self.published += deleted as u64;
-                self.publish_failures += 1;
                 metrics.published(bucket, deleted as u64);
-                metrics.publish_failed(bucket, false);
+                if publish_failed {
+                    self.publish_failures += 1;
+                    metrics.publish_failed(bucket, false);
+                } else {
+                    // The publish went through; its delete did not (all of it): an error
+                    // the loop recovers from, not a failed publish.
+                    self.errors += 1;
+                }
                 if last.is_some() {
                     o.last_removed = last;
                 }
@@ -306,6 +348,7 @@ impl RunState {
                     "bucket stuck on an item it cannot publish; quarantine it with `outboxctl quarantine`"
                 );
                 metrics.poison_item(bucket);
+                metrics.publish_failed(bucket, matches!(error, Error::KafkaRejected { .. }));
                 self.publish_failures += 1;
                 o.dirty = true;
                 o.head_only = true;
@@ -380,6 +423,60 @@ mod tests {
             lease_renew_interval: 1000 * MS,
             ..RelayOptions::default()
         }
+    }
+
+    fn stored(sequence: u64) -> crate::schema::StoredMessage {
+        crate::schema::StoredMessage {
+            bucket: 3,
+            sequence,
+            message: crate::OutboxMessage::new("t", 4),
+        }
+    }
+
+    /// Published messages whose delete was not confirmed: the next fetch from the head
+    /// counts the ones it no longer finds as published (once), forgets the ones it finds
+    /// (they go out again and count then), and keeps the ones beyond what it read.
+    #[test]
+    fn unconfirmed_deletes_are_counted_when_a_fetch_finds_them_gone() {
+        let fetched: Vec<_> = [7, 8, 10].map(stored).to_vec();
+        assert_eq!(
+            Settled::of(&[5, 6, 8, 9, 12], &fetched),
+            Settled {
+                gone: vec![5, 6, 9],
+                unknown: vec![12],
+            }
+        );
+        assert_eq!(
+            Settled::of(&[5, 6], &[]),
+            Settled {
+                gone: vec![5, 6],
+                unknown: vec![],
+            }
+        );
+
+        let o = options();
+        let m = NoMetrics;
+        let now = Instant::now();
+        let mut s = holding(3, now, 0);
+        // A publish that went through and a delete that did not (cut at its limit): not a
+        // failed publish, an error recovered from; the sequences wait to be settled.
+        let cut = BatchResult::Failed {
+            deleted: 0,
+            last: None,
+            publish_failed: false,
+        };
+        s.settle(&m, 3, None, vec![5, 6]);
+        s.apply(&o, &m, 3, Ok(cut), 40 * MS, now);
+        assert_eq!((s.published, s.publish_failures, s.errors), (0, 0, 1));
+        assert_eq!(s.owned[&3].unconfirmed, [5, 6]);
+        // The next fetch finds the bucket empty: both landed.
+        s.settle(&m, 3, Some(Settled::of(&[5, 6], &[])), vec![]);
+        s.apply(&o, &m, 3, Ok(BatchResult::Idle), 40 * MS, now);
+        assert_eq!(s.published, 2);
+        assert!(s.owned[&3].unconfirmed.is_empty());
+        // Settled once: a later fetch counts nothing more.
+        s.settle(&m, 3, Some(Settled::of(&[], &[])), vec![]);
+        assert_eq!(s.published, 2);
     }
 
     /// A state holding `bucket` with a lease valid for the whole lease duration from `now`.
