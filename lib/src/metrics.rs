@@ -28,6 +28,9 @@ pub trait RelayMetrics: Debug + Send + Sync {
     /// Backlog of `bucket`: pending messages (capped at the pending count limit) and the age
     /// of its head. Sampled only by the owner of bucket zero.
     fn backlog(&self, _bucket: u32, _pending: u32, _oldest_age: Option<Duration>) {}
+    /// A batch found `bucket`'s head message, committed `age` ago (every batch that
+    /// fetched messages: a bucket stuck behind its head reports a growing age each retry).
+    fn head_age(&self, _bucket: u32, _age: Duration) {}
     /// A bucket is stuck on an item it cannot read (a poison item).
     fn poison_item(&self, _bucket: u32) {}
     /// The relay started (`owned`) or stopped publishing `bucket`.

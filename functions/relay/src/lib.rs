@@ -66,6 +66,9 @@ pub mod env {
     pub const SHUTDOWN_MARGIN: &str = "OUTBOX_SHUTDOWN_MARGIN";
 }
 
+/// How often a running invocation writes its metrics (and once more at its end): the
+/// alarms evaluate one-minute periods, so a long run reports in every one of them.
+pub const METRICS_FLUSH_INTERVAL: Duration = Duration::from_secs(60);
 /// Default of [`RelaySettings::max_run_time`].
 pub const DEFAULT_MAX_RUN_TIME: Duration = Duration::from_secs(50);
 /// Default of [`RelaySettings::shutdown_margin`].
@@ -368,6 +371,22 @@ impl RelaySummary {
     }
 }
 
+/// Writes the metrics gathered so far to stdout as EMF documents.
+fn flush(metrics: &EmfMetrics) {
+    if let Err(e) = metrics.flush_to(&mut std::io::stdout().lock()) {
+        warn!(error = %e, "writing metrics failed");
+    }
+}
+
+/// Flushes `metrics` every `interval`, until aborted.
+async fn flush_every(metrics: Arc<EmfMetrics>, interval: Duration) {
+    let mut ticks = tokio::time::interval_at(Instant::now() + interval, interval);
+    loop {
+        ticks.tick().await;
+        flush(&metrics);
+    }
+}
+
 fn millis(d: Duration) -> u64 {
     d.as_millis().try_into().unwrap_or(u64::MAX)
 }
@@ -381,7 +400,8 @@ pub struct RelayFunction {
     /// Starts the successor of a run that leaves work (none: the run leaves it to the next
     /// wake-up).
     successor: Option<Arc<dyn Successor>>,
-    /// CloudWatch metrics (Embedded Metric Format), flushed to stdout after each invocation.
+    /// CloudWatch metrics (Embedded Metric Format), flushed to stdout every
+    /// [`METRICS_FLUSH_INTERVAL`] of a run and at its end.
     metrics: Arc<EmfMetrics>,
     /// Counts the DynamoDB client's attempts, when it has the counter attached.
     requests: Option<RequestCounter>,
@@ -537,11 +557,13 @@ impl RelayFunction {
         if let Some(successor) = &self.successor {
             relay = relay.with_successor(successor.clone());
         }
+        // EMF documents on stdout, where CloudWatch Logs picks them up: every
+        // METRICS_FLUSH_INTERVAL while the relay runs (the alarms evaluate one-minute
+        // periods) and once at the end.
+        let flusher = tokio::spawn(flush_every(self.metrics.clone(), METRICS_FLUSH_INTERVAL));
         let result = relay.run_until(deadline).await;
-        // One EMF document set per invocation, on stdout, where CloudWatch Logs picks it up.
-        if let Err(e) = self.metrics.flush_to(&mut std::io::stdout().lock()) {
-            warn!(error = %e, "writing metrics failed");
-        }
+        flusher.abort();
+        flush(&self.metrics);
         let report = result?;
         if report.published == 0 && report.publish_failures > 0 {
             warn!("nothing published and publishing failed: the Kafka client is rebuilt by the next publish");

@@ -925,23 +925,28 @@ fn every_kafka_topics_entry_is_one_topic_arn_in_the_clusters_region_and_account(
     assert_eq!(topics_of("a,b,c,d,e,f,g,h,i,j").len(), 10);
 }
 
-/// The alarm named `name`: its lines joined.
+/// The alarm named `name`: its lines joined. Every alarm exists whatever the parameters;
+/// `AlarmTopicArn` only adds its actions.
 fn alarm(t: &str, name: &str) -> String {
     let a = resource(t, name).join("\n");
     assert!(a.contains("Type: AWS::CloudWatch::Alarm"), "{a}");
-    assert!(
-        a.contains("Condition: HasAlarms"),
-        "{name}: only with AlarmTopicArn"
-    );
-    assert!(a.contains("AlarmActions: [!Ref AlarmTopicArn]"), "{a}");
+    assert!(!a.contains("Condition:"), "{name}: always created\n{a}");
+    for actions in ["AlarmActions", "OKActions"] {
+        assert!(
+            a.contains(&format!(
+                "{actions}: !If [HasAlarms, [!Ref AlarmTopicArn], !Ref AWS::NoValue]"
+            )),
+            "{name}: {actions} only with AlarmTopicArn\n{a}"
+        );
+    }
     a
 }
 
-/// Alarms (issue 11, items 6 and 7), only with AlarmTopicArn: relay errors, a stuck outbox,
-/// sustained refused writes, no invocation. Built on metrics the relay emits, with a
-/// missing-data treatment that matches how they are emitted.
+/// Alarms, always created: relay errors, a stuck outbox, a poison item, sustained publish
+/// failures, sustained refused writes, no invocation. Built on metrics the relay emits,
+/// each with a missing-data treatment chosen for how its metric is emitted.
 #[test]
-fn alarms_watch_errors_a_stuck_outbox_refused_writes_and_a_quiet_relay() {
+fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and_a_quiet_relay() {
     let t = template();
     assert_eq!(
         entry(&section(&t, "Conditions"), "HasAlarms"),
@@ -952,7 +957,7 @@ fn alarms_watch_errors_a_stuck_outbox_refused_writes_and_a_quiet_relay() {
         value(&entry(&parameters, "AlarmTopicArn"), "Default"),
         "\"\""
     );
-    assert_eq!(t.matches("Type: AWS::CloudWatch::Alarm").count(), 4);
+    assert_eq!(t.matches("Type: AWS::CloudWatch::Alarm").count(), 6);
 
     let errors = alarm(&t, "RelayErrorsAlarm");
     for expected in [
@@ -990,7 +995,9 @@ fn alarms_watch_errors_a_stuck_outbox_refused_writes_and_a_quiet_relay() {
     assert_eq!(value(&relay, emf::SERVICE_ENV), emf::DEFAULT_SERVICE);
     let metrics = emf::EmfMetrics::from_lookup("orders-outbox", |_| None);
     metrics.refused_write(dynamo_outbox::store::WriteKind::Claim);
-    metrics.backlog(0, 1, Some(std::time::Duration::from_secs(400)));
+    metrics.head_age(0, std::time::Duration::from_secs(400));
+    metrics.poison_item(0);
+    metrics.publish_failed(0, false);
     let doc: serde_json::Value =
         serde_json::from_str(&metrics.flush_at(1_764_500_000_000)[0]).unwrap();
     let directive = &doc["_aws"]["CloudWatchMetrics"][0];
@@ -998,9 +1005,19 @@ fn alarms_watch_errors_a_stuck_outbox_refused_writes_and_a_quiet_relay() {
         directive["Dimensions"],
         serde_json::json!([["service", "table"]])
     );
-    for (name, metric, statistic) in [
-        ("OutboxStuckAlarm", "OldestPendingAge", "Maximum"),
-        ("RefusedWritesAlarm", "RefusedWrites", "Sum"),
+    // Counters are written only when not zero: a missing point is none (not breaching).
+    // OldestPendingAge is written by every running relay each minute: a missing point is
+    // no relay, whose alarm is the quiet one, so the stuck alarm keeps its state (ignore).
+    for (name, metric, statistic, missing) in [
+        ("OutboxStuckAlarm", "OldestPendingAge", "Maximum", "ignore"),
+        ("RefusedWritesAlarm", "RefusedWrites", "Sum", "notBreaching"),
+        ("PoisonItemsAlarm", "PoisonItems", "Sum", "notBreaching"),
+        (
+            "PublishFailuresAlarm",
+            "PublishFailures",
+            "Sum",
+            "notBreaching",
+        ),
     ] {
         let a = alarm(&t, name);
         assert!(doc[metric].is_number(), "the relay emits {metric}");
@@ -1011,20 +1028,41 @@ fn alarms_watch_errors_a_stuck_outbox_refused_writes_and_a_quiet_relay() {
             "- Name: service\n          Value: outbox-relay".to_string(),
             "- Name: table\n          Value: !If [CreateTable, !Ref OutboxTable, !Ref TableName]"
                 .to_string(),
-            // RefusedWrites is written only when not zero, and OldestPendingAge only by a
-            // relay that sampled the backlog: no data point is no refusal / no relay (the
-            // quiet-relay and error alarms cover a relay that does not run).
-            "TreatMissingData: notBreaching".to_string(),
+            format!("TreatMissingData: {missing}"),
+            "Period: 60".to_string(),
         ] {
             assert!(a.contains(&expected), "{name}: {expected}\n{a}");
         }
     }
     let stuck = alarm(&t, "OutboxStuckAlarm");
-    assert!(stuck.contains("Threshold: !Ref StuckMessageAgeSeconds"));
-    assert!(stuck.contains("ComparisonOperator: GreaterThanThreshold"));
+    for expected in [
+        "EvaluationPeriods: 1",
+        "DatapointsToAlarm: 1",
+        "Threshold: !Ref StuckMessageAgeSeconds",
+        "ComparisonOperator: GreaterThanOrEqualToThreshold",
+    ] {
+        assert!(stuck.contains(expected), "{expected}: {stuck}");
+    }
+    let poison = alarm(&t, "PoisonItemsAlarm");
+    for expected in [
+        "EvaluationPeriods: 10",
+        "DatapointsToAlarm: 1",
+        "Threshold: 1",
+        "ComparisonOperator: GreaterThanOrEqualToThreshold",
+    ] {
+        assert!(poison.contains(expected), "{expected}: {poison}");
+    }
+    let failing = alarm(&t, "PublishFailuresAlarm");
+    for expected in [
+        "EvaluationPeriods: 5",
+        "DatapointsToAlarm: 3",
+        "Threshold: 1",
+        "ComparisonOperator: GreaterThanOrEqualToThreshold",
+    ] {
+        assert!(failing.contains(expected), "{expected}: {failing}");
+    }
     let refused = alarm(&t, "RefusedWritesAlarm");
     for expected in [
-        "Period: 60",
         "EvaluationPeriods: !Ref RefusedWritesMinutes",
         "DatapointsToAlarm: !Ref RefusedWritesMinutes",
         "Threshold: 0",

@@ -25,7 +25,7 @@
 //! | `LeasesAcquired` / `LeasesLost` | Count | leases claimed / lost |
 //! | `OwnedBuckets` | Count | buckets owned after the last acquisition (once one happened) |
 //! | `PendingMessages` | Count | sum over the sampled buckets (only the owner of bucket zero samples) |
-//! | `OldestPendingAge` | Seconds | the oldest head message of the sampled buckets |
+//! | `OldestPendingAge` | Seconds | the oldest head message seen since the last flush: of every batch's fetch (each owned bucket with messages, every round) and of the backlog samples |
 //! | `PoisonItems` | Count | times a bucket was found stuck on an unreadable item |
 //! | `BatchDuration` / `RoundDuration` | Milliseconds | one value per batch / acquisition round |
 //! | `ColdStart` | Count | 1 in the first flush after [`EmfMetrics::cold_start`] |
@@ -130,6 +130,8 @@ struct State {
     owned_buckets: Option<usize>,
     /// Latest sample per bucket since the last flush: pending, head age.
     backlog: BTreeMap<u32, (u32, Option<Duration>)>,
+    /// Oldest head age per bucket that a batch fetched since the last flush.
+    head_ages: BTreeMap<u32, Duration>,
     poison_items: u64,
     batch_ms: Samples,
     round_ms: Samples,
@@ -312,10 +314,13 @@ impl EmfMetrics {
         if !state.backlog.is_empty() {
             let pending: u64 = state.backlog.values().map(|(p, _)| u64::from(*p)).sum();
             m.push(count("PendingMessages", pending));
+        }
+        if !state.backlog.is_empty() || !state.head_ages.is_empty() {
             let oldest = state
                 .backlog
                 .values()
                 .filter_map(|(_, age)| *age)
+                .chain(state.head_ages.values().copied())
                 .max()
                 .unwrap_or_default();
             m.push(Metric {
@@ -443,6 +448,12 @@ impl RelayMetrics for EmfMetrics {
 
     fn leases_lost(&self, count: usize) {
         self.lock().leases_lost += count as u64;
+    }
+
+    fn head_age(&self, bucket: u32, age: Duration) {
+        let mut state = self.lock();
+        let oldest = state.head_ages.entry(bucket).or_default();
+        *oldest = (*oldest).max(age);
     }
 
     fn backlog(&self, bucket: u32, pending: u32, oldest_age: Option<Duration>) {
