@@ -70,8 +70,8 @@ successor invocations alike); EventBridge Scheduler invocations; DynamoDB reads 
 the bytes each Query reads (query_mix splits the measured Query count by kind from the
 relay's structure: an estimate), writes in WRU by item size, the stream (reads by the
 event source mapping are free), storage (not material: the outbox holds only unpublished
-messages); CloudWatch EMF custom metrics (emf_metric_count), alarms (none by default, 4
-with AlarmTopicArn) and Logs (log_bytes_h: line sizes rebuilt from the log formats, an
+messages); CloudWatch EMF custom metrics (emf_metric_count), alarms (the template's, which
+always exist: template_alarm_count) and Logs (log_bytes_h: line sizes rebuilt from the log formats, an
 estimate). your_vpc_adds() names what the user's VPC adds (interface endpoints, a NAT
 gateway) and a SCRAM secret; they are not in the stack's figures. The old relay-side
 figure (usd_month: every Query 1 RRU; Lambda, scheduler, DynamoDB only) is kept in each
@@ -882,13 +882,19 @@ def log_bytes_h(cell: dict, buckets: int = BUCKETS) -> float:
     return total
 
 
-ALARMS = 4  # RelayErrors, OutboxStuck, RefusedWrites, RelayQuiet: only with AlarmTopicArn
+def template_alarm_count() -> int:
+    """The CloudWatch alarms template.yaml creates (all of them, whatever AlarmTopicArn
+    says: it only adds their actions)."""
+    with open(os.path.join(ROOT, "template.yaml")) as f:
+        return f.read().count("Type: AWS::CloudWatch::Alarm")
 
 
 def bill(cell: dict, message_bytes: int | None = None, memory_mb: int = 256,
-         alarms: int = 0) -> dict:
+         alarms: int | None = None) -> dict:
     """The monthly bill of one cell (USD), line by line, from its recorded counts. Default
-    stack: no alarms (AlarmTopicArn empty; ALARMS with one), no secret (msk-iam)."""
+    stack: the template's alarms, no secret (msk-iam)."""
+    if alarms is None:
+        alarms = template_alarm_count()
     ph = cell["per_hour"]
     req = ph["dynamodb_requests"]
     m = HOURS_PER_MONTH
