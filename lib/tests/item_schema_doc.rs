@@ -15,48 +15,10 @@ use dynamo_outbox::schema::{self, Item, Keys};
 use dynamo_outbox::OutboxOptions;
 use uuid::Uuid;
 
+mod doc_examples;
+use doc_examples::{example_blocks, Example};
+
 const DOC: &str = include_str!("../../docs/item-schema.md");
-
-/// One example block: its kind and its lines.
-#[derive(Debug)]
-struct Example {
-    kind: String,
-    line: usize,
-    body: String,
-}
-
-/// The example blocks: every fence toggles a block; only blocks opened with an info
-/// string containing `example:KIND` are kept.
-fn example_blocks() -> Vec<Example> {
-    let mut out = Vec::new();
-    let mut inside: Option<Option<Example>> = None;
-    for (i, line) in DOC.lines().enumerate() {
-        if let Some(info) = line.trim_start().strip_prefix("```") {
-            match inside.take() {
-                Some(Some(ex)) => out.push(ex),
-                Some(None) => {}
-                None => {
-                    let ex = info
-                        .split_whitespace()
-                        .find_map(|w| w.strip_prefix("example:"))
-                        .map(|kind| Example {
-                            kind: kind.to_string(),
-                            line: i + 1,
-                            body: String::new(),
-                        });
-                    inside = Some(ex);
-                }
-            }
-            continue;
-        }
-        if let Some(Some(ex)) = inside.as_mut() {
-            ex.body.push_str(line);
-            ex.body.push('\n');
-        }
-    }
-    assert!(inside.is_none(), "unclosed fenced block in the document");
-    out
-}
 
 /// `name: value` lines; a line starting with whitespace continues the previous value.
 fn fields(ex: &Example) -> Vec<(String, String)> {
@@ -183,7 +145,7 @@ fn dynamodb_json_item(ex: &Example) -> Item {
 fn worked_examples_match_the_code() {
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let keys = Keys::new(&OutboxOptions::new("orders-outbox"));
-    for ex in example_blocks() {
+    for ex in example_blocks(DOC, "docs/item-schema.md") {
         *seen.entry(ex.kind.clone()).or_default() += 1;
         match ex.kind.as_str() {
             "keys" => {

@@ -21,6 +21,9 @@ use dynamo_outbox::schema::{self, Keys};
 use dynamo_outbox::{OutboxOptions, RelayOptions};
 use uuid::Uuid;
 
+mod doc_examples;
+use doc_examples::{example_blocks, Example};
+
 const DOC: &str = include_str!("../../docs/protocol.md");
 const ITEM_SCHEMA: &str = include_str!("../../docs/item-schema.md");
 const OPERATIONS: &str = include_str!("../../docs/operations.md");
@@ -32,54 +35,10 @@ const ROUTE_RS: &str = include_str!("../src/publish/route.rs");
 /// A reader's clock for the examples that give times relative to "now".
 const NOW: i64 = 639_316_440_000_000_000;
 
-/// One example block: its kind, where it starts, and its lines.
-#[derive(Debug)]
-struct Example {
-    kind: String,
-    line: usize,
-    body: String,
-}
-
 impl Example {
     fn at(&self) -> String {
         format!("docs/protocol.md line {} ({})", self.line, self.kind)
     }
-}
-
-/// The example blocks: every fence toggles a block; only blocks opened with an info
-/// string containing `example:KIND` are kept.
-fn example_blocks() -> Vec<Example> {
-    let mut out = Vec::new();
-    let mut inside: Option<Option<Example>> = None;
-    for (i, line) in DOC.lines().enumerate() {
-        if let Some(info) = line.trim_start().strip_prefix("```") {
-            match inside.take() {
-                Some(Some(ex)) => out.push(ex),
-                Some(None) => {}
-                None => {
-                    let ex = info
-                        .split_whitespace()
-                        .find_map(|w| w.strip_prefix("example:"))
-                        .map(|kind| Example {
-                            kind: kind.to_string(),
-                            line: i + 1,
-                            body: String::new(),
-                        });
-                    inside = Some(ex);
-                }
-            }
-            continue;
-        }
-        if let Some(Some(ex)) = inside.as_mut() {
-            ex.body.push_str(line);
-            ex.body.push('\n');
-        }
-    }
-    assert!(
-        inside.is_none(),
-        "unclosed fenced block in docs/protocol.md"
-    );
-    out
 }
 
 /// `name: value` lines, in order; blank lines and `#` comments are skipped. The name ends
@@ -773,7 +732,7 @@ fn check_constants(ex: &Example) -> BTreeSet<String> {
 fn worked_examples_match_the_code() {
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut constants = BTreeSet::new();
-    for ex in example_blocks() {
+    for ex in example_blocks(DOC, "docs/protocol.md") {
         let count = match ex.kind.as_str() {
             "plan" => check_plan_block(&ex),
             "keys" => {
@@ -837,7 +796,7 @@ fn worked_examples_match_the_code() {
 /// none goes unchecked.
 #[test]
 fn constants_named_in_the_prose_are_checked() {
-    let block: BTreeSet<String> = example_blocks()
+    let block: BTreeSet<String> = example_blocks(DOC, "docs/protocol.md")
         .iter()
         .filter(|ex| ex.kind == "constants")
         .flat_map(|ex| fields(ex).into_iter().map(|(name, _)| name))
