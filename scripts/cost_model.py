@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The serverless cost model, measured (issue 10, item 5): the real relay function binary
+"""The serverless cost model, measured: the real relay function binary
 under scripts/lambda_runtime.py, a timer standing in for the schedule, and in doorbell
 mode scripts/streams.py poll standing in for the event source mapping, in three modes x
 three loads, with the billed function time, invocations, cold starts, DynamoDB requests by
@@ -10,7 +10,7 @@ order of each cell, and the USD per month they come to.
       [--modes a,b,c] [--loads idle,trickle,steady] [--idle-seconds 300] ...
 
 Modes (the template's, with WakeOn and RelayIdleStop):
-  a  always-on (before issue 10): OUTBOX_IDLE_STOP=never, schedule every 60 s, no stream
+  a  always-on (no idle stop): OUTBOX_IDLE_STOP=never, schedule every 60 s, no stream
   b  idle stop + schedule: OUTBOX_IDLE_STOP=5s, schedule every 60 s, no stream
      (WakeOn=schedule without an event bus)
   c  idle stop + doorbell: OUTBOX_IDLE_STOP=5s, schedule every 300 s, the table's

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault-injection harness of issue 6 (see docs/RELIABILITY.md).
+# The fault-injection harness (see docs/RELIABILITY.md).
 #
 # Usage:
 #   scripts/harness.sh [--long] [--scenario NAME ...] [--out DIR] [--seed N] [--list]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `sam build` as a user runs it, with the repository's samconfig.toml (cached = true,
-# parallel = true, its parameter_overrides): the artifact users deploy by default (arm64,
-# issue 14), and two traps that cfn-lint and `sam validate` cannot see (issue 11):
+# parallel = true, its parameter_overrides): the artifact users deploy by default (arm64),
+# and two traps that cfn-lint and `sam validate` cannot see:
 #
 #   arm64         samconfig.toml as it is (Architecture="arm64", the template's default:
 #                 what `sam build && sam deploy` ships) must give aarch64 executables,

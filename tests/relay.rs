@@ -1259,10 +1259,9 @@ async fn a_record_the_broker_rejects_for_good_stops_only_its_bucket() {
     assert_eq!(pending_messages(&client, &options).await, 0);
 }
 
-/// Issue 12, the lease round's edges: odd heartbeat records and a retried cleanup (item 2),
-/// leases with an owner but no numeric expiry (item 3), a slow handover after the stop
-/// stamp (item 7), and graceful stops whose releases land in any order among four peers
-/// (item 1).
+/// The lease round's edges: odd heartbeat records and a retried cleanup, leases with an
+/// owner but no numeric expiry, a slow handover after the stop stamp, and graceful stops
+/// whose releases land in any order among four peers.
 mod lease_edges {
     use std::collections::BTreeSet;
     use std::sync::Mutex;
@@ -1342,7 +1341,7 @@ mod lease_edges {
             .collect()
     }
 
-    /// Item 2: heartbeat records without a numeric `LastSeenUtc` (another implementation's
+    /// Heartbeat records without a numeric `LastSeenUtc` (another implementation's
     /// stop stamp before its first heartbeat, a bare record, a string) are deleted on
     /// purpose by the cleaning relay, none refused; and an SDK retry of a cleanup whose
     /// first attempt landed is done, not refused.
@@ -1453,7 +1452,7 @@ mod lease_edges {
         assert!(!relay_records(&store).await.contains("gone"));
     }
 
-    /// Item 3: lease items with an owner but a missing or non-numeric `ExpiresAtUtc`, some
+    /// Lease items with an owner but a missing or non-numeric `ExpiresAtUtc`, some
     /// naming a relay that is gone, some naming the relay itself: it claims the first and
     /// takes back the second, refusing nothing, and publishes every bucket.
     #[tokio::test]
@@ -1734,7 +1733,7 @@ mod lease_edges {
         })
     }
 
-    /// Item 7: a peer that reads after the leaver stamped its stop but before its releases
+    /// A peer that reads after the leaver stamped its stop but before its releases
     /// landed keeps watching, and takes the buckets within a few handover steps of the
     /// releases, not at its next regular round (a renew interval later). Two consecutive
     /// runs with deadlines (renew interval 5 s); the leaver's releases are held 1.5 s, so
@@ -1826,7 +1825,7 @@ mod lease_edges {
         );
     }
 
-    /// Item 1: graceful stops among five relays over 60 buckets, run as overlapping
+    /// Graceful stops among five relays over 60 buckets, run as overlapping
     /// invocations with deadlines (as scheduled Lambda invocations are): every leaver
     /// announces its stop, so its four peers re-read together 300 ms after it, while the
     /// leaver's twelve releases are still landing, in random order (each held 250 to
@@ -1836,8 +1835,8 @@ mod lease_edges {
     /// each stop, so every stop leaves four claimers. Ids sort in start order, so the
     /// leaver is always first in rank order: after it leaves, the next relay's range covers
     /// most of the freed buckets and the rest spill to later relays in the plan's second
-    /// pass, where plans from different halves of a handover disagree (the issue's worked
-    /// example). Before the fix this refused 1 to 4 claims per run.
+    /// pass, where plans from different halves of a handover disagree (the worked example
+    /// of docs/protocol.md, section 4.6). Before the fix this refused 1 to 4 claims per run.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn graceful_stops_with_releases_landing_in_any_order_refuse_no_claim_among_four_relays() {
         const FLEET: usize = 5;

@@ -1,4 +1,4 @@
-//! The fault-injection harness's short profile (issue 6): every scenario for a few seconds
+//! The fault-injection harness's short profile: every scenario for a few seconds
 //! against `outboxctl relay` processes on the local stack. Fails when a target is missed
 //! (and, like every integration test here, outside the stack). The long profile, with the
 //! documented figures, is `scripts/harness.sh --long` (see docs/RELIABILITY.md).

@@ -8,7 +8,7 @@
 //! the table with a healthy relay, stops every relay gracefully and reads every topic from
 //! offset 0 with the independent client (`scripts/kafka.py`). The checker
 //! ([`check::check`]) turns that history into the figures; [`Outcome::missed`] compares
-//! them with the targets of issue 6.
+//! them with the scenario's [`Targets`].
 //!
 //! # Layout
 //! - [`check`]: the history and the checker (pure).
@@ -91,14 +91,15 @@ pub enum Fault {
     /// to 3 s cuts every connection, stalls them for 1 to 4 s, or refuses connections for
     /// 1 to 3 s.
     KafkaProxy,
-    /// Graceful stops among three or more relays (issue 12, item 1), while the DynamoDB
-    /// proxy holds every release of a graceful stop for a random time in `hold`, so that
-    /// a leaver's releases land in random order around its peers' re-reads. In a loop, at
-    /// least once each: one stop after another (SIGTERM to the oldest relay, the fleet
-    /// settles, a new relay starts, the fleet settles); two overlapping stops (SIGTERM to
-    /// the two oldest at once); a stop with a deadline overlapping a SIGTERM (a relay run
-    /// with `--for` joins, announces its stop in its heartbeats, and stops on its own within
-    /// 300 ms of a SIGTERM to the oldest relay). Starts happen only in a settled fleet.
+    /// Graceful stops among three or more relays (none may cause a refused claim), while
+    /// the DynamoDB proxy holds every release of a graceful stop for a random time in
+    /// `hold`, so that a leaver's releases land in random order around its peers' re-reads.
+    /// In a loop, at least once each: one stop after another (SIGTERM to the oldest relay,
+    /// the fleet settles, a new relay starts, the fleet settles); two overlapping stops
+    /// (SIGTERM to the two oldest at once); a stop with a deadline overlapping a SIGTERM (a
+    /// relay run with `--for` joins, announces its stop in its heartbeats, and stops on its
+    /// own within 300 ms of a SIGTERM to the oldest relay). Starts happen only in a settled
+    /// fleet.
     Stops {
         /// Range of the hold of each stop release.
         hold: (Duration, Duration),
@@ -179,7 +180,7 @@ pub struct Targets {
 pub struct Scenario {
     /// Short name.
     pub name: &'static str,
-    /// Issue 6's number of the fault.
+    /// The number of its fault: the report's `#` column (scenarios of one fault share it).
     pub number: &'static str,
     /// What it shows a user.
     pub meaning: &'static str,
@@ -397,7 +398,7 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
         Scenario {
             name: "graceful-stops",
             number: "I2.1",
-            meaning: "graceful stops among five relays on 20 buckets, one after another, two at once, and a deadline stop overlapping a SIGTERM, every stop's releases held 250-450 ms (issue 12, item 1)",
+            meaning: "graceful stops among five relays on 20 buckets, one after another, two at once, and a deadline stop overlapping a SIGTERM, every stop's releases held 250-450 ms",
             bucket_count: 20,
             relays: vec![None; 5],
             stagger: STAGGER,
@@ -414,7 +415,7 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
         Scenario {
             name: "large-items",
             number: "18",
-            meaning: "300 KB values (8 keys): a backlog written as fast as DynamoDB takes it, then one per key every 500 ms, while relays join and leave and 10% of the relays' DynamoDB requests are delayed up to 300 ms; lease 6 s, renew interval 2 s, 8 MiB in flight (1 MiB a batch) (issue 18)",
+            meaning: "300 KB values (8 keys): a backlog written as fast as DynamoDB takes it, then one per key every 500 ms, while relays join and leave and 10% of the relays' DynamoDB requests are delayed up to 300 ms; lease 6 s, renew interval 2 s, 8 MiB in flight (1 MiB a batch)",
             bucket_count: 8,
             relays: vec![None; 2],
             stagger: STAGGER,
@@ -469,7 +470,7 @@ pub struct Config {
 pub struct Outcome {
     /// Scenario name.
     pub name: String,
-    /// Issue 6's fault number.
+    /// The number of its fault (the report's `#` column).
     pub number: String,
     /// What it shows.
     pub meaning: String,

@@ -35,7 +35,7 @@ pub struct FaultMix {
     /// guarded by the owner alone: [`stop_release_of`]) is held for a random time in this
     /// range before it is forwarded (`None`: not held). A stopping relay sends its releases
     /// concurrently, each on a connection of its own, so held releases land in random
-    /// order, spread around its peers' re-reads (issue 12, item 1).
+    /// order, spread around its peers' re-reads (where no claim may be refused).
     pub hold_stop_releases: Option<(Duration, Duration)>,
 }
 

@@ -6,7 +6,8 @@
 //! `cargo run --release -p dynamo-outbox --example msk_iam_first_token [-- --show-url]`
 //!
 //! `--show-url` also prints the token's URL (it is signed with the SigV4 suite's example keys,
-//! no credential): run under `faketime '2025-12-01 00:00:00Z'` it shows issue 13's vector.
+//! no credential): run under `faketime '2025-12-01 00:00:00Z'` it shows the token the
+//! unit tests pin (AWS's own signer's, `AWS_VECTOR_URL` in `lib/src/publish/msk_iam.rs`).
 
 use std::time::Instant;
 

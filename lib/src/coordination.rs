@@ -1051,8 +1051,9 @@ mod tests {
         assert_eq!(stale, ["other", "bare"]);
     }
 
-    /// Issue 12's worked example: 6 buckets, p holds 0-1, q holds 2-3, s held 4-5 and has
-    /// stamped its stop. q reads after only bucket 5's release landed, p after both.
+    /// The worked example of docs/protocol.md, section 4.6: 6 buckets, p holds 0-1, q
+    /// holds 2-3, s held 4-5 and has stamped its stop. q reads after only bucket 5's
+    /// release landed, p after both.
     #[test]
     fn plans_from_two_halves_of_a_handover_collide_so_half_a_handover_claims_nothing() {
         const WATCH: i64 = 50;

@@ -4,7 +4,7 @@
 //! [`compute`] is a pure function. Relays that share a table (ours and those of other
 //! implementations of the specification) must compute exactly the same plan from the
 //! same read, or a mixed fleet makes refused conditional writes; the rule below is
-//! normative (`lease-plan.md`):
+//! normative (`docs/protocol.md`, section 4.3, the lease plan):
 //!
 //! 1. **Free and held.** A bucket is free when it has no owner, or when its lease has
 //!    lapsed and the owner is not the requesting relay (a relay's own lapsed lease still
@@ -357,7 +357,7 @@ mod tests {
         assert_eq!(plan.claim, claim, "claim of {plan:?}");
     }
 
-    // ---- The worked examples of lease-plan.md, row by row. ----
+    // ---- The worked examples of docs/protocol.md (section 4.4), row by row. ----
 
     #[test]
     fn example_fair_split_keeps_everything() {

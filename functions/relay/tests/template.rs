@@ -490,8 +490,8 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
     let number = |key: &str| -> u32 { value(&mapping, key).parse().unwrap() };
     let batch = number("BatchSize");
     assert!((1..=10).contains(&batch), "BatchSize {batch}");
-    // No batching window: it adds its length to every doorbell's latency (issue 10's
-    // trickle goal, p50 <= 1.5 s, was missed with 1 s and met with 0 s).
+    // No batching window: it adds its length to every doorbell's latency (the
+    // doorbell's trickle goal, p50 <= 1.5 s, was missed with 1 s and met with 0 s).
     let window = number("MaximumBatchingWindowInSeconds");
     assert_eq!(window, 0, "MaximumBatchingWindowInSeconds {window}");
 
@@ -772,7 +772,7 @@ fn relay_dynamodb_operations() -> BTreeSet<String> {
     found
 }
 
-/// Least privilege (issue 11, item 9): the relay is granted exactly the table operations
+/// Least privilege: the relay is granted exactly the table operations
 /// its code calls; it never puts an item (the heartbeat is an UpdateItem).
 #[test]
 fn the_relay_is_granted_the_table_operations_its_code_calls_and_no_put_item() {
@@ -784,7 +784,7 @@ fn the_relay_is_granted_the_table_operations_its_code_calls_and_no_put_item() {
     assert!(!granted.contains("dynamodb:PutItem"), "{granted:?}");
 }
 
-/// Low-quota accounts (issue 11, item 2): ReservedConcurrentExecutions only when
+/// Low-quota accounts: ReservedConcurrentExecutions only when
 /// RelayReservedConcurrency is set and not 0; the default sets none.
 #[test]
 fn reserved_concurrency_is_optional_and_off_by_default() {
@@ -806,7 +806,7 @@ fn reserved_concurrency_is_optional_and_off_by_default() {
     assert_eq!(t.matches("ReservedConcurrentExecutions:").count(), 1);
 }
 
-/// Invocation reports (issue 11, item 4): Lambda's START/REPORT lines are system logs at
+/// Invocation reports: Lambda's START/REPORT lines are system logs at
 /// INFO; WARN dropped them.
 #[test]
 fn system_logs_keep_the_invocation_reports() {
@@ -816,7 +816,7 @@ fn system_logs_keep_the_invocation_reports() {
     assert_eq!(t.matches("SystemLogLevel:").count(), 1);
 }
 
-/// Log retention (issue 11, item 5): each function logs to a log group the stack creates
+/// Log retention: each function logs to a log group the stack creates
 /// with RetentionInDays from LogRetentionDays (30 days by default).
 #[test]
 fn both_functions_log_to_groups_with_a_retention() {
@@ -845,7 +845,7 @@ fn both_functions_log_to_groups_with_a_retention() {
     assert_eq!(t.matches("Type: AWS::Logs::LogGroup").count(), 2);
 }
 
-/// Topics (issue 11, item 8): KafkaTopics is a list; each entry becomes one topic ARN
+/// Topics: KafkaTopics is a list; each entry becomes one topic ARN
 /// built from the cluster ARN (its partition, region, account, name and uuid).
 #[test]
 fn every_kafka_topics_entry_is_one_topic_arn_in_the_clusters_region_and_account() {
@@ -1072,7 +1072,7 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
     }
 }
 
-/// Callers of the enqueue function (issue 11, item 10): a managed policy they can attach.
+/// Callers of the enqueue function: a managed policy they can attach.
 #[test]
 fn callers_of_the_enqueue_function_get_a_managed_policy() {
     let t = template();
@@ -1087,7 +1087,7 @@ fn callers_of_the_enqueue_function_get_a_managed_policy() {
     assert!(t.contains("\n  EnqueueCallerPolicyArn:\n"));
 }
 
-/// The architecture (issue 11, item 3): `sam build` reads parameter_overrides from the
+/// The architecture: `sam build` reads parameter_overrides from the
 /// global (or build) section of samconfig.toml, never from the deploy section; there,
 /// Architecture=x86_64 deployed an arm64 executable on an x86_64 function.
 /// scripts/sam_build_check.sh builds with it.
@@ -1119,7 +1119,7 @@ fn kafka_topics_pattern_matches(entry: &str) -> bool {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
 }
 
-/// Topics (issue 16, item 2): KafkaTopics has no default (a deploy names its topics,
+/// Topics: KafkaTopics has no default (a deploy names its topics,
 /// nothing grants every topic unless `*` is given), and that one list is both functions'
 /// OUTBOX_ALLOWED_TOPICS and the relay's topic ARNs, so the allow-lists and IAM agree.
 #[test]

@@ -447,7 +447,7 @@ pub(crate) mod tests {
         verify_token(&token, "eu-west-1", SECRET_KEY, SystemTime::now());
     }
 
-    /// The vector of issue 13, made by AWS's own signer library: region `eu-west-1`, the
+    /// The reference token, made by AWS's own signer library: region `eu-west-1`, the
     /// SigV4 suite's example keys, session token `session/token+value=` (a `/`, a `+` and a
     /// `=` to encode), signed at 2025-12-01T00:00:00Z. Made with
     /// aws-msk-iam-sasl-signer-python 1.0.2 (botocore 1.44.8):
