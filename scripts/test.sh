@@ -5,7 +5,7 @@
 #   2. scripts/stack.sh run starts DynamoDB Local, tansu and moto on loopback ports and,
 #      with their endpoints exported, runs the checks below:
 #        cargo fmt --all --check
-#        cargo clippy --workspace --all-targets -- -D warnings
+#        cargo clippy --workspace --all-targets --all-features -- -D warnings
 #        cargo doc -p dynamo-outbox --no-deps --all-features, warnings denied
 #        cfn-lint template.yaml, sam validate --lint
 #        scripts/test_alarms.py (the self-test of the CloudWatch alarm evaluator)
@@ -20,7 +20,7 @@
 #          scripts/streams.py: the doorbell)
 #        scripts/serverless_e2e.py --mode tick (the arm64 bootstraps under
 #          qemu-aarch64-static: a batch enqueued, one scheduled relay invocation)
-#        cargo test --workspace
+#        cargo test --workspace --all-features (the local-stack test targets included)
 #
 # Build output goes to CARGO_TARGET_DIR (default ~/.cache/dynamo-outbox/target,
 # shared by every clone on the machine, so CI's fresh clone builds
@@ -44,8 +44,10 @@ if [[ ${1:-} == --inside-stack ]]; then
     step "cargo fmt --all --check"
     cargo fmt --all --check
 
-    step "cargo clippy --workspace --all-targets -- -D warnings"
-    cargo clippy --workspace --all-targets -- -D warnings
+    # --all-features: the test targets that need the local stack are built only with the
+    # `local-stack` feature (a bare `cargo test` leaves them out).
+    step "cargo clippy --workspace --all-targets --all-features -- -D warnings"
+    cargo clippy --workspace --all-targets --all-features -- -D warnings
 
     # The library's documentation: its public surface, with no broken or private links
     # (every public item has docs: #![deny(missing_docs)]).
@@ -127,8 +129,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     # Last, so that its summary lines ("test result: ...") close the output.
     # --no-fail-fast: every test binary runs and prints its summary even when
     # an earlier one failed (the exit status is still non-zero then).
-    step "cargo test --workspace --no-fail-fast"
-    cargo test --workspace --no-fail-fast "$@"
+    # --all-features turns on `local-stack`: every integration test runs, none is skipped.
+    step "cargo test --workspace --all-features --no-fail-fast"
+    cargo test --workspace --all-features --no-fail-fast "$@"
     if ((model != 0)); then
         echo "the Lambda model's self-test FAILED (exit $model); see its output above" >&2
     fi

@@ -494,6 +494,23 @@ pub fn operation_is(cfg: &aws_sdk_dynamodb::config::ConfigBag, name: &str) -> bo
 mod tests {
     use super::*;
 
+    /// What a bare `cargo test` says about the integration suite: its targets need the
+    /// local stack and are built only with the `local-stack` feature, which
+    /// `scripts/test.sh` enables once the stack is up; this test says so (ignored, with
+    /// the reason) without it, and checks the stack's variables with it.
+    #[test]
+    #[cfg_attr(
+        not(feature = "local-stack"),
+        ignore = "the integration tests need the local stack (DynamoDB Local, tansu, moto): run scripts/test.sh"
+    )]
+    fn the_local_stack_is_up() {
+        for name in ["AWS_ENDPOINT_URL_DYNAMODB", "KAFKA_BOOTSTRAP_SERVERS"] {
+            if let Err(e) = try_stack_var(name) {
+                panic!("{e}");
+            }
+        }
+    }
+
     fn record(id: Option<&str>) -> ReadRecord {
         use base64::Engine;
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
