@@ -501,8 +501,8 @@ def wait_drained(monitor: Monitor, wait: float, what: str, settle: float = 1.0) 
 
 
 def wait_relay_quiet(relay: Function, batch_log: str | None, wait: float) -> None:
-    """Until no relay invocation runs, none is queued, and the poller's batch log has
-    not grown for 3 s."""
+    """Until no relay invocation runs, no asynchronous event waits (a successor), and
+    the poller's batch log has not grown for 3 s."""
     deadline = time.time() + wait
     last_size, stable_since = -1, time.time()
     while time.time() < deadline:
@@ -511,7 +511,8 @@ def wait_relay_quiet(relay: Function, batch_log: str | None, wait: float) -> Non
         if size != last_size:
             last_size, stable_since = size, time.time()
         t = st["totals"]
-        if t["concurrency_now"] == 0 and time.time() - stable_since >= 3.0:
+        queued = t["async_invocations"] - t["async_succeeded"] - t["async_dropped"]
+        if t["concurrency_now"] == 0 and queued == 0 and time.time() - stable_since >= 3.0:
             return
         time.sleep(0.5)
     raise Failed(f"the relay did not go quiet within {wait:g}s")
@@ -607,6 +608,7 @@ def run_lambda_burst(args, workdir: str, started: list, messages: int,
     totals = relay.stats(10**9)["totals"]
     check(totals["async_expired"] == 0 and totals["async_exhausted"] == 0,
           f"successor events lost: {totals}")
+    check(totals["schedule_ticks"] == 0, f"the emulator ticked: {totals}")
     stamps = delivery.pop("stamps")
     return {
         "table": table, "topic": topic, "messages": len(sent),
@@ -619,7 +621,7 @@ def run_lambda_burst(args, workdir: str, started: list, messages: int,
         "emulator": {k: totals[k] for k in ("invocations", "cold_starts", "errors", "timeouts",
                                             "throttles", "async_invocations", "async_succeeded",
                                             "async_throttle_retries", "async_expired",
-                                            "peak_concurrency") if k in totals},
+                                            "schedule_ticks", "peak_concurrency") if k in totals},
         "poller": {k: pc[k] for k in ("batches", "records", "expired_records", "throttles",
                                       "function_errors", "dropped_records")},
         "owner_gaps": monitor.gaps(t_first),
