@@ -357,12 +357,13 @@ class Monitor(threading.Thread):
     def latest(self) -> dict | None:
         return self.samples[-1] if self.samples else None
 
-    def empty_since(self) -> float | None:
+    def empty_since(self, after: float) -> float | None:
         """The time of the first sample of the trailing run in which every bucket was
-        empty, or None when the latest sample saw a message."""
+        empty, counting only samples begun after `after` (the last commit); None when
+        there is none or the latest sample saw a message."""
         when = None
-        for s in reversed(self.samples):
-            if any(h is not None for h in s["heads"]):
+        for s in reversed(list(self.samples)):
+            if s["t"] <= after or any(h is not None for h in s["heads"]):
                 break
             when = s["t"]
         return when
@@ -488,11 +489,13 @@ def check_table_clean(table: str, prefix: str) -> dict:
     return {"message_items": 0, "owned_leases": 0}
 
 
-def wait_drained(monitor: Monitor, wait: float, what: str, settle: float = 1.0) -> float:
-    """Until every bucket has been seen empty for `settle` s; returns when it first was."""
+def wait_drained(monitor: Monitor, after: float, wait: float, what: str,
+                 settle: float = 1.0) -> float:
+    """Until every bucket has been seen empty for `settle` s by samples begun after
+    `after`; returns when it first was."""
     deadline = time.time() + wait
     while time.time() < deadline:
-        since = monitor.empty_since()
+        since = monitor.empty_since(after)
         if since is not None and time.time() - since >= settle:
             return since
         time.sleep(0.2)
@@ -595,7 +598,7 @@ def run_lambda_burst(args, workdir: str, started: list, messages: int,
     step(f"burst: {len(sent)} messages of ~{args.value_bytes} B over {args.keys} keys "
          f"committed in {t_last - t_first:.1f}s by {args.writers} writers")
     extra = during(monitor, t_first) if during else {}
-    drained_at = wait_drained(monitor, args.wait, "the Lambda relay")
+    drained_at = wait_drained(monitor, t_last, args.wait, "the Lambda relay")
     step(f"the table's message partitions empty {drained_at - t_first:.1f}s after the "
          f"first commit")
     wait_relay_quiet(relay, batch_log, args.relay_timeout + 60)
@@ -654,7 +657,7 @@ def run_always_on(args, workdir: str, started: list) -> dict:
     sent, t_first, t_last = burst(table, business, prefix, topic, args.messages,
                                   args.value_bytes, args.keys, args.writers)
     step(f"always-on: burst of {len(sent)} committed in {t_last - t_first:.1f}s")
-    drained_at = wait_drained(monitor, args.wait, "the always-on relay")
+    drained_at = wait_drained(monitor, t_last, args.wait, "the always-on relay")
     monitor.stop()
     relay.stop()
     started.remove(relay)
