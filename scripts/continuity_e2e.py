@@ -617,6 +617,7 @@ def run_lambda_burst(args, workdir: str, started: list, messages: int,
         "table": table, "topic": topic, "messages": len(sent),
         "write_s": r3(t_last - t_first),
         "drain_s": r3(delivery["last_publish"] - t_first),
+        "tail_after_last_commit_s": r3(delivery["last_publish"] - t_last),
         "table_empty_after_s": r3(drained_at - t_first),
         "first_publish_after_s": r3(delivery["first_publish"] - t_first),
         "kafka": delivery, "table_after": clean, "refused_writes": refused,
@@ -634,7 +635,8 @@ def run_lambda_burst(args, workdir: str, started: list, messages: int,
 
 
 def run_always_on(args, workdir: str, started: list) -> dict:
-    table, business, topic, prefix = fresh_outbox(stream=False)
+    # The same stream (unread), so that the writer pays for it as in the Lambda run.
+    table, business, topic, prefix = fresh_outbox(stream=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")
            or k.startswith("OUTBOX_STACK_")}
     env.update(OUTBOX_TABLE_NAME=table, OUTBOX_KEY_PREFIX=prefix,
@@ -672,6 +674,7 @@ def run_always_on(args, workdir: str, started: list) -> dict:
     check_table_clean(table, prefix)
     return {"table": table, "messages": len(sent), "write_s": r3(t_last - t_first),
             "drain_s": r3(delivery["last_publish"] - t_first),
+            "tail_after_last_commit_s": r3(delivery["last_publish"] - t_last),
             "table_empty_after_s": r3(drained_at - t_first),
             "first_publish_after_s": r3(delivery["first_publish"] - t_first),
             "kafka": delivery, "refused_writes": refused, "stop_line": stopped[-1],
