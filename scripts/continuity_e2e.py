@@ -686,6 +686,11 @@ def public(d: dict) -> dict:
 
 
 def scenario_burst(args, workdir: str, started: list) -> dict:
+    if args.always_on_only:
+        on = run_always_on(args, workdir, started)
+        step(f"always-on: drain {on['drain_s']}s, max owner gap "
+             f"{on['owner_gaps']['max_gap_s']}s")
+        return {"scenario": "burst", "always_on": on}
     lam = run_lambda_burst(args, workdir, started, args.messages)
     relay = lam["_relay"]
     relay.stop()
@@ -1038,6 +1043,9 @@ def main() -> int:
     p.add_argument("--wait", type=float, default=900.0, help="longest drain, seconds")
     p.add_argument("--no-compare", action="store_true",
                    help="burst: skip the always-on comparison")
+    p.add_argument("--always-on-only", action="store_true",
+                   help="burst: only the always-on run (for a comparison in a fresh stack: "
+                        "DynamoDB Local slows down after a large burst's deletes)")
     p.add_argument("--outage-seconds", type=float, default=60.0)
     p.add_argument("--bus", default="default", help="bus: the EventBusName parameter")
     p.add_argument("--commits", type=int, default=5)
