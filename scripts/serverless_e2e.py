@@ -291,7 +291,8 @@ class Function:
     """One function binary under scripts/lambda_runtime.py."""
 
     def __init__(self, name: str, binary: str, workdir: str, timeout: float, env: dict,
-                 prefix: str, max_concurrency: int, init_timeout: float):
+                 prefix: str, max_concurrency: int, init_timeout: float,
+                 extra_args: list[str] | None = None):
         self.name = name
         self.timeout = timeout
         self.port_file = os.path.join(workdir, f"{name}.port")
@@ -308,6 +309,7 @@ class Function:
             args.append(f"--prefix={prefix}")
         for k, v in env.items():
             args += ["--env", f"{k}={v}"]
+        args += extra_args or []
         self.env_pids: set[int] = set()
         self.proc = Proc(f"{name}.emulator", args, workdir)
         self.port = 0
