@@ -23,7 +23,8 @@
 //! A run that reaches its deadline minus [`dynamo_outbox::notification::SUCCESSOR_LEAD`]
 //! with work left in its buckets starts its successor: an asynchronous invocation of this
 //! function (`AWS_LAMBDA_FUNCTION_NAME`) with a [`dynamo_outbox::notification::Handoff`]
-//! payload, which runs a relay at once and takes the buckets over at the leaver's stop.
+//! payload, which runs a relay at once: it takes its share of the buckets as it joins and
+//! the rest at the leaver's stop.
 //! So a backlog drains without waiting for the schedule, and a relay that cannot publish
 //! tries again in its successor about once a minute ([`dynamo_outbox::notification`] says
 //! why that is bounded).

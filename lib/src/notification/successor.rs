@@ -5,9 +5,10 @@
 //! its deadline minus [`SUCCESSOR_LEAD`] and a bucket it owns still has messages it could
 //! publish (more fetched than it had time for, or a publish that failed and waits for its
 //! retry), it asks its [`Successor`] to start one more relay, once per run. The successor
-//! joins while the leaver still runs, reads the leaver's announced stop, and takes its
-//! buckets over a couple of handover steps after it: the same handover as between any two
-//! relays, with no bucket unowned for longer than that plus the successor's start.
+//! joins while the leaver still runs and takes its share of the buckets at once (the lease
+//! plan splits them between two live relays); it reads the leaver's announced stop and
+//! takes the rest a couple of handover steps after it: the same handover as between any
+//! two relays, with no bucket unowned for longer than that.
 //!
 //! A bucket parked behind an item it cannot publish (a poison item, a topic outside the
 //! allow-list) is not work left: no relay can move it until an operator does, and the
