@@ -9,6 +9,7 @@
 #        cargo doc -p dynamo-outbox --no-deps --all-features, warnings denied
 #        cfn-lint template.yaml, sam validate --lint
 #        scripts/test_alarms.py (the self-test of the CloudWatch alarm evaluator)
+#        scripts/continuity_e2e.py --scenario bus (one wake-up per commit in stream mode)
 #        scripts/test_lambda_model.py (the self-test of the local model of Lambda:
 #          lambda_runtime.py, streams.py poll, cfn_template.py, with a fake function)
 #        scripts/sam_build_check.sh: sam build with samconfig.toml for x86_64 (and again
@@ -111,6 +112,15 @@ if [[ ${1:-} == --inside-stack ]]; then
     serverless=0
     "$CACHE/venv/bin/python" scripts/serverless_e2e.py "$sam_dir/build" || serverless=$?
 
+    # One wake-up per commit: stream mode with an event bus configured, the debug
+    # bootstraps lambda_e2e.py built under scripts/lambda_runtime.py, the stream read by
+    # scripts/streams.py with the template's mapping: each commit reaches the relay as one
+    # doorbell and no notification (scripts/continuity_e2e.py --scenario bus; about 40 s).
+    # A failure is reported after the tests, which run either way.
+    step "one wake-up per commit with a bus in stream mode (scripts/continuity_e2e.py --scenario bus)"
+    wakeups=0
+    "$CACHE/venv/bin/python" scripts/continuity_e2e.py --scenario bus --commits 3 --spacing 8 || wakeups=$?
+
     # The default artifact: sam build's arm64 bootstraps, each under qemu-aarch64-static
     # (scripts/install.sh installs it and libc6:arm64) through scripts/lambda_runtime.py
     # (real deadlines): 20 messages through the enqueue function, one relay invocation
@@ -138,6 +148,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     if ((alarms != 0)); then
         echo "the alarm evaluator's self-test FAILED (exit $alarms); see its output above" >&2
     fi
+    if ((wakeups != 0)); then
+        echo "the one-wake-up-per-commit scenario FAILED (exit $wakeups); see its output above" >&2
+    fi
     if ((arm64 != 0)); then
         echo "arm64 smoke run FAILED (exit $arm64); see its output above" >&2
     fi
@@ -159,6 +172,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     fi
     if ((alarms != 0)); then
         exit "$alarms"
+    fi
+    if ((wakeups != 0)); then
+        exit "$wakeups"
     fi
     exit 0
 fi
