@@ -16,7 +16,7 @@ use dynamo_outbox::OutboxOptions;
 use uuid::Uuid;
 
 mod doc_examples;
-use doc_examples::{example_blocks, Example};
+use doc_examples::{example_blocks, hex, unix_seconds_of, Example};
 
 const DOC: &str = include_str!("../../docs/item-schema.md");
 
@@ -60,14 +60,6 @@ fn get<'a>(m: &'a BTreeMap<String, String>, ex: &Example, name: &str) -> &'a str
         .unwrap_or_else(|| panic!("example at line {} has no {name:?}", ex.line))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn num<T: std::str::FromStr>(m: &BTreeMap<String, String>, ex: &Example, name: &str) -> T
 where
     T::Err: std::fmt::Debug,
@@ -94,26 +86,6 @@ fn check_hash(m: &BTreeMap<String, String>, ex: &Example, bytes: &[u8]) -> i32 {
         ex.line
     );
     h
-}
-
-/// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn unix_seconds_of(iso: &str) -> i64 {
-    // YYYY-MM-DDTHH:MM:SSZ
-    let p = |r: std::ops::Range<usize>| iso[r].parse::<i64>().expect("a date field");
-    assert_eq!(iso.len(), 20, "{iso}: YYYY-MM-DDTHH:MM:SSZ");
-    days_from_civil(p(0..4), p(5..7), p(8..10)) * 86_400
-        + p(11..13) * 3600
-        + p(14..16) * 60
-        + p(17..19)
 }
 
 fn dynamodb_json_item(ex: &Example) -> Item {
