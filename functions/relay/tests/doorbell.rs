@@ -490,26 +490,13 @@ async fn a_doorbell_whose_coverage_read_fails_joins_and_publishes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_doorbell_on_a_cold_start_with_kafka_unreachable_publishes_once_kafka_returns() {
     let (client, options) = streamed_table(2).await;
-    let log = std::env::temp_dir().join(format!("{}.log", random_name("tansu-cold")));
-    let broker = outbox_harness::broker::ProxiedBroker::start(&log)
-        .await
-        .expect("private tansu behind the fault proxy");
-    let bootstrap = broker.bootstrap();
-    let topic = random_name("cold");
-    outbox_harness::kafka_py(&[
-        "--bootstrap",
-        &bootstrap,
-        "create-topic",
-        &topic,
-        "--partitions",
-        "1",
-    ])
-    .unwrap();
+    let kafka = common::ProxiedTopic::start("cold").await;
+    let (bootstrap, topic) = (&kafka.bootstrap, &kafka.topic);
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
-    let written = enqueue(&writer, &topic, &["a", "b", "c"]).await;
+    let written = enqueue(&writer, topic, &["a", "b", "c"]).await;
     let (doorbell, _) = doorbell_since(&options, None);
 
-    broker.proxy.refuse();
+    kafka.broker.proxy.refuse();
     let function = RelayFunction::new(
         client.clone(),
         settings(
@@ -524,7 +511,7 @@ async fn a_doorbell_on_a_cold_start_with_kafka_unreachable_publishes_once_kafka_
     // Refused for longer than one connection attempt may take.
     let reopen = async {
         tokio::time::sleep(dynamo_outbox::publish::CONNECT_TIMEOUT + Duration::from_secs(2)).await;
-        broker.proxy.pass();
+        kafka.broker.proxy.pass();
     };
     let (summary, ()) = tokio::join!(
         function.handle(event("cold", Duration::from_secs(40), doorbell)),
@@ -540,13 +527,6 @@ async fn a_doorbell_on_a_cold_start_with_kafka_unreachable_publishes_once_kafka_
     );
     assert_eq!(summary.published, written.len() as u64, "{summary:?}");
     assert_eq!(pending_messages(&client, &options).await, 0);
-    let records: Vec<ReadRecord> =
-        outbox_harness::kafka_py(&["--bootstrap", &bootstrap, "read", &topic])
-            .unwrap()
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str(l).expect("record json"))
-            .collect();
-    Deliveries::of(&records).assert_at_least_once(&written);
-    let _ = std::fs::remove_file(&log);
+    Deliveries::of(&kafka.records()).assert_at_least_once(&written);
+    kafka.remove_log();
 }

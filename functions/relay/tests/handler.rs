@@ -484,21 +484,8 @@ async fn notifications_for_another_outbox_or_malformed_ones_start_nothing() {
 async fn a_broken_kafka_connection_is_rebuilt_by_the_next_invocation() {
     let client = dynamodb().await;
     let options = fresh_table(&client, 2).await;
-    let log = std::env::temp_dir().join(format!("{}.log", random_name("tansu-rebuild")));
-    let broker = outbox_harness::broker::ProxiedBroker::start(&log)
-        .await
-        .expect("private tansu behind the fault proxy");
-    let bootstrap = broker.bootstrap();
-    let topic = random_name("rebuild");
-    outbox_harness::kafka_py(&[
-        "--bootstrap",
-        &bootstrap,
-        "create-topic",
-        &topic,
-        "--partitions",
-        "1",
-    ])
-    .unwrap();
+    let kafka = common::ProxiedTopic::start("rebuild").await;
+    let (bootstrap, topic) = (&kafka.bootstrap, &kafka.topic);
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
     let function = RelayFunction::new(
         client.clone(),
@@ -512,7 +499,7 @@ async fn a_broken_kafka_connection_is_rebuilt_by_the_next_invocation() {
     )
     .unwrap();
 
-    let mut written = enqueue(&writer, &topic, 0, 3).await;
+    let mut written = enqueue(&writer, topic, 0, 3).await;
     let first = function
         .handle(event("cold", in_ms(Duration::from_secs(7))))
         .await
@@ -520,8 +507,8 @@ async fn a_broken_kafka_connection_is_rebuilt_by_the_next_invocation() {
     assert_eq!((first.published, first.kafka_client_reused), (3, false));
 
     // Every connection cut, new ones refused.
-    broker.proxy.refuse();
-    written.extend(enqueue(&writer, &topic, 3, 3).await);
+    kafka.broker.proxy.refuse();
+    written.extend(enqueue(&writer, topic, 3, 3).await);
     let broken = function
         .handle(event("broken", in_ms(Duration::from_secs(7))))
         .await
@@ -532,7 +519,7 @@ async fn a_broken_kafka_connection_is_rebuilt_by_the_next_invocation() {
     assert!(broken.released, "{broken:?}");
     assert_eq!(pending_messages(&client, &options).await, 3);
 
-    broker.proxy.pass();
+    kafka.broker.proxy.pass();
     let rebuilt = function
         .handle(event("rebuilt", in_ms(Duration::from_secs(7))))
         .await
@@ -540,20 +527,13 @@ async fn a_broken_kafka_connection_is_rebuilt_by_the_next_invocation() {
     assert!(!rebuilt.kafka_client_reused, "a new client: {rebuilt:?}");
     assert_eq!(rebuilt.published, 3, "{rebuilt:?}");
     assert_eq!(pending_messages(&client, &options).await, 0);
-    let records: Vec<ReadRecord> =
-        outbox_harness::kafka_py(&["--bootstrap", &bootstrap, "read", &topic])
-            .unwrap()
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str(l).expect("record json"))
-            .collect();
     // What was left went out: the six ids written, each at least once.
-    let read = Deliveries::of(&records);
+    let read = Deliveries::of(&kafka.records());
     let copies = read.assert_at_least_once(&written);
     println!(
         "after the rebuild: {} messages, {copies} extra copies {:?}",
         written.len(),
         read.duplicates
     );
-    let _ = std::fs::remove_file(&log);
+    kafka.remove_log();
 }

@@ -51,3 +51,54 @@ pub(crate) fn settings(
     }
     RelaySettings::from_lookup(|name| vars.get(name).cloned()).unwrap()
 }
+
+/// A topic of one partition on a private tansu behind the harness's fault proxy (so a
+/// test can refuse and pass the function's Kafka connections).
+pub(crate) struct ProxiedTopic {
+    pub(crate) broker: outbox_harness::broker::ProxiedBroker,
+    pub(crate) bootstrap: String,
+    pub(crate) topic: String,
+    log: std::path::PathBuf,
+}
+
+impl ProxiedTopic {
+    /// Starts the broker and creates a topic named after `prefix`.
+    pub(crate) async fn start(prefix: &str) -> Self {
+        let log = std::env::temp_dir().join(format!(
+            "{}.log",
+            outbox_integration_tests::random_name(&format!("tansu-{prefix}"))
+        ));
+        let broker = outbox_harness::broker::ProxiedBroker::start(&log)
+            .await
+            .expect("private tansu behind the fault proxy");
+        let bootstrap = broker.bootstrap();
+        let topic = outbox_integration_tests::random_name(prefix);
+        outbox_harness::kafka_py(&[
+            "--bootstrap",
+            &bootstrap,
+            "create-topic",
+            &topic,
+            "--partitions",
+            "1",
+        ])
+        .unwrap();
+        ProxiedTopic {
+            broker,
+            bootstrap,
+            topic,
+            log,
+        }
+    }
+
+    /// Every record of the topic, read with confluent-kafka.
+    pub(crate) fn records(&self) -> Vec<outbox_integration_tests::ReadRecord> {
+        let out = outbox_harness::kafka_py(&["--bootstrap", &self.bootstrap, "read", &self.topic])
+            .unwrap();
+        outbox_integration_tests::parse_records(&out).unwrap()
+    }
+
+    /// Removes the broker's log (kept when a test fails before this).
+    pub(crate) fn remove_log(&self) {
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
