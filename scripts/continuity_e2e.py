@@ -1063,15 +1063,8 @@ def main() -> int:
     for b in need:
         if not os.access(b, os.X_OK):
             p.error(f"no executable {b}")
-    for var in ("AWS_ENDPOINT_URL_DYNAMODB", "KAFKA_BOOTSTRAP_SERVERS"):
-        if not os.environ.get(var):
-            p.error(f"{var} is not set: run inside scripts/stack.sh run")
-
-    def on_signal(signum, _frame):
-        raise Interrupted(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    sls.require_stack(p)
+    sls.interrupt_on_signals()
     workdir = tempfile.mkdtemp(prefix="outbox-continuity-e2e.")
     started: list = []
     ok = False

@@ -118,6 +118,22 @@ class Interrupted(Exception):
     pass
 
 
+def require_stack(parser) -> None:
+    """Ends with a usage error unless the stack's variables are set (scripts/stack.sh run)."""
+    for var in ("AWS_ENDPOINT_URL_DYNAMODB", "KAFKA_BOOTSTRAP_SERVERS"):
+        if not os.environ.get(var):
+            parser.error(f"{var} is not set: run inside scripts/stack.sh run")
+
+
+def interrupt_on_signals() -> None:
+    """SIGTERM and SIGINT raise Interrupted, so the caller's cleanup stops what it started."""
+    def on_signal(signum, _frame):
+        raise Interrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
 def step(msg: str) -> None:
     print(f"[{NAME}] {msg}", flush=True)
 
@@ -638,15 +654,8 @@ def main() -> int:
     for fn, path in binaries.items():
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             p.error(f"no executable {path}")
-    for var in ("AWS_ENDPOINT_URL_DYNAMODB", "KAFKA_BOOTSTRAP_SERVERS"):
-        if not os.environ.get(var):
-            p.error(f"{var} is not set: run inside scripts/stack.sh run")
-
-    def on_signal(signum, _frame):
-        raise Interrupted(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    require_stack(p)
+    interrupt_on_signals()
 
     workdir = tempfile.mkdtemp(prefix="outbox-serverless-e2e.")
     started: list = []
