@@ -925,6 +925,13 @@ fn every_kafka_topics_entry_is_one_topic_arn_in_the_clusters_region_and_account(
     assert_eq!(topics_of("a,b,c,d,e,f,g,h,i,j").len(), 10);
 }
 
+/// Asserts that `text` contains every one of `expected`, naming the first it lacks.
+fn assert_contains_all(text: &str, expected: &[&str]) {
+    for e in expected {
+        assert!(text.contains(e), "{e}: {text}");
+    }
+}
+
 /// The alarm named `name`: its lines joined. Every alarm exists whatever the parameters;
 /// `AlarmTopicArn` only adds its actions.
 fn alarm(t: &str, name: &str) -> String {
@@ -960,29 +967,31 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
     assert_eq!(t.matches("Type: AWS::CloudWatch::Alarm").count(), 6);
 
     let errors = alarm(&t, "RelayErrorsAlarm");
-    for expected in [
-        "Namespace: AWS/Lambda",
-        "MetricName: Errors",
-        "Value: !Ref RelayFunction",
-        "TreatMissingData: notBreaching",
-    ] {
-        assert!(errors.contains(expected), "{expected}: {errors}");
-    }
+    assert_contains_all(
+        &errors,
+        &[
+            "Namespace: AWS/Lambda",
+            "MetricName: Errors",
+            "Value: !Ref RelayFunction",
+            "TreatMissingData: notBreaching",
+        ],
+    );
     // No invocation writes no Invocations data point: missing counts as breaching.
     let quiet = alarm(&t, "RelayQuietAlarm");
-    for expected in [
-        "Namespace: AWS/Lambda",
-        "MetricName: Invocations",
-        "Value: !Ref RelayFunction",
-        "Period: 60",
-        "EvaluationPeriods: !Ref RelayQuietMinutes",
-        "DatapointsToAlarm: !Ref RelayQuietMinutes",
-        "ComparisonOperator: LessThanThreshold",
-        "Threshold: 1",
-        "TreatMissingData: breaching",
-    ] {
-        assert!(quiet.contains(expected), "{expected}: {quiet}");
-    }
+    assert_contains_all(
+        &quiet,
+        &[
+            "Namespace: AWS/Lambda",
+            "MetricName: Invocations",
+            "Value: !Ref RelayFunction",
+            "Period: 60",
+            "EvaluationPeriods: !Ref RelayQuietMinutes",
+            "DatapointsToAlarm: !Ref RelayQuietMinutes",
+            "ComparisonOperator: LessThanThreshold",
+            "Threshold: 1",
+            "TreatMissingData: breaching",
+        ],
+    );
 
     // The relay's own metrics: the namespace and service it is given, the table dimension.
     let relay = resource(&t, "RelayFunction").join("\n");
@@ -1035,41 +1044,45 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
         }
     }
     let stuck = alarm(&t, "OutboxStuckAlarm");
-    for expected in [
-        "EvaluationPeriods: 1",
-        "DatapointsToAlarm: 1",
-        "Threshold: !Ref StuckMessageAgeSeconds",
-        "ComparisonOperator: GreaterThanOrEqualToThreshold",
-    ] {
-        assert!(stuck.contains(expected), "{expected}: {stuck}");
-    }
+    assert_contains_all(
+        &stuck,
+        &[
+            "EvaluationPeriods: 1",
+            "DatapointsToAlarm: 1",
+            "Threshold: !Ref StuckMessageAgeSeconds",
+            "ComparisonOperator: GreaterThanOrEqualToThreshold",
+        ],
+    );
     let poison = alarm(&t, "PoisonItemsAlarm");
-    for expected in [
-        "EvaluationPeriods: 10",
-        "DatapointsToAlarm: 1",
-        "Threshold: 1",
-        "ComparisonOperator: GreaterThanOrEqualToThreshold",
-    ] {
-        assert!(poison.contains(expected), "{expected}: {poison}");
-    }
+    assert_contains_all(
+        &poison,
+        &[
+            "EvaluationPeriods: 10",
+            "DatapointsToAlarm: 1",
+            "Threshold: 1",
+            "ComparisonOperator: GreaterThanOrEqualToThreshold",
+        ],
+    );
     let failing = alarm(&t, "PublishFailuresAlarm");
-    for expected in [
-        "EvaluationPeriods: 5",
-        "DatapointsToAlarm: 3",
-        "Threshold: 1",
-        "ComparisonOperator: GreaterThanOrEqualToThreshold",
-    ] {
-        assert!(failing.contains(expected), "{expected}: {failing}");
-    }
+    assert_contains_all(
+        &failing,
+        &[
+            "EvaluationPeriods: 5",
+            "DatapointsToAlarm: 3",
+            "Threshold: 1",
+            "ComparisonOperator: GreaterThanOrEqualToThreshold",
+        ],
+    );
     let refused = alarm(&t, "RefusedWritesAlarm");
-    for expected in [
-        "EvaluationPeriods: !Ref RefusedWritesMinutes",
-        "DatapointsToAlarm: !Ref RefusedWritesMinutes",
-        "Threshold: 0",
-        "ComparisonOperator: GreaterThanThreshold",
-    ] {
-        assert!(refused.contains(expected), "{expected}: {refused}");
-    }
+    assert_contains_all(
+        &refused,
+        &[
+            "EvaluationPeriods: !Ref RefusedWritesMinutes",
+            "DatapointsToAlarm: !Ref RefusedWritesMinutes",
+            "Threshold: 0",
+            "ComparisonOperator: GreaterThanThreshold",
+        ],
+    );
 }
 
 /// Callers of the enqueue function: a managed policy they can attach.
