@@ -27,6 +27,7 @@ use doc_examples::{example_blocks, hex, unix_seconds_of, Example};
 const DOC: &str = include_str!("../../docs/protocol.md");
 const ITEM_SCHEMA: &str = include_str!("../../docs/item-schema.md");
 const OPERATIONS: &str = include_str!("../../docs/operations.md");
+const CONFIGURATION: &str = include_str!("../../docs/configuration.md");
 const DELETE_RS: &str = include_str!("../src/store/delete.rs");
 const STOP_RS: &str = include_str!("../src/relay/stop.rs");
 const STATE_RS: &str = include_str!("../src/relay/state.rs");
@@ -842,14 +843,15 @@ fn anchors(doc: &str) -> BTreeSet<String> {
     out
 }
 
-/// Every link to a section of this document, of item-schema.md or of operations.md points
-/// at a heading that exists.
+/// Every link to a section of this document, of item-schema.md, of operations.md or of
+/// configuration.md points at a heading that exists.
 #[test]
 fn links_point_at_existing_headings() {
     let docs = [
         ("", anchors(DOC)),
         ("item-schema.md", anchors(ITEM_SCHEMA)),
         ("operations.md", anchors(OPERATIONS)),
+        ("configuration.md", anchors(CONFIGURATION)),
     ];
     let mut checked = 0;
     let prose = prose();
