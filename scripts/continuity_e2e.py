@@ -81,6 +81,21 @@ bus    WakeOn=stream with an event bus configured (EventBusName=--bus): the enqu
        and creates the rule whatever the template says (the wiring before the
        condition), which must fail the check (2 wake-ups per commit).
 
+stuck  A poison head in a quiet period: the relay allows only the scenario's topic
+       (OUTBOX_ALLOWED_TOPICS); one message on another topic is committed at the head of
+       a bucket, one behind it, and one healthy message in another bucket; the doorbell
+       and a schedule every --tick-seconds (30) wake the relay.  Every 5 s the template's
+       alarms (with StuckMessageAgeSeconds=--stuck-age, 60) are evaluated by
+       scripts/alarms.py over the EMF documents of the relay's log and the invocations'
+       AWS/Lambda datapoints, until OutboxStuckAlarm and PoisonItemsAlarm are both in
+       ALARM.  Checks: both in ALARM within stuck age + tick + 90 s (the relay reports
+       the head's age each run; an alarm is evaluated at whole minutes), the healthy
+       message in Kafka, the poison and the message behind it still in the table (never
+       published), every relay run stopped idle (a parked bucket is no reason to run
+       on), 0 refused writes.  The burst scenario evaluates the same alarms and
+       fails when OutboxStuckAlarm, PoisonItemsAlarm, PublishFailuresAlarm or
+       RefusedWritesAlarm goes into ALARM during its healthy drain.
+
 Prints one line per step, then the figures as one JSON document on stdout (after the
 line "RESULT"); exits 1 naming the failed check (logs kept), 2 on usage.  Every process
 it started is stopped, also on failure or SIGTERM.
@@ -108,6 +123,7 @@ import boto3
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPTS)
 
+import alarms  # noqa: E402
 import cfn_template  # noqa: E402
 import serverless_e2e as sls  # noqa: E402
 from serverless_e2e import (  # noqa: E402
@@ -171,15 +187,17 @@ def aws_env() -> dict:
 
 
 def start_relay(args, workdir: str, started: list, table: str, prefix: str,
-                bootstrap: str) -> tuple[Function, dict]:
+                bootstrap: str, extra_env: dict | None = None,
+                extra_args: list[str] | None = None) -> tuple[Function, dict]:
     tenv = relay_template_env()
     env = dict(aws_env(), OUTBOX_TABLE_NAME=table, OUTBOX_KEY_PREFIX=prefix,
                OUTBOX_BUCKET_COUNT=str(BUCKETS), KAFKA_BOOTSTRAP_SERVERS=bootstrap,
-               KAFKA_AUTH="none", **tenv)
+               KAFKA_AUTH="none", **tenv, **(extra_env or {}))
     relay = Function("RelayFunction", args.relay_binary, workdir, args.relay_timeout, env, "",
                      args.relay_concurrency, 10.0,
                      extra_args=["--template", TEMPLATE, "--template-function", "RelayFunction",
-                                 "--param", "KafkaBootstrapServers=local:9092"])
+                                 "--param", "KafkaBootstrapServers=local:9092",
+                                 *(extra_args or [])])
     started.append(relay)
     relay.wait_ready()
     return relay, tenv
@@ -558,7 +576,8 @@ def summarize_invocations(invs: list[tuple[dict, dict | None]], t0: float) -> di
             "runs": sorted(timeline, key=lambda x: x["start_s"])}
 
 
-def check_invocations(invs: list[tuple[dict, dict | None]], allowed: set[str]) -> int:
+def check_invocations(invs: list[tuple[dict, dict | None]], allowed: set[str],
+                      schedule: bool = False) -> int:
     """No failed invocation, only `allowed` triggers, 0 refused writes, leases released.
     Returns the refused writes (0)."""
     for inv, s in invs:
@@ -567,11 +586,71 @@ def check_invocations(invs: list[tuple[dict, dict | None]], allowed: set[str]) -
         check(s["trigger"] in allowed, f"{s['relay_id']}: trigger {s['trigger']}, only "
                                        f"{sorted(allowed)} expected: {s}")
         check(s["released"] is True, f"{s['relay_id']}: leases not released: {s}")
-        check(inv["source"] != "schedule", f"a scheduled invocation: {inv}")
+        check(schedule or inv["source"] != "schedule", f"a scheduled invocation: {inv}")
     refused = sum(s["refused_writes"] for _, s in invs)
     check(refused == 0, f"{refused} refused writes: "
                         f"{[s for _, s in invs if s['refused_writes']]}")
     return refused
+
+
+# ------------------------------------------------------------------ the alarms
+
+# The alarms a healthy drain must leave out of ALARM (the relay's own metrics).
+TROUBLE_ALARMS = ("OutboxStuckAlarm", "PoisonItemsAlarm", "PublishFailuresAlarm",
+                  "RefusedWritesAlarm")
+
+
+def alarm_report(relay: Function, invs: list[tuple[dict, dict | None]], table: str,
+                 t0: float, t_end: float, params: dict | None = None,
+                 require_emf: bool = True) -> dict:
+    """The template's alarms (with `params`) evaluated by scripts/alarms.py, CloudWatch's
+    M-of-N rule with each alarm's TreatMissingData, from the minute of t0 to two minutes
+    after t_end: the relay's own metrics from the EMF documents in the function's log
+    (every document must be valid EMF), and the AWS/Lambda metrics the emulator saw (an
+    Errors and an Invocations datapoint per invocation, at its start).  Returns, per
+    alarm, its state at the end and its transitions in seconds after t0."""
+    tpl = alarms.load_template(TEMPLATE)
+    resolved = alarms.resolve_alarms(
+        tpl, dict({"KafkaBootstrapServers": "local:9092"}, **(params or {})),
+        resource_names={"OutboxTable": table, "RelayFunction": relay.name})
+    with open(relay.function_log, encoding="utf-8", errors="replace") as f:
+        read = alarms.read_emf(f)
+    check(not read.rejected, f"EMF documents rejected: {read.rejected[:5]}")
+    check(read.documents > 0 or not require_emf, "the relay wrote no EMF document")
+    lambda_points = []
+    for inv, s in invs:
+        at = int((inv["start"] or inv["received"]) * 1000)
+        dims = {"FunctionName": relay.name}
+        lambda_points += [
+            {"namespace": "AWS/Lambda", "metric": "Errors", "dimensions": dims,
+             "timestamp": at, "value": 0 if s is not None else 1},
+            {"namespace": "AWS/Lambda", "metric": "Invocations", "dimensions": dims,
+             "timestamp": at, "value": 1}]
+    samples = read.samples + alarms.samples_from_records(lambda_points)
+    start = int(t0 * 1000) - int(t0 * 1000) % 60_000
+    end = int(t_end * 1000) - int(t_end * 1000) % 60_000 + 120_000
+    out = {}
+    for logical, alarm in sorted(resolved.items()):
+        ev = alarms.evaluate(alarm, samples, start, end)
+        out[logical] = {
+            "final": ev.final_state,
+            "transitions": [{"at_s": r3(t["time_ms"] / 1000 - t0), "to": t["to"]}
+                            for t in ev.transitions]}
+    return {"emf_documents": read.documents, "evaluated_until_s": r3(end / 1000 - t0),
+            "alarms": out}
+
+
+def first_alarm_s(report: dict, logical: str) -> float | None:
+    """When `logical` first went into ALARM, seconds after the report's t0."""
+    return next((t["at_s"] for t in report["alarms"][logical]["transitions"]
+                 if t["to"] == "ALARM"), None)
+
+
+def check_no_trouble_alarm(report: dict, what: str) -> None:
+    for logical in TROUBLE_ALARMS:
+        at = first_alarm_s(report, logical)
+        check(at is None, f"{what}: {logical} went into ALARM {at}s after the first commit: "
+                          f"{report['alarms'][logical]}")
 
 
 # ------------------------------------------------------------------ scenario: burst
@@ -613,6 +692,7 @@ def run_lambda_burst(args, workdir: str, started: list, messages: int,
           f"successor events lost: {totals}")
     check(totals["schedule_ticks"] == 0, f"the emulator ticked: {totals}")
     stamps = delivery.pop("stamps")
+    alarm_rep = alarm_report(relay, invs, table, t_first, time.time())
     return {
         "table": table, "topic": topic, "messages": len(sent),
         "write_s": r3(t_last - t_first),
@@ -628,7 +708,7 @@ def run_lambda_burst(args, workdir: str, started: list, messages: int,
                                             "schedule_ticks", "peak_concurrency") if k in totals},
         "poller": {k: pc[k] for k in ("batches", "records", "expired_records", "throttles",
                                       "function_errors", "dropped_records")},
-        "owner_gaps": monitor.gaps(t_first),
+        "owner_gaps": monitor.gaps(t_first), "alarms": alarm_rep,
         "_monitor": monitor, "_t_first": t_first, "_stamps": stamps, "_relay": relay,
         **extra,
     }
@@ -695,6 +775,7 @@ def scenario_burst(args, workdir: str, started: list) -> dict:
     relay = lam["_relay"]
     relay.stop()
     started.remove(relay)
+    check_no_trouble_alarm(lam["alarms"], "a healthy drain")
     g = lam["owner_gaps"]
     step(f"lambda: drain {lam['drain_s']}s, invocations {lam['relay']['by_trigger']}, "
          f"successors started {lam['relay']['successors_started']}, max owner gap "
@@ -907,6 +988,82 @@ def scenario_outage(args, workdir: str, started: list) -> dict:
     return result
 
 
+# ------------------------------------------------------------------ scenario: stuck
+
+def scenario_stuck(args, workdir: str, started: list) -> dict:
+    params = {"StuckMessageAgeSeconds": f"{args.stuck_age:g}"}
+    table, business, topic, prefix = fresh_outbox(stream=True)
+    relay, tenv = start_relay(
+        args, workdir, started, table, prefix, os.environ["KAFKA_BOOTSTRAP_SERVERS"],
+        extra_env={"OUTBOX_ALLOWED_TOPICS": topic},
+        extra_args=["--schedule", f"{args.tick_seconds:g}",
+                    "--schedule-payload", json.dumps(sls.SCHEDULE_PAYLOAD)])
+    poller, batch_log, poller_stats = start_poller(relay, table, prefix, workdir, started,
+                                                   args.relay_timeout)
+    step(f"table {table}, topic {topic} (the relay's only allowed topic); RelayFunction "
+         f"under lambda_runtime.py with the doorbell and a schedule every "
+         f"{args.tick_seconds:g}s; StuckMessageAgeSeconds={args.stuck_age:g}")
+    stuck_key, other_key = "customer-stuck", "customer-other"
+    check(sls.bucket_of(stuck_key.encode()) != sls.bucket_of(other_key.encode()),
+          "the two keys share a bucket")
+    t_first = time.time()
+    poison = direct_write(table, business, prefix, f"{topic}-not-allowed",
+                          [{"key": stuck_key, "value": "poison", "headers": [], "n": 0}],
+                          order_id="poison")[0]
+    behind = direct_write(table, business, prefix, topic,
+                          [{"key": stuck_key, "value": "behind", "headers": [], "n": 1}],
+                          order_id="behind")[0]
+    healthy = direct_write(table, business, prefix, topic,
+                           [{"key": other_key, "value": "healthy", "headers": [], "n": 0}],
+                           order_id="healthy")[0]
+    step(f"bucket {poison['bucket']}: a message on a topic outside the allow-list, one "
+         f"behind it; bucket {healthy['bucket']}: one healthy message")
+    bound = args.stuck_age + args.tick_seconds + 90.0
+    report = None
+    while True:
+        time.sleep(5.0)
+        now = time.time()
+        report = alarm_report(relay, invocations(relay), table, t_first, now, params,
+                              require_emf=False)
+        stuck_at = first_alarm_s(report, "OutboxStuckAlarm")
+        poison_at = first_alarm_s(report, "PoisonItemsAlarm")
+        if stuck_at is not None and poison_at is not None:
+            break
+        check(now - t_first < bound + 60,
+              f"OutboxStuckAlarm/PoisonItemsAlarm not in ALARM {now - t_first:.0f}s after the "
+              f"poison commit: {report['alarms']}")
+    step(f"PoisonItemsAlarm in ALARM {poison_at}s after the poison commit, OutboxStuckAlarm "
+         f"{stuck_at}s after it")
+    wait_relay_quiet(relay, batch_log, args.relay_timeout + 60)
+    pc = stop_poller(poller, poller_stats, started)
+    invs = invocations(relay)
+    refused = check_invocations(invs, {"doorbell", "direct"}, schedule=True)
+    runs = [s for _, s in invs if s["stop_reason"] not in ("covered", "empty", "not_this_outbox")]
+    check(runs and all(s["stop_reason"] == "idle" for s in runs),
+          f"a bucket parked behind its poison head kept a run going: "
+          f"{[(s['trigger'], s['stop_reason']) for s in runs]}")
+    delivery = check_delivery(topic, [healthy], None)
+    delivery.pop("stamps")
+    heads = scan(table)
+    left = sorted(i["MessageId"]["S"] for i in heads
+                  if i["PK"]["S"].startswith(f"{prefix}#MESSAGES#"))
+    check(left == sorted([poison["message_id"], behind["message_id"]]),
+          f"the table should keep the poison and the message behind it, has {left}")
+    relay.stop()
+    started.remove(relay)
+    return {
+        "scenario": "stuck", "relay_timeout_s": args.relay_timeout,
+        "relay_env": relay_template_env(), "params": params,
+        "tick_s": args.tick_seconds,
+        "poison_alarm_s": poison_at, "stuck_alarm_s": stuck_at,
+        "stuck_alarm_bound_s": bound,
+        "alarms": report, "relay": summarize_invocations(invs, t_first),
+        "poller": {k: pc[k] for k in ("batches", "records", "expired_records")},
+        "kafka": delivery, "refused_writes": refused,
+        "goals": {"stuck_alarm_within_bound": stuck_at <= bound},
+    }
+
+
 # ------------------------------------------------------------------ scenario: bus
 
 def forward_notifications(queue_url: str, relay: Function, stop: threading.Event,
@@ -1024,7 +1181,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="See the module docstring for what each scenario checks.")
-    p.add_argument("--scenario", choices=["burst", "outage", "bus"], required=True)
+    p.add_argument("--scenario", choices=["burst", "outage", "bus", "stuck"], required=True)
     p.add_argument("--relay-binary", default=os.path.join(TARGET, "outbox-relay-function"))
     p.add_argument("--enqueue-binary", default=os.path.join(TARGET, "outbox-enqueue-function"))
     p.add_argument("--outboxctl", default=os.path.join(TARGET, "outboxctl"))
@@ -1047,6 +1204,11 @@ def main() -> int:
                    help="burst: only the always-on run (for a comparison in a fresh stack: "
                         "DynamoDB Local slows down after a large burst's deletes)")
     p.add_argument("--outage-seconds", type=float, default=60.0)
+    p.add_argument("--stuck-age", type=float, default=60.0,
+                   help="stuck: the StuckMessageAgeSeconds parameter (default 60; the "
+                        "template's is 300)")
+    p.add_argument("--tick-seconds", type=float, default=30.0,
+                   help="stuck: the schedule's period (default 30; the template's is 300)")
     p.add_argument("--bus", default="default", help="bus: the EventBusName parameter")
     p.add_argument("--commits", type=int, default=5)
     p.add_argument("--spacing", type=float, default=10.0)
@@ -1070,7 +1232,8 @@ def main() -> int:
     ok = False
     t0 = time.time()
     try:
-        fn = {"burst": scenario_burst, "outage": scenario_outage, "bus": scenario_bus}
+        fn = {"burst": scenario_burst, "outage": scenario_outage, "bus": scenario_bus,
+              "stuck": scenario_stuck}
         result = fn[args.scenario](args, workdir, started)
         result["wall_s"] = r3(time.time() - t0)
         result["command"] = " ".join(sys.argv)

@@ -496,6 +496,8 @@ class StreamPoller:
             cmd += ["--window", f"{args.stream_window:g}"]
         if args.stream_max_retries is not None:
             cmd += ["--max-retries", str(args.stream_max_retries)]
+        if args.stream_batch_size is not None:
+            cmd += ["--batch-size", str(args.stream_batch_size)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.stderr,
                                      start_new_session=True)
         deadline = time.time() + 30
@@ -1340,6 +1342,8 @@ def main() -> int:
     p.add_argument("--stream-window", type=float, default=None,
                    help="the poller's batching window in mode c (default: the template's "
                         "MaximumBatchingWindowInSeconds, 0)")
+    p.add_argument("--stream-batch-size", type=int, default=None,
+                   help="the poller's BatchSize in mode c (default: the template's)")
     p.add_argument("--stationary-loads", default="steady",
                    help="loads that run from the warm-up until the window's invocations have "
                         "ended (default: steady; empty: none)")

@@ -10,6 +10,8 @@
 #        cfn-lint template.yaml, sam validate --lint
 #        scripts/test_alarms.py (the self-test of the CloudWatch alarm evaluator)
 #        scripts/continuity_e2e.py --scenario bus (one wake-up per commit in stream mode)
+#        scripts/continuity_e2e.py --scenario stuck (a poison head in a quiet period puts
+#          the stuck-outbox and poison alarms into ALARM, over the EMF the relay wrote)
 #        scripts/test_lambda_model.py (the self-test of the local model of Lambda:
 #          lambda_runtime.py, streams.py poll, cfn_template.py, with a fake function)
 #        scripts/sam_build_check.sh: sam build with samconfig.toml for x86_64 (and again
@@ -121,6 +123,14 @@ if [[ ${1:-} == --inside-stack ]]; then
     wakeups=0
     "$CACHE/venv/bin/python" scripts/continuity_e2e.py --scenario bus --commits 3 --spacing 8 || wakeups=$?
 
+    # A poison head in a quiet period: the relay (debug bootstrap, the doorbell and a
+    # schedule every 30 s) parks the bucket and stops idle each time; the template's
+    # alarms (StuckMessageAgeSeconds 60), evaluated by scripts/alarms.py over the EMF the
+    # relay wrote, go into ALARM: PoisonItemsAlarm, then OutboxStuckAlarm within the age
+    # plus a tick plus 90 s (scripts/continuity_e2e.py --scenario stuck; about 2 minutes).
+    step "a poison head in a quiet period alarms (scripts/continuity_e2e.py --scenario stuck)"
+    "$CACHE/venv/bin/python" scripts/continuity_e2e.py --scenario stuck --enforce-goals || wakeups=$?
+
     # The default artifact: sam build's arm64 bootstraps, each under qemu-aarch64-static
     # (scripts/install.sh installs it and libc6:arm64) through scripts/lambda_runtime.py
     # (real deadlines): 20 messages through the enqueue function, one relay invocation
@@ -149,7 +159,7 @@ if [[ ${1:-} == --inside-stack ]]; then
         echo "the alarm evaluator's self-test FAILED (exit $alarms); see its output above" >&2
     fi
     if ((wakeups != 0)); then
-        echo "the one-wake-up-per-commit scenario FAILED (exit $wakeups); see its output above" >&2
+        echo "a continuity scenario (bus or stuck) FAILED (exit $wakeups); see its output above" >&2
     fi
     if ((arm64 != 0)); then
         echo "arm64 smoke run FAILED (exit $arm64); see its output above" >&2

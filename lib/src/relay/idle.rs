@@ -28,8 +28,9 @@ use crate::error::Result;
 use crate::publish::Publisher;
 
 impl<P: Publisher> Relay<P> {
-    /// Announces the stop, probes every owned bucket, and says whether the run may stop
-    /// now (`true`), or found work and goes on (`false`, with the announcement taken back).
+    /// Announces the stop, probes every owned bucket not parked behind an item no relay can
+    /// publish, and says whether the run may stop now (`true`), or found work and goes on
+    /// (`false`, with the announcement taken back).
     pub(super) async fn confirm_idle(&self, state: &mut RunState) -> Result<bool> {
         let me = self.options.relay_id.as_str();
         let now = self.store.clock().now_ticks();
@@ -45,7 +46,12 @@ impl<P: Publisher> Relay<P> {
             self.take_back_the_announcement(state).await;
             return Ok(false);
         }
-        let owned: Vec<u32> = state.owned.keys().copied().collect();
+        let owned: Vec<u32> = state
+            .owned
+            .iter()
+            .filter(|(_, o)| !o.parked)
+            .map(|(b, _)| *b)
+            .collect();
         let probes: Vec<(u32, Result<bool>)> = stream::iter(
             owned
                 .into_iter()

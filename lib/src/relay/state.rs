@@ -368,7 +368,9 @@ impl RunState {
 
     /// Whether the run may stop for idleness at `now`: an idle stop is set, the relay has
     /// run a round, nothing happened for that long, every bucket it owns has been checked
-    /// and found empty (none dirty, none waiting for a retry), and live peers hold the rest.
+    /// and found empty (none dirty, none waiting for a retry) or is parked behind an item
+    /// no relay can publish, and live peers hold the rest. A parked bucket is not a reason
+    /// to stay: the next wake-up retries its head and reports it again.
     pub(super) fn idle(&self, options: &RelayOptions, now: Instant) -> bool {
         let Some(after) = options.idle_stop else {
             return false;
@@ -379,7 +381,7 @@ impl RunState {
             && self
                 .owned
                 .values()
-                .all(|o| !o.dirty && o.retry_at.is_none())
+                .all(|o| o.parked || (!o.dirty && o.retry_at.is_none()))
     }
 
     /// The report of the run, from the tally.
@@ -692,6 +694,14 @@ mod tests {
         s.owned.get_mut(&0).unwrap().retry_at = Some(now);
         assert!(!s.idle(&o, now + 9000 * MS));
         s.owned.get_mut(&0).unwrap().retry_at = None;
+        // A bucket parked behind an item no relay can publish is no reason to stay.
+        let parked = s.owned.get_mut(&0).unwrap();
+        (parked.retry_at, parked.dirty, parked.parked) = (Some(now), true, true);
+        assert!(s.idle(&o, now + 9000 * MS));
+        s.owned.get_mut(&0).unwrap().parked = false;
+        assert!(!s.idle(&o, now + 9000 * MS));
+        let unparked = s.owned.get_mut(&0).unwrap();
+        (unparked.retry_at, unparked.dirty) = (None, false);
         // Buckets nobody live holds: the relay will claim them.
         s.peers_hold_the_rest = false;
         assert!(!s.idle(&o, now + 9000 * MS));
