@@ -15,7 +15,7 @@ Modes (the template's, with WakeOn and RelayIdleStop):
      (WakeOn=schedule without an event bus)
   c  idle stop + doorbell: OUTBOX_IDLE_STOP=5s, schedule every 300 s, the table's
      KEYS_ONLY stream polled by streams.py with the template's RelayDoorbell mapping read
-     from template.yaml (BatchSize 10, window 0 s unless --stream-window, record age
+     from template.yaml (BatchSize 100 unless --stream-batch-size, window 0 s unless --stream-window, record age
      60 s, no retries, its filter) invoking the function synchronously (WakeOn=stream,
      the template's default)
 Every mode: relay timeout 70 s, 256 MB, max concurrency 5 (ReservedConcurrentExecutions),

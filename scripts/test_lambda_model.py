@@ -929,7 +929,7 @@ def test_template(tmp: str, fake: str, endpoint: str) -> None:
     doc = json.loads(out.stdout) if out.returncode == 0 else {}
     m = doc.get("mapping") or {}
     pattern = json.loads(m.get("FilterCriteria", {}).get("Filters", [{}])[0].get("Pattern", "{}"))
-    check(m.get("LogicalId") == "RelayDoorbell" and m.get("BatchSize") == 10
+    check(m.get("LogicalId") == "RelayDoorbell" and m.get("BatchSize") == 100
           and m.get("MaximumBatchingWindowInSeconds") == 0
           and m.get("MaximumRecordAgeInSeconds") == 60 and m.get("MaximumRetryAttempts") == 0
           and m.get("BisectBatchOnFunctionError") is False

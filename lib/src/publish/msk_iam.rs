@@ -1,8 +1,8 @@
 //! Amazon MSK IAM authentication: the SASL/OAUTHBEARER token and its cache.
 //!
 //! The token is signed by [`aws_msk_iam_sasl_signer`], the Rust port of AWS's
-//! `aws-msk-iam-sasl-signer` libraries (the README's "MSK IAM signer" says why this crate and
-//! what it was measured against): a SigV4 query-presigned
+//! `aws-msk-iam-sasl-signer` libraries (docs/design.md, "The MSK IAM token", says why this
+//! crate; BENCHMARKS.md, "MSK IAM signer", what it was measured against): a SigV4 query-presigned
 //! `GET https://kafka.{region}.amazonaws.com/?Action=kafka-cluster%3AConnect` (service
 //! `kafka-cluster`, signed header `host`, `X-Amz-Expires=900`, the session token signed in
 //! the query), with a `User-Agent` parameter appended after signing, the whole URL encoded
@@ -508,7 +508,7 @@ pub(crate) mod tests {
         // and byte for byte, but for the time (X-Amz-Date, the credential scope's day), the
         // signature of that time and the User-Agent; and its signature of that time is what the verifier above, which
         // reproduces the vector's signature, computes. (Under `faketime '2025-12-01
-        // 00:00:00Z'` the signer makes the vector's signature itself: README, "MSK IAM signer".)
+        // 00:00:00Z'` the signer makes the vector's signature itself: BENCHMARKS.md, "MSK IAM signer".)
         let token = presign_token("eu-west-1", &aws_vector_credentials())
             .await
             .unwrap();
