@@ -408,6 +408,74 @@ async fn doorbells_at_scheduled_handovers_start_no_relay() {
         .assert_at_least_once(&written);
 }
 
+/// A successor that announces its stop before it would take the leaver's bucket is no
+/// coverage: a doorbell at that handover joins and publishes, instead of leaving the
+/// message to the next tick. One bucket, poll interval 1 s, each invocation announcing its
+/// stop 5 s before its deadline: the leaver A announces its stop at 4 s; the successor S,
+/// started at 2 s, at 4.25 s, before the handover steps after A's stop in which it would
+/// take A's bucket. Kafka refuses until 4.5 s, so neither publishes the message. The bell
+/// rings at 3.05 s: A stops within its poll interval, and S is "live" by its own stop
+/// (more than a poll interval away) but gone by the time it would hold A's bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_doorbell_at_a_handover_to_a_short_lived_successor_joins_and_publishes() {
+    let (client, options) = streamed_table(1).await;
+    let kafka = common::ProxiedTopic::start("short-successor").await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let timing = [
+        ("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap.as_str()),
+        ("OUTBOX_IDLE_STOP", "never"),
+        ("OUTBOX_POLL_INTERVAL", "1s"),
+        ("OUTBOX_ERROR_BACKOFF", "200ms"),
+        ("OUTBOX_LEASE_DURATION", "6s"),
+        ("OUTBOX_LEASE_RENEW_INTERVAL", "2s"),
+    ];
+    kafka.broker.proxy.refuse();
+    let written = enqueue(&writer, &kafka.topic, &["waiting"]).await;
+    let (payload, _) = doorbell_since(&options, None);
+    let (scheduled, wire) = function(&options, &timing).await;
+    let (bells, bell_wire) = function(&options, &timing).await;
+    let t0 = Instant::now();
+    let tick = |f: Arc<RelayFunction>, id: &'static str, at: Duration, deadline: Duration| {
+        tokio::spawn(async move {
+            tokio::time::sleep_until(t0 + at).await;
+            let payload = json!({"source": "dynamo-outbox.schedule"});
+            f.handle(event(id, deadline, payload)).await.unwrap()
+        })
+    };
+    let leaver = tick(scheduled.clone(), "leaver", Duration::ZERO, Duration::from_secs(9));
+    let successor = tick(
+        scheduled.clone(),
+        "short-lived",
+        Duration::from_secs(2),
+        Duration::from_millis(7250),
+    );
+    tokio::time::sleep_until(t0 + Duration::from_millis(3050)).await;
+    let bell = tokio::spawn({
+        let bells = bells.clone();
+        async move {
+            let e = event("bell", Duration::from_secs(14), payload);
+            bells.handle(e).await.unwrap()
+        }
+    });
+    tokio::time::sleep_until(t0 + Duration::from_millis(4500)).await;
+    kafka.broker.proxy.pass();
+    let bell = bell.await.unwrap();
+    assert_eq!(bell.trigger, Trigger::Doorbell);
+    assert!(
+        bell.stop_reason.ran(),
+        "the doorbell counted a successor that leaves first as coverage: {bell:?}"
+    );
+    assert_eq!(bell.published, 1, "{bell:?}");
+    Deliveries::of(&kafka.records()).assert_at_least_once(&written);
+    for summary in [leaver.await.unwrap(), successor.await.unwrap(), bell] {
+        assert_eq!(summary.refused_writes, 0, "{summary:?}");
+        assert!(summary.released, "{summary:?}");
+    }
+    assert_no_refusal_on_the_wire(&wire, "the scheduled invocations");
+    assert_no_refusal_on_the_wire(&bell_wire, "the doorbell");
+    kafka.remove_log();
+}
+
 /// Fails the next `left` DynamoDB `Query` attempts, as a throttled or failing table.
 #[derive(Debug, Clone)]
 struct FailQueries {
