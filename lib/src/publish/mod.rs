@@ -46,6 +46,8 @@ mod tls;
 
 #[cfg(test)]
 mod fake_broker;
+#[cfg(test)]
+mod token_check;
 
 pub use config::{KafkaAuth, KafkaCompression, KafkaConfig, DEFAULT_MESSAGE_ID_HEADER};
 pub use kafka::KafkaPublisher;
