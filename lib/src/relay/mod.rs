@@ -226,7 +226,12 @@ impl<P: Publisher> Relay<P> {
             }
         };
         Ok(self
-            .finish(&mut state, &shutdown, reason, &refused_before)
+            .finish(
+                &mut state,
+                shutdown.hard_deadline(),
+                reason,
+                &refused_before,
+            )
             .await)
     }
 
@@ -263,11 +268,12 @@ impl<P: Publisher> Relay<P> {
     }
 
     /// The end of a run that left its loop for `reason`: the graceful stop (unless the hard
-    /// deadline has passed), then the report.
+    /// deadline has passed), then the report. (The deadline, not the [`Shutdown`], is passed
+    /// in: a reference to it held across the stop would make the run's future not `Send`.)
     async fn finish(
         &self,
         state: &mut RunState,
-        shutdown: &Shutdown,
+        hard_deadline: Option<Instant>,
         reason: StopReason,
         refused_before: &BTreeMap<&'static str, u64>,
     ) -> RunReport {
@@ -275,14 +281,12 @@ impl<P: Publisher> Relay<P> {
         // A step that overran the hard deadline and still returned (a request stuck out of
         // the runtime's reach, then timed out) leaves no time for the stop: that is a
         // missed deadline too, and nothing is released (the leases lapse).
-        let missed = shutdown
-            .hard_deadline()
-            .is_some_and(|d| Instant::now() >= d);
+        let missed = hard_deadline.is_some_and(|d| Instant::now() >= d);
         let (reason, released) = if missed {
             warn!("the hard deadline passed before the stop: leases are left to lapse");
             (StopReason::DeadlineMissed, false)
         } else {
-            (reason, self.stop(state, shutdown.hard_deadline()).await)
+            (reason, self.stop(state, hard_deadline).await)
         };
         let mut report = state.report(
             &self.options.relay_id,
