@@ -6,7 +6,9 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
 use dynamo_outbox::table;
 use dynamo_outbox::writer::transaction_error;
-use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Header, LocalNotifier, Relay};
+use dynamo_outbox::{
+    DynamoDbOutboxStore, DynamoDbOutboxWriter, Header, LocalNotifier, OutboxOptions, Relay,
+};
 use tokio::time::Instant;
 
 use crate::{dynamodb, kafka, outbox_options, relay_options, usage, Cli, Failure};
@@ -63,7 +65,41 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
             .await
     });
 
-    // Each order is a business item and a message in one transaction.
+    place_orders(&client, &writer, &options, args).await?;
+    println!("placed {orders} orders over {keys} customers, each with its message in the same transaction");
+
+    wait_until_drained(&client, &options).await?;
+    let _ = stop_tx.send(());
+    let report = relay_task.await.map_err(|e| Failure {
+        code: 1,
+        message: format!("relay task: {e}"),
+    })??;
+    println!(
+        "relay {} published {} messages in {:.1} s; refused conditional writes: {}; leases released: {}",
+        report.relay_id,
+        report.published,
+        started.elapsed().as_secs_f64(),
+        report.refused_total(),
+        report.released
+    );
+    if report.published != u64::from(orders) {
+        return Err(Failure {
+            code: 1,
+            message: format!("published {} of {orders} messages", report.published),
+        });
+    }
+    Ok(())
+}
+
+/// Places `args.orders` orders over `args.keys` customers: each an order item and its
+/// message, written in one transaction, then the relay notified of the commit.
+async fn place_orders(
+    client: &aws_sdk_dynamodb::Client,
+    writer: &DynamoDbOutboxWriter,
+    options: &OutboxOptions,
+    args: &Args,
+) -> Result<(), Failure> {
+    let (topic, orders, keys) = (args.topic.as_str(), args.orders, args.keys);
     let mut per_key: BTreeMap<String, u32> = BTreeMap::new();
     for i in 0..orders {
         let customer = format!("customer-{}", i % keys);
@@ -105,9 +141,15 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
             .map_err(transaction_error)?;
         writer.notify_committed(std::slice::from_ref(&message));
     }
-    println!("placed {orders} orders over {keys} customers, each with its message in the same transaction");
+    Ok(())
+}
 
-    // Wait until the relay has drained the table.
+/// Waits until the relay has drained the table (every bucket's backlog empty), at most
+/// 60 s.
+async fn wait_until_drained(
+    client: &aws_sdk_dynamodb::Client,
+    options: &OutboxOptions,
+) -> Result<(), Failure> {
     let store = DynamoDbOutboxStore::new(client.clone(), options.clone())?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -125,25 +167,6 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
             });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let _ = stop_tx.send(());
-    let report = relay_task.await.map_err(|e| Failure {
-        code: 1,
-        message: format!("relay task: {e}"),
-    })??;
-    println!(
-        "relay {} published {} messages in {:.1} s; refused conditional writes: {}; leases released: {}",
-        report.relay_id,
-        report.published,
-        started.elapsed().as_secs_f64(),
-        report.refused_total(),
-        report.released
-    );
-    if report.published != u64::from(orders) {
-        return Err(Failure {
-            code: 1,
-            message: format!("published {} of {orders} messages", report.published),
-        });
     }
     Ok(())
 }

@@ -380,8 +380,21 @@ mod tests {
         assert_ne!(a.message_id, b.message_id);
     }
 
+    /// Asserts that each request is refused as a validation error whose message starts
+    /// with the field and the rule.
+    fn assert_refused(cases: &[(Value, &str)]) {
+        for (request, expected) in cases {
+            let e = parse(request.clone()).unwrap_err();
+            assert_eq!(e.error_type(), "ValidationError", "{request}");
+            assert!(
+                e.to_string().starts_with(expected),
+                "{request}: {e} does not start with {expected:?}"
+            );
+        }
+    }
+
     #[test]
-    fn errors_name_the_field_and_rule() {
+    fn request_errors_name_the_field_and_rule() {
         let ok = json!({"topic": "t"});
         let many: Vec<Value> = (0..101).map(|_| ok.clone()).collect();
         let cases = [
@@ -398,6 +411,24 @@ mod tests {
                 json!({"messages": [ok], "extra": 1}),
                 "extra: unknown field",
             ),
+            (
+                json!({"messages": [ok], "idempotency_key": ""}),
+                "idempotency_key: must be 1 to 256",
+            ),
+            (
+                json!({"messages": [ok], "idempotency_key": 7}),
+                "idempotency_key: must be a string",
+            ),
+        ];
+        assert_refused(&cases);
+        assert!(err(json!({"messages": [ok], "idempotency_key": "a\nb"}))
+            .starts_with("idempotency_key: must not contain control"));
+    }
+
+    #[test]
+    fn message_errors_name_the_field_and_rule() {
+        let ok = json!({"topic": "t"});
+        let cases = [
             (
                 json!({"messages": [ok, ok, ok, {"topic": ""}]}),
                 "messages[3].topic: must not be empty",
@@ -464,25 +495,8 @@ mod tests {
                 json!({"messages": [{"topic": "t", "headers": {}}]}),
                 "messages[0].headers: must be an array",
             ),
-            (
-                json!({"messages": [ok], "idempotency_key": ""}),
-                "idempotency_key: must be 1 to 256",
-            ),
-            (
-                json!({"messages": [ok], "idempotency_key": 7}),
-                "idempotency_key: must be a string",
-            ),
         ];
-        for (request, expected) in cases {
-            let e = parse(request.clone()).unwrap_err();
-            assert_eq!(e.error_type(), "ValidationError", "{request}");
-            assert!(
-                e.to_string().starts_with(expected),
-                "{request}: {e} does not start with {expected:?}"
-            );
-        }
-        assert!(err(json!({"messages": [ok], "idempotency_key": "a\nb"}))
-            .starts_with("idempotency_key: must not contain control"));
+        assert_refused(&cases);
     }
 
     #[test]

@@ -122,13 +122,17 @@ pub struct OtelMetrics {
     publish_duration: Histogram<f64>,
     cycle_duration: Histogram<f64>,
     gauges: Arc<Mutex<Gauges>>,
-    _observed: (
-        ObservableGauge<u64>,
-        ObservableGauge<u64>,
-        ObservableGauge<f64>,
-        ObservableGauge<u64>,
-    ),
+    _observed: ObservedGauges,
 }
+
+/// The gauges' registrations (owned buckets, pending messages, oldest age, available):
+/// kept so that their callbacks stay registered as long as the metrics live.
+type ObservedGauges = (
+    ObservableGauge<u64>,
+    ObservableGauge<u64>,
+    ObservableGauge<f64>,
+    ObservableGauge<u64>,
+);
 
 fn lock(gauges: &Mutex<Gauges>) -> std::sync::MutexGuard<'_, Gauges> {
     // A panic elsewhere while holding the lock leaves values that are still valid.
@@ -148,54 +152,7 @@ impl OtelMetrics {
         }
         let attributes = [KeyValue::new(OUTBOX_NAME, name.to_string())];
         let gauges = Arc::new(Mutex::new(Gauges::default()));
-        let owned = {
-            let (g, a) = (gauges.clone(), attributes.clone());
-            meter
-                .u64_observable_gauge(OWNED_BUCKETS)
-                .with_unit("{bucket}")
-                .with_description("Buckets this relay owns after its last acquisition round.")
-                .with_callback(move |o| o.observe(lock(&g).owned.len() as u64, &a))
-                .build()
-        };
-        let pending = {
-            let (g, a) = (gauges.clone(), attributes.clone());
-            meter
-                .u64_observable_gauge(PENDING_MESSAGES)
-                .with_unit("{message}")
-                .with_description(
-                    "Pending messages of the whole table, from the latest backlog sample.",
-                )
-                .with_callback(move |o| {
-                    if let Some((p, _)) = lock(&g).backlog_at(Instant::now()) {
-                        o.observe(p, &a);
-                    }
-                })
-                .build()
-        };
-        let oldest = {
-            let (g, a) = (gauges.clone(), attributes.clone());
-            meter
-                .f64_observable_gauge(PENDING_OLDEST_AGE)
-                .with_unit("s")
-                .with_description("Age of the oldest pending message; 0 with an empty backlog.")
-                .with_callback(move |o| {
-                    if let Some((_, age)) = lock(&g).backlog_at(Instant::now()) {
-                        o.observe(age, &a);
-                    }
-                })
-                .build()
-        };
-        let available = {
-            let (g, a) = (gauges.clone(), attributes.clone());
-            meter
-                .u64_observable_gauge(PENDING_AVAILABLE)
-                .with_unit("1")
-                .with_description(
-                    "1 while this relay has a backlog sample (it owns bucket zero), else 0.",
-                )
-                .with_callback(move |o| o.observe(u64::from(!lock(&g).backlog.is_empty()), &a))
-                .build()
-        };
+        let observed = observe_gauges(meter, &gauges, &attributes);
         let histogram = |name: &'static str, description: &'static str| {
             meter
                 .f64_histogram(name)
@@ -232,7 +189,7 @@ impl OtelMetrics {
             ),
             attributes,
             gauges,
-            _observed: (owned, pending, oldest, available),
+            _observed: observed,
         };
         // Every counter's series exists from the start at 0: a rate or an "increase > 0"
         // alert needs the zero, and a missing series then means a missing relay.
@@ -245,6 +202,64 @@ impl OtelMetrics {
         }
         Ok(metrics)
     }
+}
+
+/// Registers the gauges on `meter`: each reads `gauges` at collection time and reports
+/// with `attributes`.
+fn observe_gauges(
+    meter: &Meter,
+    gauges: &Arc<Mutex<Gauges>>,
+    attributes: &[KeyValue; 1],
+) -> ObservedGauges {
+    let owned = {
+        let (g, a) = (gauges.clone(), attributes.clone());
+        meter
+            .u64_observable_gauge(OWNED_BUCKETS)
+            .with_unit("{bucket}")
+            .with_description("Buckets this relay owns after its last acquisition round.")
+            .with_callback(move |o| o.observe(lock(&g).owned.len() as u64, &a))
+            .build()
+    };
+    let pending = {
+        let (g, a) = (gauges.clone(), attributes.clone());
+        meter
+            .u64_observable_gauge(PENDING_MESSAGES)
+            .with_unit("{message}")
+            .with_description(
+                "Pending messages of the whole table, from the latest backlog sample.",
+            )
+            .with_callback(move |o| {
+                if let Some((p, _)) = lock(&g).backlog_at(Instant::now()) {
+                    o.observe(p, &a);
+                }
+            })
+            .build()
+    };
+    let oldest = {
+        let (g, a) = (gauges.clone(), attributes.clone());
+        meter
+            .f64_observable_gauge(PENDING_OLDEST_AGE)
+            .with_unit("s")
+            .with_description("Age of the oldest pending message; 0 with an empty backlog.")
+            .with_callback(move |o| {
+                if let Some((_, age)) = lock(&g).backlog_at(Instant::now()) {
+                    o.observe(age, &a);
+                }
+            })
+            .build()
+    };
+    let available = {
+        let (g, a) = (gauges.clone(), attributes.clone());
+        meter
+            .u64_observable_gauge(PENDING_AVAILABLE)
+            .with_unit("1")
+            .with_description(
+                "1 while this relay has a backlog sample (it owns bucket zero), else 0.",
+            )
+            .with_callback(move |o| o.observe(u64::from(!lock(&g).backlog.is_empty()), &a))
+            .build()
+    };
+    (owned, pending, oldest, available)
 }
 
 impl RelayMetrics for OtelMetrics {

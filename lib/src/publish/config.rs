@@ -7,52 +7,10 @@ use std::time::Duration;
 
 use aws_credential_types::provider::SharedCredentialsProvider;
 
+use super::env;
 use super::sasl::SaslCredentials;
 use crate::error::{Error, Result};
 use crate::options::parse_duration;
-
-/// Environment variable names of the publisher.
-pub mod env {
-    /// [`KafkaConfig::bootstrap_servers`](super::KafkaConfig::bootstrap_servers), comma separated.
-    pub const BOOTSTRAP_SERVERS: &str = "KAFKA_BOOTSTRAP_SERVERS";
-    /// [`KafkaConfig::auth`](super::KafkaConfig::auth): `none`, `msk-iam`, `scram-sha-256`,
-    /// `scram-sha-512` or `plain`.
-    pub const AUTH: &str = "KAFKA_AUTH";
-    /// The SASL username of [`KafkaConfig::sasl`](super::KafkaConfig::sasl) (SCRAM, PLAIN).
-    pub const SASL_USERNAME: &str = "KAFKA_SASL_USERNAME";
-    /// The SASL password of [`KafkaConfig::sasl`](super::KafkaConfig::sasl) (SCRAM, PLAIN).
-    pub const SASL_PASSWORD: &str = "KAFKA_SASL_PASSWORD";
-    /// A Secrets Manager secret (ARN or name) with the SASL `username` and `password`, as
-    /// JSON (MSK's SCRAM convention), instead of [`SASL_USERNAME`] and [`SASL_PASSWORD`].
-    pub const SASL_SECRET_ARN: &str = "KAFKA_SASL_SECRET_ARN";
-    /// [`KafkaConfig::allow_plain_without_tls`](super::KafkaConfig::allow_plain_without_tls):
-    /// `true` lets `KAFKA_AUTH=plain` send the password over a plaintext connection.
-    pub const ALLOW_PLAIN_WITHOUT_TLS: &str = "KAFKA_ALLOW_PLAIN_WITHOUT_TLS";
-    /// [`KafkaConfig::tls`](super::KafkaConfig::tls): `true` or `false`.
-    pub const TLS: &str = "KAFKA_TLS";
-    /// [`KafkaConfig::tls_ca_file`](super::KafkaConfig::tls_ca_file): a PEM bundle of the
-    /// trusted roots, instead of the system's.
-    pub const TLS_CA_FILE: &str = "KAFKA_TLS_CA_FILE";
-    /// [`KafkaConfig::tls_cert_file`](super::KafkaConfig::tls_cert_file): the client
-    /// certificate (PEM, leaf first) for mutual TLS.
-    pub const TLS_CERT_FILE: &str = "KAFKA_TLS_CERT_FILE";
-    /// [`KafkaConfig::tls_key_file`](super::KafkaConfig::tls_key_file): the client
-    /// certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
-    pub const TLS_KEY_FILE: &str = "KAFKA_TLS_KEY_FILE";
-    /// [`KafkaConfig::client_id`](super::KafkaConfig::client_id).
-    pub const CLIENT_ID: &str = "KAFKA_CLIENT_ID";
-    /// [`KafkaConfig::publish_timeout`](super::KafkaConfig::publish_timeout).
-    pub const PUBLISH_TIMEOUT: &str = "KAFKA_PUBLISH_TIMEOUT";
-    /// [`KafkaConfig::region`](super::KafkaConfig::region), the standard AWS variable.
-    pub const REGION: &str = "AWS_REGION";
-    /// Fallback of [`REGION`], as the AWS SDKs read it.
-    pub const DEFAULT_REGION: &str = "AWS_DEFAULT_REGION";
-    /// [`KafkaConfig::message_id_header`](super::KafkaConfig::message_id_header).
-    pub const MESSAGE_ID_HEADER: &str = "OUTBOX_MESSAGE_ID_HEADER";
-    /// [`KafkaConfig::compression`](super::KafkaConfig::compression): `none`, `gzip`,
-    /// `snappy`, `lz4` or `zstd`.
-    pub const COMPRESSION: &str = "KAFKA_COMPRESSION";
-}
 
 /// The header that carries the message id on every record unless
 /// [`env::MESSAGE_ID_HEADER`] names another ([`KafkaConfig::message_id_header`]).
@@ -287,28 +245,7 @@ impl KafkaConfig {
 
     /// Reads the options through `lookup` (an environment stand-in) and validates them.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let servers = lookup(env::BOOTSTRAP_SERVERS).ok_or_else(|| {
-            Error::option(
-                env::BOOTSTRAP_SERVERS,
-                "is required (comma-separated host:port of the brokers)",
-            )
-        })?;
-        let servers: Vec<String> = servers
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
-        if servers.is_empty() {
-            return Err(Error::option(
-                env::BOOTSTRAP_SERVERS,
-                "must name at least one host:port",
-            ));
-        }
-        for s in &servers {
-            check_host_port(s).map_err(|rule| Error::option(env::BOOTSTRAP_SERVERS, rule))?;
-        }
-        let mut config = KafkaConfig::new(servers);
+        let mut config = KafkaConfig::new(servers_from_lookup(&lookup)?);
         if let Some(v) = lookup(env::AUTH) {
             config.auth = KafkaAuth::parse(&v).ok_or_else(|| {
                 Error::option(
@@ -319,48 +256,7 @@ impl KafkaConfig {
                 )
             })?;
         }
-        let path = |name: &str| {
-            lookup(name)
-                .filter(|v| !v.trim().is_empty())
-                .map(|v| PathBuf::from(v.trim()))
-        };
-        config.tls_ca_file = path(env::TLS_CA_FILE);
-        config.tls_cert_file = path(env::TLS_CERT_FILE);
-        config.tls_key_file = path(env::TLS_KEY_FILE);
-        let tls_file = [env::TLS_CA_FILE, env::TLS_CERT_FILE, env::TLS_KEY_FILE]
-            .into_iter()
-            .zip([
-                &config.tls_ca_file,
-                &config.tls_cert_file,
-                &config.tls_key_file,
-            ])
-            .find_map(|(name, v)| v.as_ref().map(|_| name));
-        config.tls = match lookup(env::TLS) {
-            Some(v) => parse_bool(&v)
-                .ok_or_else(|| Error::option(env::TLS, format!("{v:?} is not true or false")))?,
-            None => config.auth != KafkaAuth::None || tls_file.is_some(),
-        };
-        if let (false, Some(name)) = (config.tls, tls_file) {
-            return Err(Error::option(
-                name,
-                "is set but KAFKA_TLS=false: TLS files need TLS",
-            ));
-        }
-        match (&config.tls_cert_file, &config.tls_key_file) {
-            (Some(_), None) => {
-                return Err(Error::option(
-                    env::TLS_KEY_FILE,
-                    format!("is required with {}", env::TLS_CERT_FILE),
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(Error::option(
-                    env::TLS_CERT_FILE,
-                    format!("is required with {}", env::TLS_KEY_FILE),
-                ))
-            }
-            _ => {}
-        }
+        tls_from_lookup(&lookup, &mut config)?;
         config.sasl = sasl_from_lookup(&lookup, config.auth)?;
         if let Some(v) = lookup(env::ALLOW_PLAIN_WITHOUT_TLS).filter(|v| !v.trim().is_empty()) {
             config.allow_plain_without_tls = parse_bool(&v).ok_or_else(|| {
@@ -381,17 +277,7 @@ impl KafkaConfig {
             ));
         }
         if config.auth == KafkaAuth::MskIam {
-            let region = lookup(env::REGION)
-                .or_else(|| lookup(env::DEFAULT_REGION))
-                .filter(|r| !r.trim().is_empty())
-                .ok_or_else(|| {
-                    Error::option(
-                        env::REGION,
-                        "is required when KAFKA_AUTH=msk-iam (the token is signed for the cluster's region)",
-                    )
-                })?;
-            check_region(region.trim()).map_err(|rule| Error::option(env::REGION, rule))?;
-            config.region = Some(region.trim().to_owned());
+            config.region = Some(region_from_lookup(&lookup)?);
         }
         if let Some(v) = lookup(env::CLIENT_ID) {
             config.client_id = v;
@@ -497,6 +383,100 @@ impl KafkaConfig {
         }
         Ok(())
     }
+}
+
+/// The brokers [`env::BOOTSTRAP_SERVERS`] names: at least one, each `host:port`.
+fn servers_from_lookup(lookup: &impl Fn(&str) -> Option<String>) -> Result<Vec<String>> {
+    let servers = lookup(env::BOOTSTRAP_SERVERS).ok_or_else(|| {
+        Error::option(
+            env::BOOTSTRAP_SERVERS,
+            "is required (comma-separated host:port of the brokers)",
+        )
+    })?;
+    let servers: Vec<String> = servers
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    if servers.is_empty() {
+        return Err(Error::option(
+            env::BOOTSTRAP_SERVERS,
+            "must name at least one host:port",
+        ));
+    }
+    for s in &servers {
+        check_host_port(s).map_err(|rule| Error::option(env::BOOTSTRAP_SERVERS, rule))?;
+    }
+    Ok(servers)
+}
+
+/// The TLS settings of `config` the variables name: the CA, certificate and key files,
+/// and whether TLS is on (by default with any authentication or any TLS file); an error
+/// when files are set with TLS off, or a certificate without its key (or the reverse).
+fn tls_from_lookup(
+    lookup: &impl Fn(&str) -> Option<String>,
+    config: &mut KafkaConfig,
+) -> Result<()> {
+    let path = |name: &str| {
+        lookup(name)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| PathBuf::from(v.trim()))
+    };
+    config.tls_ca_file = path(env::TLS_CA_FILE);
+    config.tls_cert_file = path(env::TLS_CERT_FILE);
+    config.tls_key_file = path(env::TLS_KEY_FILE);
+    let tls_file = [env::TLS_CA_FILE, env::TLS_CERT_FILE, env::TLS_KEY_FILE]
+        .into_iter()
+        .zip([
+            &config.tls_ca_file,
+            &config.tls_cert_file,
+            &config.tls_key_file,
+        ])
+        .find_map(|(name, v)| v.as_ref().map(|_| name));
+    config.tls = match lookup(env::TLS) {
+        Some(v) => parse_bool(&v)
+            .ok_or_else(|| Error::option(env::TLS, format!("{v:?} is not true or false")))?,
+        None => config.auth != KafkaAuth::None || tls_file.is_some(),
+    };
+    if let (false, Some(name)) = (config.tls, tls_file) {
+        return Err(Error::option(
+            name,
+            "is set but KAFKA_TLS=false: TLS files need TLS",
+        ));
+    }
+    match (&config.tls_cert_file, &config.tls_key_file) {
+        (Some(_), None) => {
+            return Err(Error::option(
+                env::TLS_KEY_FILE,
+                format!("is required with {}", env::TLS_CERT_FILE),
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(Error::option(
+                env::TLS_CERT_FILE,
+                format!("is required with {}", env::TLS_KEY_FILE),
+            ))
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The region of an MSK IAM cluster: [`env::REGION`], or [`env::DEFAULT_REGION`] as the
+/// AWS SDKs read it.
+fn region_from_lookup(lookup: &impl Fn(&str) -> Option<String>) -> Result<String> {
+    let region = lookup(env::REGION)
+        .or_else(|| lookup(env::DEFAULT_REGION))
+        .filter(|r| !r.trim().is_empty())
+        .ok_or_else(|| {
+            Error::option(
+                env::REGION,
+                "is required when KAFKA_AUTH=msk-iam (the token is signed for the cluster's region)",
+            )
+        })?;
+    check_region(region.trim()).map_err(|rule| Error::option(env::REGION, rule))?;
+    Ok(region.trim().to_owned())
 }
 
 /// The SASL credentials the variables name for `auth`: the secret, or the username and

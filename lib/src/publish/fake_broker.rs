@@ -195,6 +195,8 @@ enum Step {
     Refuse(String),
 }
 
+/// Answers one connection's requests, in order, until the client hangs up or sends what
+/// the fake does not speak.
 async fn serve(
     mut socket: TcpStream,
     port: u16,
@@ -215,110 +217,146 @@ async fn serve(
         if api_key == API_VERSIONS && version >= 3 {
             r.tagged_fields();
         }
-        let mut body = Vec::new();
-        match (api_key, version) {
-            (API_VERSIONS, 0) => {
-                body.extend(0i16.to_be_bytes());
-                let apis: [(i16, i16, i16); 4] = [
-                    (API_VERSIONS, 0, 0),
-                    (METADATA, 0, 0),
-                    (SASL_HANDSHAKE, 1, 1),
-                    (SASL_AUTHENTICATE, 0, 0),
-                ];
-                body.extend((apis.len() as i32).to_be_bytes());
-                for (key, min, max) in apis {
-                    body.extend(key.to_be_bytes());
-                    body.extend(min.to_be_bytes());
-                    body.extend(max.to_be_bytes());
-                }
-            }
-            (API_VERSIONS, _) => {
-                // what a real broker does: a v0 error response; the client tries lower versions
-                body.extend(UNSUPPORTED_VERSION.to_be_bytes());
-                body.extend(0i32.to_be_bytes());
-            }
-            (SASL_HANDSHAKE, 1) => {
-                let mechanism = r.string().unwrap_or_default();
-                let enabled = auth.mechanism();
-                let code = if mechanism == enabled {
-                    0i16
-                } else {
-                    UNSUPPORTED_SASL_MECHANISM
-                };
-                state.mechanisms.lock().unwrap().push(mechanism);
-                body.extend(code.to_be_bytes());
-                body.extend(1i32.to_be_bytes());
-                put_string(&mut body, enabled);
-            }
+        let body = match (api_key, version) {
+            (API_VERSIONS, version) => api_versions(version),
+            (SASL_HANDSHAKE, 1) => sasl_handshake(&mut r, auth, state),
             (SASL_AUTHENTICATE, 0) => {
-                let len = r.i32() as usize;
-                let bytes = r.take(len).to_vec();
-                state.auth_bytes.lock().unwrap().push(bytes.clone());
-                let step = match auth {
-                    Auth::Accept => Step::Done(Vec::new()),
-                    Auth::Refuse => Step::Refuse("refusing every token".into()),
-                    Auth::Plain { username, password } => plain(&bytes, username, password),
-                    Auth::Scram {
-                        hash,
-                        username,
-                        password,
-                    } => scram_step(*hash, username, password, &mut scram, &bytes),
-                    Auth::ScramForgedServer { hash, username } => {
-                        match scram_step(*hash, username, "", &mut scram, &bytes) {
-                            // the proof cannot verify without the password: claim it did
-                            Step::Refuse(_) if !bytes.starts_with(b"n,,") => {
-                                let forged = vec![0u8; hash.len()];
-                                Step::Done(format!("v={}", B64.encode(forged)).into_bytes())
-                            }
-                            other => other,
-                        }
-                    }
-                };
-                let (code, message, server_bytes) = match step {
-                    Step::Continue(b) => (0i16, None, b),
-                    Step::Done(b) => {
-                        authenticated = true;
-                        state.verdicts.lock().unwrap().push(Verdict::Accepted);
-                        (0i16, None, b)
-                    }
-                    Step::Refuse(why) => {
-                        state.verdicts.lock().unwrap().push(Verdict::Refused(why));
-                        // Kafka's own wording for a failed SCRAM or PLAIN exchange
-                        let message = format!(
-                            "Authentication failed during authentication due to invalid \
-                             credentials with SASL mechanism {}",
-                            auth.mechanism()
-                        );
-                        (SASL_AUTHENTICATION_FAILED, Some(message), Vec::new())
-                    }
-                };
-                body.extend(code.to_be_bytes());
-                match message {
-                    Some(m) => put_string(&mut body, &m),
-                    None => body.extend((-1i16).to_be_bytes()),
-                }
-                body.extend((server_bytes.len() as i32).to_be_bytes());
-                body.extend(server_bytes);
+                let (body, done) = sasl_authenticate(&mut r, auth, state, &mut scram);
+                authenticated |= done;
+                body
             }
             (METADATA, 0) if authenticated => {
                 state.after_auth.lock().unwrap().push(api_key);
-                body.extend(1i32.to_be_bytes()); // one broker
-                body.extend(0i32.to_be_bytes());
-                put_string(&mut body, "127.0.0.1");
-                body.extend(i32::from(port).to_be_bytes());
-                body.extend(0i32.to_be_bytes()); // no topics
+                metadata(port)
             }
             _ => {
                 // anything else (or anything before authentication): hang up, as a broker does
                 return Ok(());
             }
-        }
+        };
         let mut response = Vec::with_capacity(body.len() + 8);
         response.extend(((body.len() + 4) as i32).to_be_bytes());
         response.extend(correlation_id.to_be_bytes());
         response.extend(body);
         socket.write_all(&response).await?;
     }
+}
+
+/// The ApiVersions response: v0 lists the four APIs the fake speaks; any other version
+/// gets what a real broker sends, a v0 error response (the client tries lower versions).
+fn api_versions(version: i16) -> Vec<u8> {
+    let mut body = Vec::new();
+    if version != 0 {
+        body.extend(UNSUPPORTED_VERSION.to_be_bytes());
+        body.extend(0i32.to_be_bytes());
+        return body;
+    }
+    body.extend(0i16.to_be_bytes());
+    let apis: [(i16, i16, i16); 4] = [
+        (API_VERSIONS, 0, 0),
+        (METADATA, 0, 0),
+        (SASL_HANDSHAKE, 1, 1),
+        (SASL_AUTHENTICATE, 0, 0),
+    ];
+    body.extend((apis.len() as i32).to_be_bytes());
+    for (key, min, max) in apis {
+        body.extend(key.to_be_bytes());
+        body.extend(min.to_be_bytes());
+        body.extend(max.to_be_bytes());
+    }
+    body
+}
+
+/// The SaslHandshake v1 response: the one mechanism enabled, and an error when the client
+/// asked for another.
+fn sasl_handshake(r: &mut Reader<'_>, auth: &Auth, state: &State) -> Vec<u8> {
+    let mechanism = r.string().unwrap_or_default();
+    let enabled = auth.mechanism();
+    let code = if mechanism == enabled {
+        0i16
+    } else {
+        UNSUPPORTED_SASL_MECHANISM
+    };
+    state.mechanisms.lock().unwrap().push(mechanism);
+    let mut body = Vec::new();
+    body.extend(code.to_be_bytes());
+    body.extend(1i32.to_be_bytes());
+    put_string(&mut body, enabled);
+    body
+}
+
+/// The SaslAuthenticate v0 response to one step of the exchange, and whether the client
+/// is now authenticated.
+fn sasl_authenticate(
+    r: &mut Reader<'_>,
+    auth: &Auth,
+    state: &State,
+    scram: &mut ScramStage,
+) -> (Vec<u8>, bool) {
+    let len = r.i32() as usize;
+    let bytes = r.take(len).to_vec();
+    state.auth_bytes.lock().unwrap().push(bytes.clone());
+    let (code, message, server_bytes, done) = match authenticate(auth, scram, &bytes) {
+        Step::Continue(b) => (0i16, None, b, false),
+        Step::Done(b) => {
+            state.verdicts.lock().unwrap().push(Verdict::Accepted);
+            (0i16, None, b, true)
+        }
+        Step::Refuse(why) => {
+            state.verdicts.lock().unwrap().push(Verdict::Refused(why));
+            // Kafka's own wording for a failed SCRAM or PLAIN exchange
+            let message = format!(
+                "Authentication failed during authentication due to invalid \
+                 credentials with SASL mechanism {}",
+                auth.mechanism()
+            );
+            (SASL_AUTHENTICATION_FAILED, Some(message), Vec::new(), false)
+        }
+    };
+    let mut body = Vec::new();
+    body.extend(code.to_be_bytes());
+    match message {
+        Some(m) => put_string(&mut body, &m),
+        None => body.extend((-1i16).to_be_bytes()),
+    }
+    body.extend((server_bytes.len() as i32).to_be_bytes());
+    body.extend(server_bytes);
+    (body, done)
+}
+
+/// What `auth` makes of the client's `bytes` at this step of the exchange.
+fn authenticate(auth: &Auth, scram: &mut ScramStage, bytes: &[u8]) -> Step {
+    match auth {
+        Auth::Accept => Step::Done(Vec::new()),
+        Auth::Refuse => Step::Refuse("refusing every token".into()),
+        Auth::Plain { username, password } => plain(bytes, username, password),
+        Auth::Scram {
+            hash,
+            username,
+            password,
+        } => scram_step(*hash, username, password, scram, bytes),
+        Auth::ScramForgedServer { hash, username } => {
+            match scram_step(*hash, username, "", scram, bytes) {
+                // the proof cannot verify without the password: claim it did
+                Step::Refuse(_) if !bytes.starts_with(b"n,,") => {
+                    let forged = vec![0u8; hash.len()];
+                    Step::Done(format!("v={}", B64.encode(forged)).into_bytes())
+                }
+                other => other,
+            }
+        }
+    }
+}
+
+/// The Metadata v0 response: this one broker, no topics.
+fn metadata(port: u16) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend(1i32.to_be_bytes()); // one broker
+    body.extend(0i32.to_be_bytes());
+    put_string(&mut body, "127.0.0.1");
+    body.extend(i32::from(port).to_be_bytes());
+    body.extend(0i32.to_be_bytes()); // no topics
+    body
 }
 
 /// RFC 4616: `[authzid] NUL authcid NUL passwd`; a Kafka client sends no authzid.
@@ -484,7 +522,7 @@ mod tests {
 
     use super::*;
     use crate::logging::Captured;
-    use crate::publish::msk_iam::tests::{static_credentials, verify_token, SECRET_KEY};
+    use crate::publish::token_check::{static_credentials, verify_token, SECRET_KEY};
     use crate::publish::{KafkaAuth, KafkaConfig, KafkaPublisher, SaslCredentials};
 
     /// One connecting test at a time: the SCRAM test captures logs through its thread's

@@ -12,6 +12,9 @@
 //! the record batch compressed as [`KafkaConfig::compression`] says (none by default), and
 //! no idempotence; a retried request may therefore duplicate records, which at-least-once
 //! delivery allows (consumers deduplicate on the message-id header).
+//!
+//! What a failed request means (retry, reject the records, give up) is decided in
+//! `classify`; why a connect failed, in words the user can act on, in `diagnose`.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -29,7 +32,9 @@ use rskafka::BackoffConfig;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::classify::{client_error, produce_error, protocol_error, verdict, Verdict};
 use super::config::{KafkaAuth, KafkaCompression, KafkaConfig};
+use super::diagnose::connect_error;
 use super::msk_iam::MskIamTokenProvider;
 use super::record::{estimated_size, to_record};
 use super::route::{acknowledged_prefix, chunks, plan, TopicRoute, Unroutable};
@@ -598,109 +603,6 @@ fn now_millis() -> DateTime<Utc> {
     DateTime::from_timestamp_millis(ms).unwrap_or_default()
 }
 
-/// What to do about a failed request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verdict {
-    /// Transient; `refresh_metadata` when the leader or the topic may have moved.
-    Retry { refresh_metadata: bool },
-    /// The records themselves (or their topic) will never be accepted.
-    Reject(Rejection),
-    /// Retrying will not help, but it is not about the records (authentication, versions).
-    Fatal,
-}
-
-/// Classifies an rskafka error by the first broker error code or SASL failure in its chain.
-fn verdict(e: &ClientError) -> Verdict {
-    if let Some(code) = protocol_error(e) {
-        return protocol_verdict(code);
-    }
-    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = current {
-        if err.downcast_ref::<rskafka::SaslError>().is_some() {
-            return Verdict::Fatal;
-        }
-        current = err.source();
-    }
-    Verdict::Retry {
-        refresh_metadata: false,
-    }
-}
-
-/// The first broker error code in an rskafka error's chain.
-fn protocol_error(e: &ClientError) -> Option<ProtocolError> {
-    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = current {
-        if let Some(ClientError::ServerError { protocol_error, .. }) =
-            err.downcast_ref::<ClientError>()
-        {
-            return Some(*protocol_error);
-        }
-        current = err.source();
-    }
-    None
-}
-
-fn protocol_verdict(code: ProtocolError) -> Verdict {
-    use ProtocolError as P;
-    match code {
-        P::MessageTooLarge | P::RecordListTooLarge => Verdict::Reject(Rejection::TooLarge),
-        P::TopicAuthorizationFailed => Verdict::Reject(Rejection::NotAuthorized),
-        P::InvalidTopicException => Verdict::Reject(Rejection::UnknownTopic),
-        P::InvalidRecord | P::InvalidTimestamp | P::PolicyViolation => {
-            Verdict::Reject(Rejection::InvalidRecord)
-        }
-        P::UnknownTopicOrPartition
-        | P::NotLeaderOrFollower
-        | P::LeaderNotAvailable
-        | P::FencedLeaderEpoch
-        | P::UnknownLeaderEpoch
-        | P::BrokerNotAvailable
-        | P::ReplicaNotAvailable
-        | P::KafkaStorageError => Verdict::Retry {
-            refresh_metadata: true,
-        },
-        P::ClusterAuthorizationFailed
-        | P::SaslAuthenticationFailed
-        | P::UnsupportedSaslMechanism
-        | P::IllegalSaslState
-        | P::UnsupportedVersion
-        | P::UnsupportedForMessageFormat
-        | P::UnsupportedCompressionType
-        | P::InvalidRequiredAcks
-        | P::InvalidRequest
-        | P::SecurityDisabled => Verdict::Fatal,
-        // timeouts, not enough replicas, network trouble, throttling, unknown codes
-        _ => Verdict::Retry {
-            refresh_metadata: false,
-        },
-    }
-}
-
-fn produce_error(topic: &str, partition: i32, verdict: Verdict, e: ClientError) -> Error {
-    let source: BoxError = Box::new(e);
-    match verdict {
-        Verdict::Reject(reason) => Error::KafkaRejected {
-            topic: topic.to_owned(),
-            reason,
-            source: Some(source),
-        },
-        Verdict::Fatal | Verdict::Retry { .. } => Error::Kafka {
-            message: format!("producing to {topic}/{partition}"),
-            retryable: matches!(verdict, Verdict::Retry { .. }),
-            source: Some(source),
-        },
-    }
-}
-
-fn client_error(what: &str, e: ClientError) -> Error {
-    let retryable = !matches!(verdict(&e), Verdict::Fatal);
-    Error::Kafka {
-        message: what.to_owned(),
-        retryable,
-        source: Some(Box::new(e)),
-    }
-}
-
 /// rskafka's SASL configuration for SCRAM or PLAIN, with the credentials resolved (the
 /// secret read once per process).
 async fn sasl_config(config: &KafkaConfig) -> Result<rskafka::client::SaslConfig> {
@@ -723,141 +625,6 @@ async fn sasl_config(config: &KafkaConfig) -> Result<rskafka::client::SaslConfig
     })
 }
 
-/// The error of a failed connect, saying what the user can check: refused credentials
-/// (which are then forgotten, so the next connect reads a rotated secret again).
-async fn connect_error(config: &KafkaConfig, e: ClientError) -> Error {
-    if let Some(message) = config.tls.then(|| tls_failure(config, &e)).flatten() {
-        return Error::Kafka {
-            message,
-            retryable: false,
-            source: Some(Box::new(e)),
-        };
-    }
-    if sasl_refused(&e) {
-        let mechanism = match config.auth {
-            KafkaAuth::MskIam => "OAUTHBEARER (MSK IAM)",
-            KafkaAuth::ScramSha256 => "SCRAM-SHA-256",
-            KafkaAuth::ScramSha512 => "SCRAM-SHA-512",
-            KafkaAuth::Plain => "PLAIN",
-            KafkaAuth::None => "",
-        };
-        let check = match &config.sasl {
-            Some(source) => {
-                source.forget().await;
-                let user = match source {
-                    super::sasl::SaslCredentials::Static(up) => format!(" as user {:?}", up.username),
-                    super::sasl::SaslCredentials::SecretsManager(_) => String::new(),
-                };
-                format!("{user}: check the username and password in {}", source.source_hint())
-            }
-            None => ": check the role's kafka-cluster:Connect permission and the cluster's IAM access control".into(),
-        };
-        return Error::Kafka {
-            message: format!("the brokers refused SASL/{mechanism} authentication{check}"),
-            retryable: false,
-            source: Some(Box::new(e)),
-        };
-    }
-    if connect_failure_text(&e).contains("SaslFailed(") {
-        // the handshake failed: a mechanism the brokers do not enable, or a broken exchange
-        return Error::Kafka {
-            message: format!(
-                "the SASL/{} exchange with the brokers failed (is KAFKA_AUTH={} enabled on this listener?)",
-                config.auth.name().to_ascii_uppercase(),
-                config.auth.name()
-            ),
-            retryable: false,
-            source: Some(Box::new(e)),
-        };
-    }
-    client_error("connecting to the brokers", e)
-}
-
-/// The text that finds a connect failure's cause. A failed connect reaches us as
-/// `RetryFailed(DeadlineExceded { source: MultiError([...]) })`, and rskafka's
-/// `MultiError` keeps its errors private (no `source()`, no accessor), so the only way to
-/// their kind is their `Debug` text, which names the variants.
-fn connect_failure_text(e: &ClientError) -> String {
-    format!("{e:?}")
-}
-
-/// What went wrong in a TLS handshake that failed for a reason the user must fix: the
-/// brokers' certificate not trusted, or the client certificate missing or refused.
-fn tls_failure(config: &KafkaConfig, e: &ClientError) -> Option<String> {
-    let text = connect_failure_text(e);
-    // the variant's argument, as rustls' Debug names it: `InvalidCertificate(UnknownIssuer)`
-    let argument = |variant: &str| {
-        text.split_once(variant).map(|(_, rest)| {
-            let mut depth = 0usize;
-            let end = rest
-                .char_indices()
-                .find(|&(_, c)| {
-                    match c {
-                        '(' | '{' | '[' => depth += 1,
-                        ')' | '}' | ']' if depth == 0 => return true,
-                        ')' | '}' | ']' => depth -= 1,
-                        _ => {}
-                    }
-                    false
-                })
-                .map_or(rest.len(), |(i, _)| i);
-            rest[..end].to_owned()
-        })
-    };
-    let roots = match &config.tls_ca_file {
-        Some(path) => format!(
-            "the roots of {} ({})",
-            super::config::env::TLS_CA_FILE,
-            path.display()
-        ),
-        None => format!(
-            "the system's roots ({} is unset)",
-            super::config::env::TLS_CA_FILE
-        ),
-    };
-    if let Some(why) = argument("InvalidCertificate(") {
-        return Some(format!(
-            "TLS with the brokers failed: their certificate is not trusted ({why}) by {roots}"
-        ));
-    }
-    let alert = argument("AlertReceived(")?;
-    let client_cert = config.tls_cert_file.is_some();
-    match (alert.as_str(), client_cert) {
-        ("CertificateRequired" | "HandshakeFailure", false) => Some(format!(
-            "TLS with the brokers failed: they require a client certificate (alert {alert}): \
-             set {} and {}",
-            super::config::env::TLS_CERT_FILE,
-            super::config::env::TLS_KEY_FILE
-        )),
-        (
-            "BadCertificate" | "UnknownCA" | "CertificateUnknown" | "CertificateExpired"
-            | "CertificateRevoked" | "UnsupportedCertificate" | "AccessDenied"
-            | "HandshakeFailure" | "DecryptError",
-            true,
-        ) => Some(format!(
-            "TLS with the brokers failed: they refused the client certificate of {} (alert {alert})",
-            super::config::env::TLS_CERT_FILE
-        )),
-        _ => Some(format!(
-            "TLS with the brokers failed: they sent the alert {alert}"
-        )),
-    }
-}
-
-/// Whether the brokers answered the SASL exchange with `SASL_AUTHENTICATION_FAILED`.
-fn sasl_refused(e: &ClientError) -> bool {
-    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = current {
-        if let Some(rskafka::SaslError::ApiError(ProtocolError::SaslAuthenticationFailed)) =
-            err.downcast_ref::<rskafka::SaslError>()
-        {
-            return true;
-        }
-        current = err.source();
-    }
-    connect_failure_text(e).contains("SaslFailed(ApiError(SaslAuthenticationFailed))")
-}
-
 /// The standard AWS credentials chain (environment, profile, web identity, ECS, IMDS).
 async fn default_credentials(
     region: &str,
@@ -869,90 +636,4 @@ async fn default_credentials(
     sdk.credentials_provider().ok_or_else(|| {
         Error::Misconfiguration("MSK IAM: the AWS configuration has no credentials provider".into())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn server_error(code: ProtocolError) -> ClientError {
-        ClientError::ServerError {
-            protocol_error: code,
-            error_message: None,
-            request: rskafka::client::error::RequestContext::Partition("t".into(), 0),
-            response: None,
-            is_virtual: false,
-        }
-    }
-
-    #[test]
-    fn permanent_rejections_are_not_retryable() {
-        for (code, reason) in [
-            (ProtocolError::MessageTooLarge, Rejection::TooLarge),
-            (ProtocolError::RecordListTooLarge, Rejection::TooLarge),
-            (
-                ProtocolError::TopicAuthorizationFailed,
-                Rejection::NotAuthorized,
-            ),
-            (ProtocolError::InvalidRecord, Rejection::InvalidRecord),
-        ] {
-            let v = verdict(&server_error(code));
-            assert_eq!(v, Verdict::Reject(reason), "{code:?}");
-            let e = produce_error("t", 0, v, server_error(code));
-            assert!(!e.is_retryable());
-            assert!(matches!(e, Error::KafkaRejected { reason: r, .. } if r == reason));
-        }
-    }
-
-    #[test]
-    fn leader_and_transient_errors_retry() {
-        for code in [
-            ProtocolError::NotLeaderOrFollower,
-            ProtocolError::LeaderNotAvailable,
-            ProtocolError::UnknownTopicOrPartition,
-        ] {
-            assert_eq!(
-                verdict(&server_error(code)),
-                Verdict::Retry {
-                    refresh_metadata: true
-                }
-            );
-        }
-        for code in [
-            ProtocolError::RequestTimedOut,
-            ProtocolError::NotEnoughReplicas,
-            ProtocolError::NotEnoughReplicasAfterAppend,
-            ProtocolError::NetworkException,
-            ProtocolError::Unknown(999),
-        ] {
-            let v = verdict(&server_error(code));
-            assert_eq!(
-                v,
-                Verdict::Retry {
-                    refresh_metadata: false
-                },
-                "{code:?}"
-            );
-            assert!(produce_error("t", 0, v, server_error(code)).is_retryable());
-        }
-        assert_eq!(
-            verdict(&ClientError::Timeout),
-            Verdict::Retry {
-                refresh_metadata: false
-            }
-        );
-        assert_eq!(
-            verdict(&server_error(ProtocolError::SaslAuthenticationFailed)),
-            Verdict::Fatal
-        );
-    }
-
-    #[test]
-    fn verdict_looks_through_retry_wrappers() {
-        let wrapped = ClientError::RetryFailed(rskafka::BackoffError::DeadlineExceded {
-            deadline: Duration::from_secs(5),
-            source: Box::new(server_error(ProtocolError::MessageTooLarge)),
-        });
-        assert_eq!(verdict(&wrapped), Verdict::Reject(Rejection::TooLarge));
-    }
 }

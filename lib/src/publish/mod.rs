@@ -3,12 +3,16 @@
 //! # Layout
 //! The files are private; what a user needs is re-exported here.
 //! - `config`: [`KafkaConfig`], [`KafkaAuth`] and [`KafkaCompression`], their defaults, and
-//!   `from_env` (the variables' names in [`env`](mod@env)).
+//!   `from_env`.
+//! - [`env`](mod@env): the names of the publisher's environment variables, which `config`
+//!   reads and the SASL, TLS and connect errors name.
 //! - `route`: which partition each record goes to ([`partition_for`], Java's partitioner),
 //!   how a batch splits into produce requests, and which prefix of the batch a partial
 //!   failure still acknowledges. Pure.
 //! - `record`: an outbox message as an rskafka record, headers byte for byte.
 //! - `kafka`: [`KafkaPublisher`], rskafka clients, metadata cache, retries.
+//! - `classify`: what a failed request means (retry, reject the records, give up).
+//! - `diagnose`: why a connect failed, in words the user can act on (TLS, SASL).
 //! - `msk_iam`: [`MskIamTokenProvider`], the Amazon MSK IAM token (a SigV4-presigned URL)
 //!   and its cache.
 //! - `sasl`: [`SaslCredentials`] for SCRAM and PLAIN, from the environment or Secrets Manager.
@@ -28,7 +32,10 @@ use std::sync::Arc;
 use crate::error::Error;
 use crate::schema::StoredMessage;
 
+mod classify;
 pub(crate) mod config;
+mod diagnose;
+pub mod env;
 pub(crate) mod kafka;
 mod lazy;
 pub(crate) mod msk_iam;
@@ -39,8 +46,10 @@ mod tls;
 
 #[cfg(test)]
 mod fake_broker;
+#[cfg(test)]
+mod token_check;
 
-pub use config::{env, KafkaAuth, KafkaCompression, KafkaConfig, DEFAULT_MESSAGE_ID_HEADER};
+pub use config::{KafkaAuth, KafkaCompression, KafkaConfig, DEFAULT_MESSAGE_ID_HEADER};
 pub use kafka::KafkaPublisher;
 pub use lazy::{LazyKafkaPublisher, CONNECT_TIMEOUT, RECONNECT_PAUSE};
 pub use msk_iam::MskIamTokenProvider;

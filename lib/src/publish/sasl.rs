@@ -14,9 +14,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::env;
 use crate::error::{Error, Result};
-
-use super::config::env;
 
 /// A password: its `Debug` and `Display` never show it.
 #[derive(Clone, PartialEq, Eq)]

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::config::{env, KafkaConfig};
+use super::config::KafkaConfig;
+use super::env;
 use crate::error::{Error, Result};
 
 /// The rustls client configuration `config` asks for (its `tls` must be on).

@@ -2,58 +2,21 @@
 //! limit, delete the acknowledged prefix, and say what happened ([`BatchResult`]); and a
 //! wave of batches, one per due bucket, several at once.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 use tokio::time::Instant;
 use tracing::warn;
 
+use super::outcome::{BatchReport, BatchResult, Settled};
 use super::state::{Owned, RunState};
 use super::Relay;
 use crate::error::{Error, Result};
 use crate::options::RelayOptions;
 use crate::publish::{PublishOutcome, Publisher};
 use crate::schema::{StoredMessage, MAX_ITEM_BYTES};
-
-/// What one bucket's batch did.
-#[derive(Debug)]
-pub(super) enum BatchResult {
-    /// Nothing waiting (probe or fetch found nothing).
-    Idle,
-    /// Not started (or stopped before publishing): too close to the lease's end or the
-    /// deadline. Nothing changed.
-    Skipped,
-    /// The fetch ran into the batch's time limit, or ended with none of it left (items
-    /// this large, a slow table): nothing was published; the bucket's next fetches read
-    /// half as many bytes.
-    FetchCut,
-    /// Published and deleted `deleted` of `fetched` messages, the last removed one being `last`.
-    Done {
-        fetched: usize,
-        deleted: usize,
-        last: Option<u64>,
-        full: bool,
-    },
-    /// A retryable failure; try again after the backoff (with the head alone when the
-    /// publish failed).
-    Failed {
-        deleted: usize,
-        last: Option<u64>,
-        publish_failed: bool,
-    },
-    /// The bucket is stuck on an unreadable item or a record the broker rejects, after
-    /// `deleted` messages went through.
-    Poison {
-        /// What is wrong: the unreadable item ([`Error::Corrupt`]), a topic outside the
-        /// allow-list ([`Error::InvalidMessage`]), the broker's refusal
-        /// ([`Error::KafkaRejected`], with the client's error as its source).
-        error: Error,
-        /// The message the bucket is stuck on (its id and sequence), when it could be read.
-        at: Option<(String, u64)>,
-        deleted: usize,
-        last: Option<u64>,
-    },
-}
+use crate::store::Fetched;
 
 /// How long past its limit an in-flight request may take to answer before the batch stops
 /// waiting for it (it is bounded by its own limit; this only covers the answer's way back).
@@ -172,10 +135,11 @@ impl<P: Publisher> Relay<P> {
         self.options.max_in_flight_bytes / self.store.options().max_concurrency.max(1)
     }
 
-    /// Probe (unless dirty), fetch, publish, delete the acknowledged prefix. Every step is
-    /// bounded by the lease's validity ([`BatchLimits`]): nothing is fetched or published
-    /// after `limits.publish`, nothing deleted after `limits.delete`; a batch cut short
-    /// deletes the acknowledged prefix and leaves the rest for the next batch.
+    /// One bucket's batch, step by step: probe (unless dirty), size, fetch, check the
+    /// allow-list, publish, delete the acknowledged prefix, classify. Every step is bounded
+    /// by the lease's validity ([`BatchLimits`]): nothing is fetched or published after
+    /// `limits.publish`, nothing deleted after `limits.delete`; a batch cut short deletes
+    /// the acknowledged prefix and leaves the rest for the next batch.
     async fn batch(
         &self,
         bucket: u32,
@@ -190,6 +154,71 @@ impl<P: Publisher> Relay<P> {
         if !owned.dirty && !self.store.probe(bucket).await? {
             return Ok(BatchResult::Idle.into());
         }
+        let size = self.size_for(owned);
+        let fetched = match self.fetch_head(bucket, owned, size, limit).await? {
+            ControlFlow::Continue(fetched) => fetched,
+            ControlFlow::Break(end) => return Ok(end.into()),
+        };
+        // A strongly consistent read from the bucket's head: it settles what earlier
+        // batches published but could not confirm deleted.
+        let settled = Some(Settled::of(&owned.unconfirmed, &fetched.messages));
+        let Some(head) = fetched.messages.first() else {
+            return Ok(BatchReport::after_fetch(BatchResult::Idle, settled));
+        };
+        self.report_head_age(bucket, head);
+        let refused = match self.first_refused(&fetched.messages) {
+            Some(Refused {
+                index: 0,
+                error,
+                at,
+            }) => {
+                let poison = BatchResult::Poison {
+                    error,
+                    at: Some(at),
+                    deleted: 0,
+                    last: None,
+                };
+                return Ok(BatchReport::after_fetch(poison, settled));
+            }
+            other => other,
+        };
+        let publishable =
+            &fetched.messages[..refused.as_ref().map_or(fetched.messages.len(), |r| r.index)];
+        if Instant::now() >= limit {
+            // The fetch took the batch's whole time: as good as cut.
+            return Ok(BatchReport::after_fetch(BatchResult::FetchCut, settled));
+        }
+        let outcome = self.publish_within(publishable, limit).await;
+        let acked = outcome.acknowledged.min(publishable.len());
+        let sequences: Vec<u64> = publishable[..acked].iter().map(|m| m.sequence).collect();
+        let deleted = self
+            .delete_published(bucket, &sequences, limits.delete)
+            .await;
+        let full =
+            fetched.messages.len() as u32 >= size.count || fetched.bytes >= self.batch_bytes();
+        let published = Published {
+            sequences: &sequences,
+            deleted,
+        };
+        let result = classify(
+            bucket,
+            outcome.error,
+            published,
+            refused,
+            &fetched.messages,
+            full,
+        );
+        Ok(BatchReport {
+            result,
+            settled,
+            // Acknowledged by the brokers, not known deleted (a delete cut at its limit may
+            // still land): the next fetch of the bucket settles them.
+            unconfirmed: sequences[deleted..].to_vec(),
+        })
+    }
+
+    /// Step one, the size: how many items and bytes the batch asks of the bucket.
+    fn size_for(&self, owned: &Owned) -> BatchSize {
         // After a failed publish the head goes out alone first (the reference relay's
         // rule): a poison or oversized head does not send the rest of the batch again on
         // every retry.
@@ -207,37 +236,39 @@ impl<P: Publisher> Relay<P> {
         } else {
             count
         };
+        BatchSize { count, bytes }
+    }
+
+    /// Step two, the fetch: the bucket's messages after the last one removed, `size` of
+    /// them, by `limit`. It breaks with the batch's result when the fetch ran into `limit`
+    /// ([`BatchResult::FetchCut`]) or the head cannot be read ([`BatchResult::Poison`]).
+    async fn fetch_head(
+        &self,
+        bucket: u32,
+        owned: &Owned,
+        size: BatchSize,
+        limit: Instant,
+    ) -> Result<ControlFlow<BatchResult, Fetched>> {
         let fetching = self
             .store
-            .fetch_bounded(bucket, owned.last_removed, count, bytes);
-        let fetched = match tokio::time::timeout_at(limit, fetching).await {
-            Err(_) => return Ok(BatchResult::FetchCut.into()),
-            Ok(Ok(f)) => f,
-            Ok(Err(e @ Error::Corrupt { .. })) => {
-                return Ok(BatchResult::Poison {
-                    error: e,
-                    at: None,
-                    deleted: 0,
-                    last: None,
-                }
-                .into())
-            }
-            Ok(Err(e)) => return Err(e),
-        };
-        // A strongly consistent read from the bucket's head: it settles what earlier
-        // batches published but could not confirm deleted.
-        let settled = Some(Settled::of(&owned.unconfirmed, &fetched.messages));
-        if fetched.messages.is_empty() {
-            return Ok(BatchReport {
-                result: BatchResult::Idle,
-                settled,
-                unconfirmed: Vec::new(),
-            });
+            .fetch_bounded(bucket, owned.last_removed, size.count, size.bytes);
+        match tokio::time::timeout_at(limit, fetching).await {
+            Err(_) => Ok(ControlFlow::Break(BatchResult::FetchCut)),
+            Ok(Ok(f)) => Ok(ControlFlow::Continue(f)),
+            Ok(Err(e @ Error::Corrupt { .. })) => Ok(ControlFlow::Break(BatchResult::Poison {
+                error: e,
+                at: None,
+                deleted: 0,
+                last: None,
+            })),
+            Ok(Err(e)) => Err(e),
         }
-        // The head's age, every batch: a bucket stuck behind its head (a poison item,
-        // publishes failing) reports it growing at each retry, which the stuck-outbox alarm
-        // watches.
-        let head = &fetched.messages[0];
+    }
+
+    /// The head's age, every batch: a bucket stuck behind its head (a poison item,
+    /// publishes failing) reports it growing at each retry, which the stuck-outbox alarm
+    /// watches.
+    fn report_head_age(&self, bucket: u32, head: &StoredMessage) {
         let waited = self
             .store
             .clock()
@@ -245,182 +276,149 @@ impl<P: Publisher> Relay<P> {
             .saturating_sub(head.message.created_at_ticks);
         self.metrics
             .head_age(bucket, crate::clock::ticks_to_duration(waited.max(0)));
-        // The relay's topic allow-list, the backstop behind every writer's: a message on
-        // another topic (written straight into the table, past the enqueue service) is
-        // never published. The batch stops in front of it, and the bucket parks there as
-        // poison (logged, counted) until an operator quarantines it; the rest of the fleet
-        // goes on.
+    }
+
+    /// Step three, the allow-list check: the first message on a topic the relay's
+    /// allow-list refuses. The allow-list is the backstop behind every writer's: a message
+    /// on another topic (written straight into the table, past the enqueue service) is
+    /// never published. The batch stops in front of it, and the bucket parks there as
+    /// poison (logged, counted) until an operator quarantines it; the rest of the fleet
+    /// goes on.
+    fn first_refused(&self, messages: &[StoredMessage]) -> Option<Refused> {
         let allowed = &self.store.options().allowed_topics;
-        let refused = fetched
-            .messages
+        let index = messages
             .iter()
-            .position(|m| !allowed.allows(&m.message.topic))
-            .map(|i| {
-                let m = &fetched.messages[i];
-                let error = Error::InvalidMessage {
-                    field: "topic".into(),
-                    rule: format!("{}; not published", allowed.refusal(&m.message.topic)),
-                };
-                (i, error, (m.message.message_id.to_string(), m.sequence))
-            });
-        let refused = match refused {
-            Some((0, error, at)) => {
-                return Ok(BatchReport {
-                    result: BatchResult::Poison {
-                        error,
-                        at: Some(at),
-                        deleted: 0,
-                        last: None,
-                    },
-                    settled,
-                    unconfirmed: Vec::new(),
-                });
-            }
-            other => other,
+            .position(|m| !allowed.allows(&m.message.topic))?;
+        let m = &messages[index];
+        let error = Error::InvalidMessage {
+            field: "topic".into(),
+            rule: format!("{}; not published", allowed.refusal(&m.message.topic)),
         };
-        let publishable =
-            &fetched.messages[..refused.as_ref().map_or(fetched.messages.len(), |r| r.0)];
-        if Instant::now() >= limit {
-            // The fetch took the batch's whole time: as good as cut.
-            return Ok(BatchReport {
-                result: BatchResult::FetchCut,
-                settled,
-                unconfirmed: Vec::new(),
-            });
-        }
-        // Each produce request is bounded by the limit (what was acknowledged by then is the
-        // prefix); a publisher that cannot say is cut at it, counting nothing acknowledged:
-        // the messages stay and go out again (duplicates, never a loss).
-        let publishing = self.publisher.publish_until(publishable, limit);
-        let outcome = tokio::time::timeout_at(limit + PUBLISH_GRACE, publishing)
+        Some(Refused {
+            index,
+            error,
+            at: (m.message.message_id.to_string(), m.sequence),
+        })
+    }
+
+    /// Step four, the publish. Each produce request is bounded by `limit` (what was
+    /// acknowledged by then is the prefix); a publisher that cannot say is cut at it,
+    /// counting nothing acknowledged: the messages stay and go out again (duplicates,
+    /// never a loss).
+    async fn publish_within(&self, messages: &[StoredMessage], limit: Instant) -> PublishOutcome {
+        let publishing = self.publisher.publish_until(messages, limit);
+        tokio::time::timeout_at(limit + PUBLISH_GRACE, publishing)
             .await
             .unwrap_or_else(|_| {
                 PublishOutcome::failed(Error::DeadlineExceeded("publishing a batch"))
-            });
-        let acked = outcome.acknowledged.min(publishable.len());
-        let sequences: Vec<u64> = publishable[..acked].iter().map(|m| m.sequence).collect();
-        // Deletes retry until the delete limit, then give up: what stays is published again.
-        let delete_deadline = limits.delete;
-        let deleted = if sequences.is_empty() {
-            0
-        } else {
-            // Bounded by the delete limit itself (no chunk starts after it, one in
-            // flight is cut at it), so the chunks it did delete are counted.
-            match self
-                .store
-                .delete_messages(bucket, &sequences, delete_deadline)
-                .await
-            {
-                Ok(n) => n,
-                Err(e) => {
-                    warn!(bucket, error = %crate::error::chain(&e), "deleting published messages failed; they will be published again");
-                    0
-                }
+            })
+    }
+
+    /// Step five, the delete of the acknowledged `sequences`: how many leading ones are
+    /// known deleted. Deletes retry until `deadline` (no chunk starts after it, one in
+    /// flight is cut at it, so the chunks it did delete are counted), then give up: what
+    /// stays is published again.
+    async fn delete_published(&self, bucket: u32, sequences: &[u64], deadline: Instant) -> usize {
+        if sequences.is_empty() {
+            return 0;
+        }
+        match self
+            .store
+            .delete_messages(bucket, sequences, deadline)
+            .await
+        {
+            Ok(n) => n,
+            Err(e) => {
+                warn!(bucket, error = %crate::error::chain(&e), "deleting published messages failed; they will be published again");
+                0
             }
-        };
-        let last = deleted.checked_sub(1).map(|i| sequences[i]);
-        // Acknowledged by the brokers, not known deleted (a delete cut at its limit may
-        // still land): the next fetch of the bucket settles them.
-        let unconfirmed = sequences[deleted..].to_vec();
-        let result = match outcome.error {
-            // Everything in front of the refused message went through: park at it.
-            None if deleted == sequences.len() && refused.is_some() => {
-                let (_, error, at) = refused.expect("checked in the guard");
-                BatchResult::Poison {
-                    error,
-                    at: Some(at),
-                    deleted,
-                    last,
-                }
-            }
-            None if deleted == sequences.len() => BatchResult::Done {
-                fetched: fetched.messages.len(),
-                deleted,
-                last,
-                full: fetched.messages.len() as u32 >= count || fetched.bytes >= self.batch_bytes(),
-            },
-            None => BatchResult::Failed {
-                deleted,
-                last,
-                publish_failed: false,
-            },
-            Some(e @ Error::KafkaRejected { .. }) => BatchResult::Poison {
-                error: e,
-                at: fetched
-                    .messages
-                    .get(acked)
-                    .map(|m| (m.message.message_id.to_string(), m.sequence)),
-                deleted,
-                last,
-            },
-            Some(e) => {
-                warn!(bucket, acknowledged = acked, error = %crate::error::chain(&e), "publish failed");
-                BatchResult::Failed {
-                    deleted,
-                    last,
-                    publish_failed: true,
-                }
-            }
-        };
-        Ok(BatchReport {
-            result,
-            settled,
-            unconfirmed,
-        })
+        }
     }
 }
 
-/// What one batch reports: its result, and what it learned of earlier batches' deletes.
+/// How much one batch asks of its bucket.
+#[derive(Debug, Clone, Copy)]
+struct BatchSize {
+    /// Items asked of each query.
+    count: u32,
+    /// Bytes the fetch may read.
+    bytes: usize,
+}
+
+/// The first fetched message the allow-list refuses: the batch stops in front of it.
 #[derive(Debug)]
-pub(super) struct BatchReport {
-    pub(super) result: BatchResult,
-    /// What the batch's fetch settled of the bucket's unconfirmed deletes (`None`: no
-    /// fetch completed).
-    pub(super) settled: Option<Settled>,
-    /// Messages this batch published but could not confirm deleted.
-    pub(super) unconfirmed: Vec<u64>,
+struct Refused {
+    /// Its place in the fetched messages.
+    index: usize,
+    /// Why it is refused ([`Error::InvalidMessage`] on its topic).
+    error: Error,
+    /// Its id and sequence.
+    at: (String, u64),
 }
 
-impl From<BatchResult> for BatchReport {
-    fn from(result: BatchResult) -> Self {
-        BatchReport {
-            result,
-            settled: None,
-            unconfirmed: Vec::new(),
+/// What the publish and the delete did: the brokers acknowledged `sequences` (a prefix of
+/// the batch), and the first `deleted` of them are known deleted.
+#[derive(Debug, Clone, Copy)]
+struct Published<'a> {
+    sequences: &'a [u64],
+    deleted: usize,
+}
+
+/// Step six, the classification: what a batch that published did, from the publisher's
+/// `error` (none: everything publishable was acknowledged), what was `published` and
+/// deleted, the message the allow-list `refused`, and whether the fetch was `full` (more
+/// may wait).
+fn classify(
+    bucket: u32,
+    error: Option<Error>,
+    published: Published<'_>,
+    refused: Option<Refused>,
+    fetched: &[StoredMessage],
+    full: bool,
+) -> BatchResult {
+    let Published { sequences, deleted } = published;
+    let acked = sequences.len();
+    let last = deleted.checked_sub(1).map(|i| sequences[i]);
+    match error {
+        None if deleted == acked => match refused {
+            // Everything in front of the refused message went through: park at it.
+            Some(Refused { error, at, .. }) => BatchResult::Poison {
+                error,
+                at: Some(at),
+                deleted,
+                last,
+            },
+            None => BatchResult::Done {
+                fetched: fetched.len(),
+                deleted,
+                last,
+                full,
+            },
+        },
+        None => BatchResult::Failed {
+            deleted,
+            last,
+            publish_failed: false,
+        },
+        Some(e @ Error::KafkaRejected { .. }) => BatchResult::Poison {
+            error: e,
+            at: fetched
+                .get(acked)
+                .map(|m| (m.message.message_id.to_string(), m.sequence)),
+            deleted,
+            last,
+        },
+        Some(e) => {
+            warn!(bucket, acknowledged = acked, error = %crate::error::chain(&e), "publish failed");
+            BatchResult::Failed {
+                deleted,
+                last,
+                publish_failed: true,
+            }
         }
     }
 }
 
-/// Published messages whose delete was not confirmed, as a strongly consistent fetch from
-/// the bucket's head finds them: `gone` (below its first item, or missing within what it
-/// read: deleted, so published and removed), and `unknown` (beyond what it read). The
-/// ones it found are neither: they go out again and are counted then.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Settled {
-    pub(super) gone: Vec<u64>,
-    pub(super) unknown: Vec<u64>,
-}
-
-impl Settled {
-    pub(super) fn of(unconfirmed: &[u64], fetched: &[StoredMessage]) -> Self {
-        let mut settled = Settled::default();
-        let (first, last) = match (fetched.first(), fetched.last()) {
-            (Some(f), Some(l)) => (f.sequence, l.sequence),
-            _ => {
-                settled.gone = unconfirmed.to_vec();
-                return settled;
-            }
-        };
-        for &s in unconfirmed {
-            if s < first || (s <= last && !fetched.iter().any(|m| m.sequence == s)) {
-                settled.gone.push(s);
-            } else if s > last {
-                settled.unknown.push(s);
-            }
-        }
-        settled
-    }
-}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,5 +462,108 @@ mod tests {
             now,
         );
         assert!(l.publish <= now && l.delete <= now + 250 * MS, "{l:?}");
+    }
+
+    fn stored(sequence: u64) -> StoredMessage {
+        StoredMessage {
+            bucket: 3,
+            sequence,
+            message: crate::OutboxMessage::new("t", 4),
+        }
+    }
+
+    #[test]
+    fn a_batch_is_classified_by_its_publish_and_its_deletes() {
+        let fetched: Vec<_> = [5, 6, 7].map(stored).to_vec();
+        let published = |sequences: &'static [u64], deleted| Published { sequences, deleted };
+        // Everything acknowledged and deleted: done, the last deleted one removed.
+        let r = classify(3, None, published(&[5, 6, 7], 3), None, &fetched, true);
+        assert!(
+            matches!(
+                r,
+                BatchResult::Done {
+                    fetched: 3,
+                    deleted: 3,
+                    last: Some(7),
+                    full: true
+                }
+            ),
+            "{r:?}"
+        );
+        // Up to the message the allow-list refused: parked at it.
+        let refused = Refused {
+            index: 2,
+            error: Error::InvalidMessage {
+                field: "topic".into(),
+                rule: "r".into(),
+            },
+            at: ("m".into(), 7),
+        };
+        let r = classify(
+            3,
+            None,
+            published(&[5, 6], 2),
+            Some(refused),
+            &fetched,
+            false,
+        );
+        assert!(
+            matches!(
+                &r,
+                BatchResult::Poison {
+                    at: Some((_, 7)),
+                    deleted: 2,
+                    last: Some(6),
+                    ..
+                }
+            ),
+            "{r:?}"
+        );
+        // Published, not all deleted: a failure, not a failed publish.
+        let r = classify(3, None, published(&[5, 6, 7], 1), None, &fetched, false);
+        assert!(
+            matches!(
+                r,
+                BatchResult::Failed {
+                    deleted: 1,
+                    last: Some(5),
+                    publish_failed: false
+                }
+            ),
+            "{r:?}"
+        );
+        // The broker rejected the message after the acknowledged prefix: parked at it.
+        let rejected = Error::KafkaRejected {
+            topic: "t".into(),
+            reason: crate::error::Rejection::TooLarge,
+            source: None,
+        };
+        let r = classify(3, Some(rejected), published(&[5], 1), None, &fetched, false);
+        assert!(
+            matches!(
+                &r,
+                BatchResult::Poison {
+                    at: Some((_, 6)),
+                    deleted: 1,
+                    last: Some(5),
+                    ..
+                }
+            ),
+            "{r:?}"
+        );
+        // Any other publish error: retried, the head alone.
+        let failed = Error::DeadlineExceeded("publishing a batch");
+        let r = classify(3, Some(failed), published(&[], 0), None, &fetched, false);
+        assert!(
+            matches!(
+                r,
+                BatchResult::Failed {
+                    deleted: 0,
+                    last: None,
+                    publish_failed: true
+                }
+            ),
+            "{r:?}"
+        );
     }
 }

@@ -5,8 +5,9 @@
 //! shutdown, apply its outcome, sleep until the state says, then stop); `shutdown` the
 //! signal, the grace and the hard deadline; `state` the pure state of a run (what is
 //! due, the next wake, applying a batch's result, the tally); `round` the lease round;
-//! `batch` one bucket's batch and a wave of them; `stop` the graceful stop; `report` what
-//! a run returns.
+//! `batch` one bucket's batch, step by step, and a wave of them; `outcome` what a batch
+//! did, which `batch` produces and `state` applies; `stop` the graceful stop; `report`
+//! what a run returns.
 //!
 //! [`Relay::run_until`] and [`Relay::run_until_shutdown`] share one code path. The loop
 //! never starts a batch that cannot finish before the deadline minus the stop reserve; the
@@ -16,6 +17,7 @@
 
 mod batch;
 mod idle;
+mod outcome;
 mod report;
 mod round;
 mod shutdown;
@@ -212,54 +214,83 @@ impl<P: Publisher> Relay<P> {
                     shutdown.sleep_until(until, self.notified()).await;
                 }
             }
-            if state.idle(&self.options, Instant::now()) && !shutdown.requested() {
-                let confirmed = shutdown.race(self.confirm_idle(&mut state)).await;
-                match confirmed {
-                    Some(Ok(true)) => break StopReason::Idle,
-                    Some(Ok(false)) => {}
-                    Some(Err(e)) => {
-                        warn!(error = %crate::error::chain(&e), "idle: checking before the stop failed; running on");
-                        state.last_activity = Some(Instant::now());
-                    }
-                    None => {}
-                }
+            if self.idle_confirmed(&mut state, &mut shutdown).await {
+                break StopReason::Idle;
             }
             if state.successor_at.is_some_and(|at| Instant::now() >= at) {
                 state.successor_at = None;
                 shutdown.race(self.start_successor(&mut state)).await;
             }
             if !shutdown.requested() {
-                let now = Instant::now();
-                let wake = state.next_wake(
-                    &self.options,
-                    now,
-                    self.store.clock().now_ticks(),
-                    self.work_until(&shutdown, now),
-                );
-                if wake > now {
-                    shutdown.sleep_until(wake, self.notified()).await;
-                }
+                self.sleep_until_wake(&state, &mut shutdown).await;
             }
         };
+        Ok(self
+            .finish(
+                &mut state,
+                shutdown.hard_deadline(),
+                reason,
+                &refused_before,
+            )
+            .await)
+    }
+
+    /// Whether the run stops for idleness: the state says it is idle and a last look,
+    /// raced against the shutdown, confirms it (a look that fails counts as activity).
+    async fn idle_confirmed(&self, state: &mut RunState, shutdown: &mut Shutdown) -> bool {
+        if !state.idle(&self.options, Instant::now()) || shutdown.requested() {
+            return false;
+        }
+        match shutdown.race(self.confirm_idle(state)).await {
+            Some(Ok(confirmed)) => confirmed,
+            Some(Err(e)) => {
+                warn!(error = %crate::error::chain(&e), "idle: checking before the stop failed; running on");
+                state.last_activity = Some(Instant::now());
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Sleeps until the state's next wake (the next round, a batch due, the end of work),
+    /// a commit notification, or the shutdown.
+    async fn sleep_until_wake(&self, state: &RunState, shutdown: &mut Shutdown) {
+        let now = Instant::now();
+        let wake = state.next_wake(
+            &self.options,
+            now,
+            self.store.clock().now_ticks(),
+            self.work_until(shutdown, now),
+        );
+        if wake > now {
+            shutdown.sleep_until(wake, self.notified()).await;
+        }
+    }
+
+    /// The end of a run that left its loop for `reason`: the graceful stop (unless the hard
+    /// deadline has passed), then the report. (The deadline, not the [`Shutdown`], is passed
+    /// in: a reference to it held across the stop would make the run's future not `Send`.)
+    async fn finish(
+        &self,
+        state: &mut RunState,
+        hard_deadline: Option<Instant>,
+        reason: StopReason,
+        refused_before: &BTreeMap<&'static str, u64>,
+    ) -> RunReport {
         let owned_at_end = state.owned.len();
         // A step that overran the hard deadline and still returned (a request stuck out of
         // the runtime's reach, then timed out) leaves no time for the stop: that is a
         // missed deadline too, and nothing is released (the leases lapse).
-        let missed = shutdown
-            .hard_deadline()
-            .is_some_and(|d| Instant::now() >= d);
+        let missed = hard_deadline.is_some_and(|d| Instant::now() >= d);
         let (reason, released) = if missed {
             warn!("the hard deadline passed before the stop: leases are left to lapse");
             (StopReason::DeadlineMissed, false)
         } else {
-            (
-                reason,
-                self.stop(&mut state, shutdown.hard_deadline()).await,
-            )
+            (reason, self.stop(state, hard_deadline).await)
         };
         let mut report = state.report(
             &self.options.relay_id,
-            self.refused_since(&refused_before),
+            self.refused_since(refused_before),
             reason,
             released,
         );
@@ -271,7 +302,7 @@ impl<P: Publisher> Relay<P> {
             stop_reason = report.stop_reason.as_str(),
             "relay stopped"
         );
-        Ok(report)
+        report
     }
 
     /// When work ends: the hard deadline minus the stop reserve.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use super::batch::{BatchResult, Settled};
+use super::outcome::{BatchResult, Settled};
 use super::report::{RunReport, StopReason};
 use crate::clock::duration_to_ticks;
 use crate::error::{Error, Result};
@@ -93,6 +93,76 @@ impl Owned {
             (true, None) => now,
             (false, None) => self.next_probe,
         }
+    }
+
+    /// A batch found the bucket empty: nothing waits, the next look is a probe after the
+    /// poll interval.
+    fn found_empty(&mut self, options: &RelayOptions, now: Instant) {
+        self.parked = false;
+        self.dirty = false;
+        self.retry_at = None;
+        self.next_probe = now + options.poll_interval;
+    }
+
+    /// A batch went through, the last removed message being `last`; `more` may wait (the
+    /// fetch was full, or not everything fetched was deleted).
+    fn went_through(
+        &mut self,
+        options: &RelayOptions,
+        now: Instant,
+        last: Option<u64>,
+        more: bool,
+    ) {
+        if last.is_some() {
+            self.last_removed = last;
+        }
+        self.retry_at = None;
+        self.head_only = false;
+        self.parked = false;
+        self.fetch_halvings = self.fetch_halvings.saturating_sub(1);
+        self.dirty = more;
+        self.next_probe = now + options.poll_interval;
+    }
+
+    /// A batch failed after removing up to `last`: retry after the error backoff, with the
+    /// head alone when the publish failed.
+    fn failed(
+        &mut self,
+        options: &RelayOptions,
+        now: Instant,
+        last: Option<u64>,
+        publish_failed: bool,
+    ) {
+        if last.is_some() {
+            self.last_removed = last;
+        }
+        self.dirty = true;
+        self.head_only = publish_failed;
+        self.retry_at = Some(now + options.error_backoff);
+    }
+
+    /// A fetch ran into its time limit: the next ones read half as much.
+    fn fetch_cut(&mut self) {
+        self.fetch_halvings = (self.fetch_halvings + 1).min(MAX_FETCH_HALVINGS);
+        self.dirty = true;
+    }
+
+    /// The bucket is stuck on an item no relay can publish, after removing up to `last`:
+    /// parked, the head alone tried again a renew interval later.
+    fn park(&mut self, options: &RelayOptions, now: Instant, last: Option<u64>) {
+        if last.is_some() {
+            self.last_removed = last;
+        }
+        self.dirty = true;
+        self.head_only = true;
+        self.parked = true;
+        self.retry_at = Some(now + options.lease_renew_interval);
+    }
+
+    /// A batch failed before publishing: try again after `backoff`.
+    fn retry_after(&mut self, backoff: Duration, now: Instant) {
+        self.dirty = true;
+        self.retry_at = Some(now + backoff);
     }
 }
 
@@ -266,10 +336,7 @@ impl RunState {
                 // An empty bucket has no waiting head: its age is zero, so the stuck-outbox
                 // alarm sees the outbox move again once a stuck bucket is cleared.
                 metrics.head_age(bucket, Duration::ZERO);
-                o.parked = false;
-                o.dirty = false;
-                o.retry_at = None;
-                o.next_probe = now + options.poll_interval;
+                o.found_empty(options, now);
             }
             Ok(BatchResult::Done {
                 fetched,
@@ -280,20 +347,8 @@ impl RunState {
                 self.published += deleted as u64;
                 metrics.published(bucket, deleted as u64);
                 metrics.batch_duration(bucket, took);
-                let took = took.min(options.lease_renew_interval / 4);
-                self.batch_estimate = Some(match self.batch_estimate {
-                    Some(e) => (e * 3 + took) / 4,
-                    None => took,
-                });
-                if last.is_some() {
-                    o.last_removed = last;
-                }
-                o.retry_at = None;
-                o.head_only = false;
-                o.parked = false;
-                o.fetch_halvings = o.fetch_halvings.saturating_sub(1);
-                o.dirty = full || deleted < fetched;
-                o.next_probe = now + options.poll_interval;
+                self.batch_estimate = Some(smoothed_estimate(self.batch_estimate, took, options));
+                o.went_through(options, now, last, full || deleted < fetched);
             }
             Ok(BatchResult::Failed {
                 deleted,
@@ -310,17 +365,11 @@ impl RunState {
                     // the loop recovers from, not a failed publish.
                     self.errors += 1;
                 }
-                if last.is_some() {
-                    o.last_removed = last;
-                }
-                o.dirty = true;
-                o.head_only = publish_failed;
-                o.retry_at = Some(now + options.error_backoff);
+                o.failed(options, now, last, publish_failed);
             }
             Ok(BatchResult::Skipped) => {}
             Ok(BatchResult::FetchCut) => {
-                o.fetch_halvings = (o.fetch_halvings + 1).min(MAX_FETCH_HALVINGS);
-                o.dirty = true;
+                o.fetch_cut();
                 warn!(
                     bucket,
                     halvings = o.fetch_halvings,
@@ -335,32 +384,17 @@ impl RunState {
             }) => {
                 self.published += deleted as u64;
                 metrics.published(bucket, deleted as u64);
-                if last.is_some() {
-                    o.last_removed = last;
-                }
-                let (message_id, sequence) =
-                    at.map_or((None, None), |(id, seq)| (Some(id), Some(seq)));
-                error!(
-                    bucket,
-                    message_id,
-                    sequence,
-                    error = %crate::error::chain(&error),
-                    "bucket stuck on an item it cannot publish; quarantine it with `outboxctl quarantine`"
-                );
+                log_poison(bucket, &error, at);
                 metrics.poison_item(bucket);
                 metrics.publish_failed(bucket, matches!(error, Error::KafkaRejected { .. }));
                 self.publish_failures += 1;
-                o.dirty = true;
-                o.head_only = true;
-                o.parked = true;
-                o.retry_at = Some(now + options.lease_renew_interval);
+                o.park(options, now, last);
             }
             Err(e @ Error::Misconfiguration(_)) => return Some(e),
             Err(e) => {
                 warn!(bucket, error = %crate::error::chain(&e), "batch failed");
                 self.errors += 1;
-                o.dirty = true;
-                o.retry_at = Some(now + options.error_backoff);
+                o.retry_after(options.error_backoff, now);
             }
         }
         None
@@ -408,6 +442,33 @@ impl RunState {
             successor_started: self.successor_started,
         }
     }
+}
+
+/// The running batch estimate after a batch that went through in `took` (capped at a
+/// quarter of the renew interval): three parts the old estimate, one part the new batch.
+fn smoothed_estimate(
+    estimate: Option<Duration>,
+    took: Duration,
+    options: &RelayOptions,
+) -> Duration {
+    let took = took.min(options.lease_renew_interval / 4);
+    match estimate {
+        Some(e) => (e * 3 + took) / 4,
+        None => took,
+    }
+}
+
+/// The log line of a bucket stuck on an item it cannot publish (`at`: its id and sequence,
+/// when it could be read).
+fn log_poison(bucket: u32, error: &Error, at: Option<(String, u64)>) {
+    let (message_id, sequence) = at.map_or((None, None), |(id, seq)| (Some(id), Some(seq)));
+    error!(
+        bucket,
+        message_id,
+        sequence,
+        error = %crate::error::chain(error),
+        "bucket stuck on an item it cannot publish; quarantine it with `outboxctl quarantine`"
+    );
 }
 
 #[cfg(test)]

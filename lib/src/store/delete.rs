@@ -57,6 +57,36 @@ impl DynamoDbOutboxStore {
         })
     }
 
+    /// One `DeleteRequest` per message of `chunk` (sequences of `bucket`).
+    fn delete_requests(&self, bucket: u32, chunk: &[u64]) -> Vec<WriteRequest> {
+        chunk
+            .iter()
+            .map(|&seq| {
+                let key = self
+                    .keys
+                    .key(self.keys.message_pk(bucket), schema::message_sk(seq));
+                WriteRequest::builder()
+                    .delete_request(
+                        DeleteRequest::builder()
+                            .set_key(Some(key))
+                            .build()
+                            .expect("key is set"),
+                    )
+                    .build()
+            })
+            .collect()
+    }
+
+    /// The sequences of the messages that `requests` (unprocessed deletes) still delete.
+    fn sequences_of(&self, requests: &[WriteRequest]) -> Vec<u64> {
+        requests
+            .iter()
+            .filter_map(|w| w.delete_request())
+            .filter_map(|d| d.key().get(&self.keys.sk)?.as_s().ok())
+            .filter_map(|sk| schema::parse_message_sk(sk))
+            .collect()
+    }
+
     /// Deletes the messages `sequences` (ascending) of `bucket`; returns how many leading
     /// ones are known deleted. Starts no chunk at or after the deadline, cuts a request
     /// still in flight at it, and stops at the first chunk that cannot be deleted by then
@@ -78,22 +108,7 @@ impl DynamoDbOutboxStore {
                 );
                 return Ok(deleted);
             }
-            let mut pending: Vec<WriteRequest> = chunk
-                .iter()
-                .map(|&seq| {
-                    let key = self
-                        .keys
-                        .key(self.keys.message_pk(bucket), schema::message_sk(seq));
-                    WriteRequest::builder()
-                        .delete_request(
-                            DeleteRequest::builder()
-                                .set_key(Some(key))
-                                .build()
-                                .expect("key is set"),
-                        )
-                        .build()
-                })
-                .collect();
+            let mut pending = self.delete_requests(bucket, chunk);
             let mut pause = Duration::from_millis(25);
             let mut attempt = 0;
             while !pending.is_empty() {
@@ -133,14 +148,8 @@ impl DynamoDbOutboxStore {
                 }
                 if attempt >= MAX_ATTEMPTS || Instant::now() + pause > deadline {
                     // Count the leading ones of this chunk that went through.
-                    let left: Vec<u64> = pending
-                        .iter()
-                        .filter_map(|w| w.delete_request())
-                        .filter_map(|d| d.key().get(&self.keys.sk)?.as_s().ok())
-                        .filter_map(|sk| schema::parse_message_sk(sk))
-                        .collect();
-                    let first_left = chunk.iter().position(|s| left.contains(s)).unwrap_or(0);
-                    deleted += first_left;
+                    let left = self.sequences_of(&pending);
+                    deleted += chunk.iter().position(|s| left.contains(s)).unwrap_or(0);
                     warn!(
                         bucket,
                         deleted,

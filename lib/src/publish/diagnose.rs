@@ -1,0 +1,140 @@
+//! Why a connect to the brokers failed, in words the user can act on: the brokers'
+//! certificate not trusted or the client certificate refused (TLS), the credentials
+//! refused (SASL, then forgotten so that a rotated secret is read again), a mechanism the
+//! listener does not enable; anything else is classified as any failed request is.
+
+use rskafka::client::error::{Error as ClientError, ProtocolError};
+
+use super::classify::client_error;
+use super::config::{KafkaAuth, KafkaConfig};
+use super::env;
+use super::sasl::SaslCredentials;
+use crate::error::Error;
+
+/// The error of a failed connect, saying what the user can check: refused credentials
+/// (which are then forgotten, so the next connect reads a rotated secret again).
+pub(super) async fn connect_error(config: &KafkaConfig, e: ClientError) -> Error {
+    if let Some(message) = config.tls.then(|| tls_failure(config, &e)).flatten() {
+        return Error::Kafka {
+            message,
+            retryable: false,
+            source: Some(Box::new(e)),
+        };
+    }
+    if sasl_refused(&e) {
+        let mechanism = match config.auth {
+            KafkaAuth::MskIam => "OAUTHBEARER (MSK IAM)",
+            KafkaAuth::ScramSha256 => "SCRAM-SHA-256",
+            KafkaAuth::ScramSha512 => "SCRAM-SHA-512",
+            KafkaAuth::Plain => "PLAIN",
+            KafkaAuth::None => "",
+        };
+        let check = match &config.sasl {
+            Some(source) => {
+                source.forget().await;
+                let user = match source {
+                    SaslCredentials::Static(up) => format!(" as user {:?}", up.username),
+                    SaslCredentials::SecretsManager(_) => String::new(),
+                };
+                format!("{user}: check the username and password in {}", source.source_hint())
+            }
+            None => ": check the role's kafka-cluster:Connect permission and the cluster's IAM access control".into(),
+        };
+        return Error::Kafka {
+            message: format!("the brokers refused SASL/{mechanism} authentication{check}"),
+            retryable: false,
+            source: Some(Box::new(e)),
+        };
+    }
+    if connect_failure_text(&e).contains("SaslFailed(") {
+        // the handshake failed: a mechanism the brokers do not enable, or a broken exchange
+        return Error::Kafka {
+            message: format!(
+                "the SASL/{} exchange with the brokers failed (is KAFKA_AUTH={} enabled on this listener?)",
+                config.auth.name().to_ascii_uppercase(),
+                config.auth.name()
+            ),
+            retryable: false,
+            source: Some(Box::new(e)),
+        };
+    }
+    client_error("connecting to the brokers", e)
+}
+
+/// The text that finds a connect failure's cause. A failed connect reaches us as
+/// `RetryFailed(DeadlineExceded { source: MultiError([...]) })`, and rskafka's
+/// `MultiError` keeps its errors private (no `source()`, no accessor), so the only way to
+/// their kind is their `Debug` text, which names the variants.
+fn connect_failure_text(e: &ClientError) -> String {
+    format!("{e:?}")
+}
+
+/// What went wrong in a TLS handshake that failed for a reason the user must fix: the
+/// brokers' certificate not trusted, or the client certificate missing or refused.
+fn tls_failure(config: &KafkaConfig, e: &ClientError) -> Option<String> {
+    let text = connect_failure_text(e);
+    // the variant's argument, as rustls' Debug names it: `InvalidCertificate(UnknownIssuer)`
+    let argument = |variant: &str| {
+        text.split_once(variant).map(|(_, rest)| {
+            let mut depth = 0usize;
+            let end = rest
+                .char_indices()
+                .find(|&(_, c)| {
+                    match c {
+                        '(' | '{' | '[' => depth += 1,
+                        ')' | '}' | ']' if depth == 0 => return true,
+                        ')' | '}' | ']' => depth -= 1,
+                        _ => {}
+                    }
+                    false
+                })
+                .map_or(rest.len(), |(i, _)| i);
+            rest[..end].to_owned()
+        })
+    };
+    let roots = match &config.tls_ca_file {
+        Some(path) => format!("the roots of {} ({})", env::TLS_CA_FILE, path.display()),
+        None => format!("the system's roots ({} is unset)", env::TLS_CA_FILE),
+    };
+    if let Some(why) = argument("InvalidCertificate(") {
+        return Some(format!(
+            "TLS with the brokers failed: their certificate is not trusted ({why}) by {roots}"
+        ));
+    }
+    let alert = argument("AlertReceived(")?;
+    let client_cert = config.tls_cert_file.is_some();
+    match (alert.as_str(), client_cert) {
+        ("CertificateRequired" | "HandshakeFailure", false) => Some(format!(
+            "TLS with the brokers failed: they require a client certificate (alert {alert}): \
+             set {} and {}",
+            env::TLS_CERT_FILE,
+            env::TLS_KEY_FILE
+        )),
+        (
+            "BadCertificate" | "UnknownCA" | "CertificateUnknown" | "CertificateExpired"
+            | "CertificateRevoked" | "UnsupportedCertificate" | "AccessDenied"
+            | "HandshakeFailure" | "DecryptError",
+            true,
+        ) => Some(format!(
+            "TLS with the brokers failed: they refused the client certificate of {} (alert {alert})",
+            env::TLS_CERT_FILE
+        )),
+        _ => Some(format!(
+            "TLS with the brokers failed: they sent the alert {alert}"
+        )),
+    }
+}
+
+/// Whether the brokers answered the SASL exchange with `SASL_AUTHENTICATION_FAILED`.
+fn sasl_refused(e: &ClientError) -> bool {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = current {
+        if let Some(rskafka::SaslError::ApiError(ProtocolError::SaslAuthenticationFailed)) =
+            err.downcast_ref::<rskafka::SaslError>()
+        {
+            return true;
+        }
+        current = err.source();
+    }
+    connect_failure_text(e).contains("SaslFailed(ApiError(SaslAuthenticationFailed))")
+}

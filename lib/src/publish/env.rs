@@ -1,0 +1,43 @@
+//! The names of the publisher's environment variables:
+//! [`KafkaConfig::from_env`](super::KafkaConfig::from_env) reads them, and the errors of
+//! the SASL credentials, the TLS files and the connect diagnosis name them.
+
+/// [`KafkaConfig::bootstrap_servers`](super::KafkaConfig::bootstrap_servers), comma separated.
+pub const BOOTSTRAP_SERVERS: &str = "KAFKA_BOOTSTRAP_SERVERS";
+/// [`KafkaConfig::auth`](super::KafkaConfig::auth): `none`, `msk-iam`, `scram-sha-256`,
+/// `scram-sha-512` or `plain`.
+pub const AUTH: &str = "KAFKA_AUTH";
+/// The SASL username of [`KafkaConfig::sasl`](super::KafkaConfig::sasl) (SCRAM, PLAIN).
+pub const SASL_USERNAME: &str = "KAFKA_SASL_USERNAME";
+/// The SASL password of [`KafkaConfig::sasl`](super::KafkaConfig::sasl) (SCRAM, PLAIN).
+pub const SASL_PASSWORD: &str = "KAFKA_SASL_PASSWORD";
+/// A Secrets Manager secret (ARN or name) with the SASL `username` and `password`, as
+/// JSON (MSK's SCRAM convention), instead of [`SASL_USERNAME`] and [`SASL_PASSWORD`].
+pub const SASL_SECRET_ARN: &str = "KAFKA_SASL_SECRET_ARN";
+/// [`KafkaConfig::allow_plain_without_tls`](super::KafkaConfig::allow_plain_without_tls):
+/// `true` lets `KAFKA_AUTH=plain` send the password over a plaintext connection.
+pub const ALLOW_PLAIN_WITHOUT_TLS: &str = "KAFKA_ALLOW_PLAIN_WITHOUT_TLS";
+/// [`KafkaConfig::tls`](super::KafkaConfig::tls): `true` or `false`.
+pub const TLS: &str = "KAFKA_TLS";
+/// [`KafkaConfig::tls_ca_file`](super::KafkaConfig::tls_ca_file): a PEM bundle of the
+/// trusted roots, instead of the system's.
+pub const TLS_CA_FILE: &str = "KAFKA_TLS_CA_FILE";
+/// [`KafkaConfig::tls_cert_file`](super::KafkaConfig::tls_cert_file): the client
+/// certificate (PEM, leaf first) for mutual TLS.
+pub const TLS_CERT_FILE: &str = "KAFKA_TLS_CERT_FILE";
+/// [`KafkaConfig::tls_key_file`](super::KafkaConfig::tls_key_file): the client
+/// certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+pub const TLS_KEY_FILE: &str = "KAFKA_TLS_KEY_FILE";
+/// [`KafkaConfig::client_id`](super::KafkaConfig::client_id).
+pub const CLIENT_ID: &str = "KAFKA_CLIENT_ID";
+/// [`KafkaConfig::publish_timeout`](super::KafkaConfig::publish_timeout).
+pub const PUBLISH_TIMEOUT: &str = "KAFKA_PUBLISH_TIMEOUT";
+/// [`KafkaConfig::region`](super::KafkaConfig::region), the standard AWS variable.
+pub const REGION: &str = "AWS_REGION";
+/// Fallback of [`REGION`], as the AWS SDKs read it.
+pub const DEFAULT_REGION: &str = "AWS_DEFAULT_REGION";
+/// [`KafkaConfig::message_id_header`](super::KafkaConfig::message_id_header).
+pub const MESSAGE_ID_HEADER: &str = "OUTBOX_MESSAGE_ID_HEADER";
+/// [`KafkaConfig::compression`](super::KafkaConfig::compression): `none`, `gzip`,
+/// `snappy`, `lz4` or `zstd`.
+pub const COMPRESSION: &str = "KAFKA_COMPRESSION";
