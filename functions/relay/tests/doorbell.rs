@@ -442,7 +442,12 @@ async fn a_doorbell_at_a_handover_to_a_short_lived_successor_joins_and_publishes
             f.handle(event(id, deadline, payload)).await.unwrap()
         })
     };
-    let leaver = tick(scheduled.clone(), "leaver", Duration::ZERO, Duration::from_secs(9));
+    let leaver = tick(
+        scheduled.clone(),
+        "leaver",
+        Duration::ZERO,
+        Duration::from_secs(9),
+    );
     let successor = tick(
         scheduled.clone(),
         "short-lived",

@@ -4,8 +4,10 @@
 //! A host with a deadline (a Lambda invocation) cannot outlive it. When the relay reaches
 //! its deadline minus [`SUCCESSOR_LEAD`] and a bucket it owns still has messages it could
 //! publish (more fetched than it had time for, or a publish that failed and waits for its
-//! retry), it asks its [`Successor`] to start one more relay, once per run. The successor
-//! joins while the leaver still runs and takes its share of the buckets at once (the lease
+//! retry), it asks its [`Successor`] to start one more relay, once per run; a run that
+//! found none then looks once more when its work ends, for what arrived since (that
+//! successor starts as the leaver stops: a cold start's gap). A successor started at the
+//! lead joins while the leaver still runs and takes its share of the buckets at once (the lease
 //! plan splits them between two live relays); it reads the leaver's announced stop and
 //! takes the rest a couple of handover steps after it: the same handover as between any
 //! two relays, with no bucket unowned for longer than that.

@@ -219,12 +219,19 @@ impl<P: Publisher> Relay<P> {
             }
             if state.successor_at.is_some_and(|at| Instant::now() >= at) {
                 state.successor_at = None;
+                state.successor_looked = true;
                 shutdown.race(self.start_successor(&mut state)).await;
             }
             if !shutdown.requested() {
                 self.sleep_until_wake(&state, &mut shutdown).await;
             }
         };
+        // The last look: work that arrived after the look at the lead time (a commit after
+        // it, a publish that failed since) gets its successor at the end of work, rather
+        // than wait for the next wake-up. Still one successor a run.
+        if reason == StopReason::Deadline && state.successor_looked && !state.successor_started {
+            shutdown.race(self.start_successor(&mut state)).await;
+        }
         Ok(self
             .finish(
                 &mut state,

@@ -196,6 +196,8 @@ pub(super) struct RunState {
     /// When the run looks for work left and starts its successor (a relay with a successor
     /// and a deadline); `None` once done, or when there is none to start.
     pub(super) successor_at: Option<Instant>,
+    /// Whether it looked for work left at `successor_at` (and so looks again at the end).
+    pub(super) successor_looked: bool,
     /// Whether it started one.
     pub(super) successor_started: bool,
 }
