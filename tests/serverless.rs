@@ -692,3 +692,48 @@ async fn a_run_that_leaves_work_starts_one_successor_and_an_empty_one_none() {
         0
     );
 }
+
+/// A run that finds no work left at its successor lead, then takes a message it cannot
+/// publish (Kafka down), looks again when its work ends and starts one successor for it,
+/// instead of leaving the message to the next wake-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_that_arrives_after_the_successor_look_gets_a_successor_at_the_end() {
+    use dynamo_outbox::notification::SUCCESSOR_LEAD;
+    use dynamo_outbox::relay::DEFAULT_STOP_RESERVE;
+    let counter = RequestCounter::default();
+    let client = client_with(None, &counter).await;
+    let options = fresh_table(&client, 2).await;
+    let topic = random_name("late-work");
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let run = SUCCESSOR_LEAD * 2 + DEFAULT_STOP_RESERVE + Duration::from_secs(1);
+    let successor = Arc::new(RecordingSuccessor::default());
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let relay = Relay::new(
+        store,
+        Arc::new(KafkaDown),
+        fast_relay_options("late-work", 2),
+    )
+    .unwrap()
+    .with_successor(successor.clone());
+    // The look at the lead comes at the end of work (the deadline less the stop reserve)
+    // less the lead: 11 s into this run. The message comes 3 s after it, 7 s before the end.
+    let look = run - DEFAULT_STOP_RESERVE - SUCCESSOR_LEAD;
+    let late = async {
+        tokio::time::sleep(look + Duration::from_secs(3)).await;
+        enqueue(&writer, &topic, &["late"]).await
+    };
+    let (report, written) = tokio::join!(relay.run_until(Instant::now() + run), late);
+    let report = report.unwrap();
+    assert_eq!(report.stop_reason, StopReason::Deadline, "{report:?}");
+    assert!(report.publish_failures > 0, "it tried: {report:?}");
+    assert!(report.successor_started, "{report:?}");
+    let handoffs = successor.started.lock().unwrap().clone();
+    assert_eq!(handoffs.len(), 1, "one successor per run: {handoffs:?}");
+    assert_eq!(
+        handoffs[0].buckets.len(),
+        1,
+        "the late message's bucket: {handoffs:?}"
+    );
+    assert_eq!(pending_messages(&client, &options).await, written.len());
+    assert_eq!(report.refused_total(), 0, "{report:?}");
+}

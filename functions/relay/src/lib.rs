@@ -178,6 +178,15 @@ pub fn run_deadline(
     }
 }
 
+/// The function's name: the invocation context's, else the runtime's variable.
+fn function_name(context: &lambda_runtime::Context) -> String {
+    if context.env_config.function_name.is_empty() {
+        std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default()
+    } else {
+        context.env_config.function_name.clone()
+    }
+}
+
 /// The relay id of one invocation: function name and request id, at most 128 characters,
 /// without control characters.
 pub fn relay_id(function_name: &str, request_id: &str) -> String {
@@ -476,6 +485,33 @@ impl RelayFunction {
         Ok(summary)
     }
 
+    /// Runs the relay until `deadline`, its metrics flushed every minute and at the end; a
+    /// run that published nothing and failed to publish drops the Kafka client.
+    async fn run_relay(
+        &self,
+        options: RelayOptions,
+        deadline: Instant,
+    ) -> Result<RunReport, FunctionError> {
+        let mut relay = Relay::new(self.store.clone(), self.publisher.clone(), options)?
+            .with_metrics(self.metrics.clone());
+        if let Some(successor) = &self.successor {
+            relay = relay.with_successor(successor.clone());
+        }
+        // EMF documents on stdout, where CloudWatch Logs picks them up: every
+        // METRICS_FLUSH_INTERVAL while the relay runs (the alarms evaluate one-minute
+        // periods) and once at the end.
+        let flusher = tokio::spawn(flush_every(self.metrics.clone(), METRICS_FLUSH_INTERVAL));
+        let result = relay.run_until(deadline).await;
+        flusher.abort();
+        flush(&self.metrics);
+        let report = result?;
+        if report.published == 0 && report.publish_failures > 0 {
+            warn!("nothing published and publishing failed: the Kafka client is rebuilt by the next publish");
+            self.publisher.disconnect().await;
+        }
+        Ok(report)
+    }
+
     async fn invoke(
         &self,
         event: LambdaEvent<serde_json::Value>,
@@ -489,13 +525,8 @@ impl RelayFunction {
             self.settings.max_run_time,
             self.settings.shutdown_margin,
         );
-        let function_name = if context.env_config.function_name.is_empty() {
-            std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default()
-        } else {
-            context.env_config.function_name.clone()
-        };
         let mut options = self.settings.relay.clone();
-        options.relay_id = relay_id(&function_name, &context.request_id);
+        options.relay_id = relay_id(&function_name(&context), &context.request_id);
         let time_left = |source| match source {
             DeadlineSource::Fallback => deadline.saturating_duration_since(Instant::now()),
             _ => context
@@ -553,23 +584,7 @@ impl RelayFunction {
                 "the invocation has no usable deadline: running for the configured maximum run time"
             );
         }
-        let mut relay = Relay::new(self.store.clone(), self.publisher.clone(), options)?
-            .with_metrics(self.metrics.clone());
-        if let Some(successor) = &self.successor {
-            relay = relay.with_successor(successor.clone());
-        }
-        // EMF documents on stdout, where CloudWatch Logs picks them up: every
-        // METRICS_FLUSH_INTERVAL while the relay runs (the alarms evaluate one-minute
-        // periods) and once at the end.
-        let flusher = tokio::spawn(flush_every(self.metrics.clone(), METRICS_FLUSH_INTERVAL));
-        let result = relay.run_until(deadline).await;
-        flusher.abort();
-        flush(&self.metrics);
-        let report = result?;
-        if report.published == 0 && report.publish_failures > 0 {
-            warn!("nothing published and publishing failed: the Kafka client is rebuilt by the next publish");
-            self.publisher.disconnect().await;
-        }
+        let report = self.run_relay(options, deadline).await?;
         let mut summary = RelaySummary::new(
             &report,
             was_connected,
