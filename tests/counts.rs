@@ -10,7 +10,7 @@ use std::time::Duration;
 use aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextMut;
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Relay, RelayOptions, StopReason};
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use tokio::time::Instant;
 
 /// Answers the next `left` `BatchWriteItem` attempts with an injected 500 after DynamoDB

@@ -11,7 +11,7 @@ use dynamo_outbox::metrics::RelayMetrics;
 use dynamo_outbox::publish::{KafkaPublisher, PublishOutcome, Publisher};
 use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Relay, RelayOptions};
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use tokio::time::Instant;
 
 const VALUE_BYTES: usize = 300 * 1024;

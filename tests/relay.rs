@@ -13,7 +13,7 @@ use dynamo_outbox::{
     DynamoDbOutboxStore, DynamoDbOutboxWriter, Error, Header, OutboxMessage, OutboxOptions, Relay,
     RelayOptions, RunReport, StopReason,
 };
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;

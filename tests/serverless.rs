@@ -14,7 +14,7 @@ use dynamo_outbox::accounting::RequestCounter;
 use dynamo_outbox::{
     DynamoDbOutboxStore, DynamoDbOutboxWriter, OutboxOptions, Relay, RelayOptions, StopReason,
 };
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use tokio::time::Instant;
 
 /// Where the interceptor holds the relay's idle-stop announcement.

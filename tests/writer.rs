@@ -12,7 +12,7 @@ use dynamo_outbox::schema::{self, attr, Keys};
 use dynamo_outbox::table::{self, Provisioned};
 use dynamo_outbox::writer::transaction_error;
 use dynamo_outbox::{DynamoDbOutboxWriter, Error, Header, OutboxMessage, OutboxOptions};
-use outbox_integration_tests::{counted_client, dynamodb, fresh_table, operation_is, random_name};
+use outbox_testkit::{counted_client, dynamodb, fresh_table, operation_is, random_name};
 
 async fn query_partition(
     client: &Client,

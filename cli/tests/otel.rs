@@ -15,7 +15,7 @@ use dynamo_outbox::DynamoDbOutboxWriter;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
 use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, Metric};
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use prost::Message as _;
 
 /// Every request the receiver got: path, content type, authorization header, decoded body.

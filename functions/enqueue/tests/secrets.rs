@@ -12,12 +12,12 @@ use std::time::Duration;
 use dynamo_outbox::accounting::RequestCounter;
 use lambda_runtime::LambdaEvent;
 use outbox_enqueue_function::EnqueueFunction;
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use outbox_relay_function::{RelayFunction, RelaySettings};
 use serde_json::{json, Value};
 
 fn event(function: &str, payload: Value, time_left: Duration) -> LambdaEvent<Value> {
-    outbox_integration_tests::lambda::invocation_in(function, payload, time_left)
+    outbox_testkit::lambda::invocation_in(function, payload, time_left)
 }
 
 fn marker(prefix: &str) -> String {
