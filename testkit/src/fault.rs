@@ -299,7 +299,11 @@ impl Intercept for Fault {
         if let Action::Edit(edit) = &self.0.action {
             if operation_is(cfg, self.0.operation)
                 && self.0.armed.load(Ordering::SeqCst)
-                && self.0.left.as_ref().is_none_or(|l| l.load(Ordering::SeqCst) > 0)
+                && self
+                    .0
+                    .left
+                    .as_ref()
+                    .is_none_or(|l| l.load(Ordering::SeqCst) > 0)
                 && edit(context.input_mut())
             {
                 self.take_hit();

@@ -12,8 +12,8 @@ use std::time::Duration;
 use dynamo_outbox::accounting::RequestCounter;
 use lambda_runtime::LambdaEvent;
 use outbox_enqueue_function::EnqueueFunction;
-use outbox_testkit::*;
 use outbox_relay_function::{RelayFunction, RelaySettings};
+use outbox_testkit::*;
 use serde_json::{json, Value};
 
 fn event(function: &str, payload: Value, time_left: Duration) -> LambdaEvent<Value> {
