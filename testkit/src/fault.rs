@@ -5,11 +5,15 @@
 //! answer). Attach it with [`faulty_dynamodb`] or `Builder::interceptor(fault.clone())`;
 //! the test keeps its clone to arm, count, read what was sent or release a held request.
 //!
-//! ```ignore
+//! ```
+//! use outbox_testkit::Fault;
+//!
 //! // The next 15 deletes land and their answers are lost.
 //! let lose = Fault::on("BatchWriteItem").times(15).lose_answer();
 //! // Every UpdateItem fails while armed (an outage of writes).
 //! let outage = Fault::on("UpdateItem").disarmed().fail("injected: UpdateItem unavailable");
+//! outage.arm();
+//! assert_eq!((lose.hits(), outage.hits()), (0, 0));
 //! ```
 
 use std::fmt;
@@ -72,8 +76,35 @@ struct Inner {
     action: Action,
     hits: AtomicUsize,
     sent: Mutex<Vec<serde_json::Value>>,
-    held: Mutex<(mpsc::Sender<()>, mpsc::Receiver<()>)>,
-    release: Mutex<(mpsc::Sender<()>, mpsc::Receiver<()>)>,
+    /// A request is held (sent by the holding thread, received by [`Fault::wait_held`]).
+    held: Channel,
+    /// The test lets it go (sent by [`Fault::release`], received by the holding thread).
+    release: Channel,
+}
+
+/// One channel, each end behind its own lock: a thread waiting on one end never blocks
+/// the other.
+struct Channel {
+    tx: Mutex<mpsc::Sender<()>>,
+    rx: Mutex<mpsc::Receiver<()>>,
+}
+
+impl Channel {
+    fn new() -> Self {
+        let (tx, rx) = mpsc::channel();
+        Channel {
+            tx: Mutex::new(tx),
+            rx: Mutex::new(rx),
+        }
+    }
+
+    fn send(&self) {
+        let _ = self.tx.lock().unwrap().send(());
+    }
+
+    fn recv(&self, timeout: Duration) -> bool {
+        self.rx.lock().unwrap().recv_timeout(timeout).is_ok()
+    }
 }
 
 /// The settings of a [`Fault`] before its action is chosen.
@@ -123,12 +154,12 @@ impl Fault {
     /// Waits (blocking the thread) until a request is held, at most `timeout`; whether
     /// one was.
     pub fn wait_held(&self, timeout: Duration) -> bool {
-        self.0.held.lock().unwrap().1.recv_timeout(timeout).is_ok()
+        self.0.held.recv(timeout)
     }
 
     /// Lets a held request (or the next one to be held) go on.
     pub fn release(&self) {
-        let _ = self.0.release.lock().unwrap().0.send(());
+        self.0.release.send();
     }
 
     /// Takes one hit if the fault is armed and has hits left.
@@ -148,8 +179,8 @@ impl Fault {
     }
 
     fn hold(&self) {
-        let _ = self.0.held.lock().unwrap().0.send(());
-        let _ = self.0.release.lock().unwrap().1.recv_timeout(HOLD_LIMIT);
+        self.0.held.send();
+        self.0.release.recv(HOLD_LIMIT);
     }
 
     /// Whether the current attempt matched when it was sent (operation and body check).
@@ -249,8 +280,8 @@ impl FaultBuilder {
             action,
             hits: AtomicUsize::new(0),
             sent: Mutex::default(),
-            held: Mutex::new(mpsc::channel()),
-            release: Mutex::new(mpsc::channel()),
+            held: Channel::new(),
+            release: Channel::new(),
         }))
     }
 }
