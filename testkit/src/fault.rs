@@ -40,6 +40,9 @@ const HOLD_LIMIT: Duration = Duration::from_secs(20);
 /// The body of an injected `InternalServerError` (a 500, which the SDK retries).
 const LOST_ANSWER: &str = r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected: the answer was lost"}"#;
 
+/// Code run on an answer (`None`: an error answer).
+type OnAnswer = dyn Fn(Option<&Output>) + Send + Sync;
+
 /// What a [`Fault`] does to a request it hits.
 enum Action {
     /// Fails the attempt before it is sent, with this message.
@@ -55,7 +58,7 @@ enum Action {
     /// Edits the input before it is serialized; hits only when the edit says it applied.
     Edit(fn(&mut Input) -> bool),
     /// Runs with the answer once it is deserialized (`None`: an error answer).
-    AfterAnswer(Box<dyn Fn(Option<&Output>) + Send + Sync>),
+    AfterAnswer(Box<OnAnswer>),
     /// Nothing: counts and records the requests it matches.
     Observe,
 }

@@ -337,7 +337,7 @@ async fn wait_until_the_scheduled_relay_owns_every_bucket(
     let all = vec![Some("outbox-relay-test-tick".to_string()); 4];
     let owned_by = Instant::now() + Duration::from_secs(3);
     loop {
-        let owners = lease_owners(&client, &options).await;
+        let owners = lease_owners(client, options).await;
         if owners == all {
             break;
         }
