@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dynamo_outbox::accounting::RequestCounter;
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Relay};
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use tokio::time::Instant;
 
 async fn counted_client(counter: &RequestCounter) -> aws_sdk_dynamodb::Client {

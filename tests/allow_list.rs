@@ -13,7 +13,7 @@ use std::time::Duration;
 use dynamo_outbox::metrics::RelayMetrics;
 use dynamo_outbox::options::TopicAllowList;
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, OutboxMessage, Relay};
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use tokio::time::Instant;
 
 /// Counts what the relay reports as poison and as published.

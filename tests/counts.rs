@@ -3,49 +3,11 @@
 //! a delete lands but its answer does not.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextMut;
-use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Relay, RelayOptions, StopReason};
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use tokio::time::Instant;
-
-/// Answers the next `left` `BatchWriteItem` attempts with an injected 500 after DynamoDB
-/// applied them: deletes that land while the relay hears they failed.
-#[derive(Debug, Clone)]
-struct LoseDeleteAnswers {
-    left: Arc<AtomicU32>,
-}
-
-impl Intercept for LoseDeleteAnswers {
-    fn name(&self) -> &'static str {
-        "LoseDeleteAnswers"
-    }
-
-    fn modify_before_deserialization(
-        &self,
-        context: &mut BeforeDeserializationInterceptorContextMut<'_>,
-        _: &RuntimeComponents,
-        cfg: &mut ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        if operation_is(cfg, "BatchWriteItem")
-            && self
-                .left
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-        {
-            let response = context.response_mut();
-            *response.status_mut() = 500u16.try_into().unwrap();
-            *response.body_mut() = aws_smithy_types::body::SdkBody::from(
-                r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected: the answer was lost"}"#,
-            );
-        }
-        Ok(())
-    }
-}
 
 /// Every answer to the first batch's deletes is lost (each attempt lands, and hears a
 /// 500), so the batch gives up with nothing confirmed deleted.
@@ -69,12 +31,10 @@ async fn deletes_whose_answers_are_lost_are_counted_once_the_bucket_shows_them_g
     // More lost answers than one batch's delete makes: 5 attempts, each a single request
     // (the SDK's own retries off, so the attempts run out well inside the delete's time
     // limit and the delete gives up without a look at the table).
-    let lose = LoseDeleteAnswers {
-        left: Arc::new(AtomicU32::new(15)),
-    };
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let lose = Fault::on("BatchWriteItem").times(15).lose_answer();
     let faulty = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
+        dynamodb_builder()
+            .await
             .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
             .interceptor(lose.clone())
             .build(),
@@ -91,8 +51,8 @@ async fn deletes_whose_answers_are_lost_are_counted_once_the_bucket_shows_them_g
         .unwrap();
 
     assert_eq!(
-        lose.left.load(Ordering::SeqCst),
-        10,
+        lose.hits(),
+        5,
         "the first batch's 5 delete attempts lost their answers, and no delete came after"
     );
     assert_eq!(pending_messages(&client, &options).await, 0);
@@ -104,8 +64,8 @@ async fn deletes_whose_answers_are_lost_are_counted_once_the_bucket_shows_them_g
     assert_eq!(report.publish_failures, 0, "no publish failed: {report:?}");
     assert!(
         report.errors >= 1,
-        "the lost answers ({} of 15 left): {report:?}",
-        lose.left.load(Ordering::SeqCst)
+        "the lost answers ({} of 15 used): {report:?}",
+        lose.hits()
     );
     assert_eq!(report.refused_total(), 0, "{report:?}");
 }

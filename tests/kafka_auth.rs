@@ -8,7 +8,7 @@
 use aws_sdk_secretsmanager::primitives::Blob;
 use dynamo_outbox::publish::env;
 use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, SaslCredentials};
-use outbox_integration_tests::{random_name, stack_var};
+use outbox_testkit::{random_name, stack_var};
 use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// One test at a time: the log capture below is a thread's default subscriber, and a
@@ -65,7 +65,7 @@ async fn the_secret_is_read_once_per_process_and_again_after_forget() {
     let sasl = config.sasl.clone().expect("credentials from the secret");
 
     // every log line of the read at trace, through the binaries' subscriber
-    let logs = outbox_integration_tests::Captured::default();
+    let logs = outbox_testkit::Captured::default();
     let guard = dynamo_outbox::logging::cli_subscriber(Some("trace"), logs.clone()).set_default();
     let read = sasl.resolve().await.expect("read the secret from moto");
     drop(guard);

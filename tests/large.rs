@@ -11,7 +11,7 @@ use dynamo_outbox::metrics::RelayMetrics;
 use dynamo_outbox::publish::{KafkaPublisher, PublishOutcome, Publisher};
 use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Relay, RelayOptions};
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use tokio::time::Instant;
 
 const VALUE_BYTES: usize = 300 * 1024;
@@ -333,31 +333,14 @@ async fn a_backlog_of_300_kb_messages_drains_with_every_step_inside_its_lease() 
 
 /// Makes DynamoDB slow to return large items: every answered `Query` takes 250 ms more
 /// per message item it returns (probes, which project the key alone, are not slowed).
-#[derive(Debug)]
-struct SlowLargeItems;
-
-impl aws_sdk_dynamodb::config::Intercept for SlowLargeItems {
-    fn name(&self) -> &'static str {
-        "SlowLargeItems"
-    }
-
-    fn read_after_deserialization(
-        &self,
-        context: &aws_sdk_dynamodb::config::interceptors::AfterDeserializationInterceptorContextRef<
-            '_,
-        >,
-        _: &aws_sdk_dynamodb::config::RuntimeComponents,
-        _: &mut aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        let items = context
-            .output_or_error()
-            .ok()
+fn slow_large_items() -> Fault {
+    Fault::on("Query").after_answer(|answer| {
+        let items = answer
             .and_then(|o| o.downcast_ref::<aws_sdk_dynamodb::operation::query::QueryOutput>())
             .map_or(0, |q| q.items().iter().filter(|i| i.len() > 2).count());
         // A worker of the multi-threaded test runtime; the others go on.
         std::thread::sleep(Duration::from_millis(250) * items as u32);
-        Ok(())
-    }
+    })
 }
 
 /// A table too slow for the default batch share of 300 KB items (4 MiB, 13 items: 3.3 s
@@ -377,12 +360,7 @@ async fn a_backlog_too_slow_to_fetch_at_full_size_drains_in_smaller_fetches() {
     create_topic(&topic, 1);
     let writer = DynamoDbOutboxWriter::new(plain.clone(), options.clone()).unwrap();
     let written = backlog(&writer, &topic, 20).await;
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let slow = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(SlowLargeItems)
-            .build(),
-    );
+    let slow = faulty_dynamodb(&slow_large_items()).await;
     let relay = Relay::new(
         DynamoDbOutboxStore::new(slow, options.clone()).unwrap(),
         kafka_publisher().await,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use dynamo_outbox::publish::{KafkaPublisher, PublishOutcome, Publisher};
 use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Error, Relay};
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use tokio::time::Instant;
 
 /// The Kafka publisher, except that the broker "rejects" one message for good: the rest
@@ -109,32 +109,6 @@ async fn after_a_rejected_head_the_head_goes_out_alone_and_the_rest_is_not_sent_
     assert_no_refusal_on_the_wire(&wire, "a rejected head");
 }
 
-/// Makes every `BatchWriteItem` (the relay's deletes) take `delay` before it is sent.
-#[derive(Debug)]
-struct SlowDeletes {
-    delay: Duration,
-}
-
-impl aws_sdk_dynamodb::config::Intercept for SlowDeletes {
-    fn name(&self) -> &'static str {
-        "SlowDeletes"
-    }
-
-    fn read_before_transmit(
-        &self,
-        _: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
-        _: &aws_sdk_dynamodb::config::RuntimeComponents,
-        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        let delete = operation_is(cfg, "BatchWriteItem");
-        if delete {
-            // A worker of the multi-threaded test runtime; the others go on.
-            std::thread::sleep(self.delay);
-        }
-        Ok(())
-    }
-}
-
 /// DynamoDB slow to delete near the deadline: the last wave's deletes stop at their
 /// limit, so the graceful stop still runs inside the deadline and releases every lease
 /// (before, a chain of slow delete chunks could run past the hard deadline and leave the
@@ -160,14 +134,9 @@ async fn slow_deletes_near_the_deadline_still_leave_the_stop_its_time() {
         writer.enqueue(&batch).await.unwrap();
         written.extend(id_set(&batch));
     }
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let slow = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(SlowDeletes {
-                delay: Duration::from_millis(700),
-            })
-            .build(),
-    );
+    // Every BatchWriteItem (the relay's deletes) takes 700 ms before it is sent.
+    let slow =
+        faulty_dynamodb(&Fault::on("BatchWriteItem").delay(Duration::from_millis(700))).await;
     let store = DynamoDbOutboxStore::new(slow, options.clone()).unwrap();
     let relay = Relay::new(
         store,
@@ -223,33 +192,6 @@ async fn slow_deletes_near_the_deadline_still_leave_the_stop_its_time() {
     );
 }
 
-/// Stalls the first `Query` sent after it is armed for `stall`, blocking the thread that
-/// sends it (as a request stuck in a kernel buffer would, out of the relay's reach).
-#[derive(Debug)]
-struct StallOnce {
-    armed: Arc<std::sync::atomic::AtomicBool>,
-    stall: Duration,
-}
-
-impl aws_sdk_dynamodb::config::Intercept for StallOnce {
-    fn name(&self) -> &'static str {
-        "StallOnce"
-    }
-
-    fn read_before_transmit(
-        &self,
-        _: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
-        _: &aws_sdk_dynamodb::config::RuntimeComponents,
-        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        let query = operation_is(cfg, "Query");
-        if query && self.armed.swap(false, Ordering::SeqCst) {
-            std::thread::sleep(self.stall);
-        }
-        Ok(())
-    }
-}
-
 /// Work still in flight at the hard deadline releases nothing: the run reports
 /// `DeadlineMissed` with `released: false`, its lease still names it, and it is left to
 /// lapse, as after a crash; a relay that comes later takes the bucket once it has lapsed
@@ -260,16 +202,13 @@ async fn work_in_flight_at_the_hard_deadline_releases_nothing() {
     let options = fresh_table(&plain, 1).await;
     let topic = random_name("missed");
     create_topic(&topic, 1);
-    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let stalling = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(StallOnce {
-                armed: Arc::clone(&armed),
-                stall: Duration::from_secs(8),
-            })
-            .build(),
-    );
+    // Stalls the first Query sent after it is armed for 8 s, blocking the thread that
+    // sends it (as a request stuck in a kernel buffer would, out of the relay's reach).
+    let stall = Fault::on("Query")
+        .disarmed()
+        .times(1)
+        .delay(Duration::from_secs(8));
+    let stalling = faulty_dynamodb(&stall).await;
     let stuck = Relay::new(
         DynamoDbOutboxStore::new(stalling, options.clone()).unwrap(),
         kafka_publisher().await,
@@ -284,7 +223,7 @@ async fn work_in_flight_at_the_hard_deadline_releases_nothing() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Its next Query (a probe, a fetch or its round's read) stalls past the deadline.
-    armed.store(true, Ordering::SeqCst);
+    stall.arm();
     let writer = DynamoDbOutboxWriter::new(plain.clone(), options.clone()).unwrap();
     let batch: Vec<_> = (0..3)
         .map(|i| {
@@ -304,7 +243,7 @@ async fn work_in_flight_at_the_hard_deadline_releases_nothing() {
         "{report:?}"
     );
     assert!(!report.released, "{report:?}");
-    assert!(!armed.load(Ordering::SeqCst), "the stall never ran");
+    assert_eq!(stall.hits(), 1, "the stall never ran");
     assert_eq!(
         lease_owners_including_lapsed(&plain, &options).await,
         [Some("stuck".to_string())],
@@ -397,37 +336,25 @@ async fn more_than_eight_gaps_in_one_fetch_stop_the_batch_before_the_ninth() {
 
 /// Answers every gap probe (a strongly consistent COUNT query) as if the gap had filled
 /// meanwhile, by widening its range down to the bucket's first message.
-#[derive(Debug, Default)]
-struct EveryGapFills {
-    probes: AtomicUsize,
-}
-
-impl aws_sdk_dynamodb::config::Intercept for EveryGapFills {
-    fn name(&self) -> &'static str {
-        "EveryGapFills"
-    }
-
-    fn modify_before_serialization(
-        &self,
-        context: &mut aws_sdk_dynamodb::config::interceptors::BeforeSerializationInterceptorContextMut<'_>,
-        _: &aws_sdk_dynamodb::config::RuntimeComponents,
-        _: &mut aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+fn every_gap_fills() -> Fault {
+    Fault::on("Query").edit(|input| {
         use aws_sdk_dynamodb::operation::query::QueryInput;
         use aws_sdk_dynamodb::types::{AttributeValue, Select};
-        if let Some(q) = context.input_mut().downcast_mut::<QueryInput>() {
-            if q.select == Some(Select::Count) {
-                if let Some(values) = q.expression_attribute_values.as_mut() {
-                    values.insert(
-                        ":from".into(),
-                        AttributeValue::S(dynamo_outbox::schema::message_sk(1)),
-                    );
-                    self.probes.fetch_add(1, Ordering::SeqCst);
-                }
-            }
+        let Some(q) = input.downcast_mut::<QueryInput>() else {
+            return false;
+        };
+        let Some(values) = q.expression_attribute_values.as_mut() else {
+            return false;
+        };
+        if q.select != Some(Select::Count) {
+            return false;
         }
-        Ok(())
-    }
+        values.insert(
+            ":from".into(),
+            AttributeValue::S(dynamo_outbox::schema::message_sk(1)),
+        );
+        true
+    })
 }
 
 /// A gap that is found filled on every fetch: the relay fetches again, at most
@@ -437,13 +364,8 @@ impl aws_sdk_dynamodb::config::Intercept for EveryGapFills {
 async fn a_gap_that_fills_on_every_refetch_stops_at_the_refetch_bound() {
     let plain = dynamodb().await;
     let (options, _) = bucket_with_ten_gaps(&plain).await;
-    let filling = Arc::new(EveryGapFills::default());
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let client = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(SharedIntercept(Arc::clone(&filling)))
-            .build(),
-    );
+    let filling = every_gap_fills();
+    let client = faulty_dynamodb(&filling).await;
     let store = DynamoDbOutboxStore::new(client, options).unwrap();
     let fetched = store.fetch(0, None, 100).await.unwrap();
     let sequences: Vec<u64> = fetched.messages.iter().map(|m| m.sequence).collect();
@@ -454,26 +376,5 @@ async fn a_gap_that_fills_on_every_refetch_stops_at_the_refetch_bound() {
         (1 + bound, 1 + bound),
         "one probe per fetch, each found filled"
     );
-    assert_eq!(filling.probes.load(Ordering::SeqCst), 1 + bound as usize);
-}
-
-/// An interceptor shared with the test, which reads its counters.
-#[derive(Debug)]
-struct SharedIntercept<T>(Arc<T>);
-
-impl<T: aws_sdk_dynamodb::config::Intercept> aws_sdk_dynamodb::config::Intercept
-    for SharedIntercept<T>
-{
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-
-    fn modify_before_serialization(
-        &self,
-        context: &mut aws_sdk_dynamodb::config::interceptors::BeforeSerializationInterceptorContextMut<'_>,
-        rc: &aws_sdk_dynamodb::config::RuntimeComponents,
-        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        self.0.modify_before_serialization(context, rc, cfg)
-    }
+    assert_eq!(filling.hits(), 1 + bound as usize);
 }

@@ -9,7 +9,7 @@ use dynamo_outbox::message::{murmur2, to_positive};
 use dynamo_outbox::publish::{KafkaCompression, KafkaConfig, KafkaPublisher, Publisher};
 use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::{Error, Header, OutboxMessage};
-use outbox_integration_tests::{random_name, stack_var};
+use outbox_testkit::{random_name, stack_var};
 
 const HEADER: &str = dynamo_outbox::publish::DEFAULT_MESSAGE_ID_HEADER;
 
@@ -35,11 +35,11 @@ fn stored(messages: Vec<OutboxMessage>) -> Vec<StoredMessage> {
 }
 
 /// A record as the independent client read it.
-type Read = outbox_integration_tests::DecodedRecord;
+type Read = outbox_testkit::DecodedRecord;
 
 /// Every record of `topic`, read by the independent client; fails unless there are `expect`.
 fn read_topic(topic: &str, expect: usize) -> Vec<Read> {
-    outbox_integration_tests::try_read_records(&["read", topic, "--expect", &expect.to_string()])
+    outbox_testkit::try_read_records(&["read", topic, "--expect", &expect.to_string()])
         .unwrap_or_else(|e| panic!("{e}"))
         .iter()
         .map(|r| r.decoded())

@@ -2,19 +2,14 @@
 //! early with everything released, and a commit that lands just as a relay decides to
 //! stop still reaches Kafka promptly, whichever side of the stop announcement it lands on.
 
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_sdk_dynamodb::config::interceptors::{
-    BeforeTransmitInterceptorContextRef, FinalizerInterceptorContextRef,
-};
-use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use dynamo_outbox::accounting::RequestCounter;
 use dynamo_outbox::{
     DynamoDbOutboxStore, DynamoDbOutboxWriter, OutboxOptions, Relay, RelayOptions, StopReason,
 };
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use tokio::time::Instant;
 
 /// Where the interceptor holds the relay's idle-stop announcement.
@@ -26,109 +21,26 @@ enum Hold {
     AfterAnswer,
 }
 
-/// Holds the first stop announcement of a relay until the test lets it go.
-#[derive(Debug, Clone)]
-struct AnnouncementGate {
-    hold: Hold,
-    held: Arc<Mutex<bool>>,
-    /// The announcement has been sent and its answer is awaited (the finalizer's context
-    /// no longer has the request).
-    in_flight: Arc<std::sync::atomic::AtomicBool>,
-    reached: Arc<Mutex<mpsc::Sender<()>>>,
-    release: Arc<Mutex<mpsc::Receiver<()>>>,
-}
-
-impl AnnouncementGate {
-    fn new(hold: Hold) -> (Self, mpsc::Receiver<()>, mpsc::Sender<()>) {
-        let (reached_tx, reached_rx) = mpsc::channel();
-        let (release_tx, release_rx) = mpsc::channel();
-        (
-            AnnouncementGate {
-                hold,
-                held: Arc::default(),
-                in_flight: Arc::default(),
-                reached: Arc::new(Mutex::new(reached_tx)),
-                release: Arc::new(Mutex::new(release_rx)),
-            },
-            reached_rx,
-            release_tx,
-        )
-    }
-
-    /// The idle stop's announcement: a heartbeat whose `StopsAtUtc` is its own time (a
-    /// heartbeat of a run with a deadline announces a later stop).
-    fn is_announcement(body: Option<&[u8]>) -> bool {
-        let Some(json) = body.and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
-        else {
-            return false;
-        };
-        let values = &json["ExpressionAttributeValues"];
-        let (now, stops) = (&values[":now"]["N"], &values[":stops"]["N"]);
-        stops.is_string() && now == stops
-    }
-
-    /// Blocks this thread (a worker of the multi-threaded test runtime) until the test
-    /// lets the announcement go; at most 20 s.
-    fn hold_once(&self) {
-        let mut held = self.held.lock().unwrap();
-        if *held {
-            return;
-        }
-        *held = true;
-        let _ = self.reached.lock().unwrap().send(());
-        let _ = self
-            .release
-            .lock()
-            .unwrap()
-            .recv_timeout(Duration::from_secs(20));
+/// Holds the first stop announcement of a relay (where `hold` says) until the test
+/// releases it.
+fn announcement_gate(hold: Hold) -> Fault {
+    let gate = Fault::on("UpdateItem").when(is_announcement).times(1);
+    match hold {
+        Hold::BeforeSend => gate.hold_before_send(),
+        Hold::AfterAnswer => gate.hold_after_answer(),
     }
 }
 
-impl Intercept for AnnouncementGate {
-    fn name(&self) -> &'static str {
-        "AnnouncementGate"
-    }
-
-    fn read_before_transmit(
-        &self,
-        context: &BeforeTransmitInterceptorContextRef<'_>,
-        _: &RuntimeComponents,
-        _: &mut ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        if Self::is_announcement(context.request().body().bytes()) {
-            match self.hold {
-                Hold::BeforeSend => self.hold_once(),
-                Hold::AfterAnswer => self
-                    .in_flight
-                    .store(true, std::sync::atomic::Ordering::SeqCst),
-            }
-        }
-        Ok(())
-    }
-
-    fn read_after_attempt(
-        &self,
-        context: &FinalizerInterceptorContextRef<'_>,
-        _: &RuntimeComponents,
-        _: &mut ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        let answered = context.response().is_some_and(|r| r.status().is_success());
-        if answered
-            && self
-                .in_flight
-                .swap(false, std::sync::atomic::Ordering::SeqCst)
-        {
-            self.hold_once();
-        }
-        Ok(())
-    }
+/// The idle stop's announcement: a heartbeat whose `StopsAtUtc` is its own time (a
+/// heartbeat of a run with a deadline announces a later stop).
+fn is_announcement(json: &serde_json::Value) -> bool {
+    let values = &json["ExpressionAttributeValues"];
+    let (now, stops) = (&values[":now"]["N"], &values[":stops"]["N"]);
+    stops.is_string() && now == stops
 }
 
 /// A client with the gate (when given) and a wire counter of refused conditions.
-async fn client_with(
-    gate: Option<AnnouncementGate>,
-    counter: &RequestCounter,
-) -> aws_sdk_dynamodb::Client {
+async fn client_with(gate: Option<Fault>, counter: &RequestCounter) -> aws_sdk_dynamodb::Client {
     stack_var("AWS_ENDPOINT_URL_DYNAMODB");
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let mut builder = aws_sdk_dynamodb::config::Builder::from(&config).interceptor(counter.clone());
@@ -264,8 +176,8 @@ async fn commit_at_the_idle_stop(hold: Hold) {
     let writer = DynamoDbOutboxWriter::new(plain.clone(), options.clone()).unwrap();
     let store = DynamoDbOutboxStore::new(plain.clone(), options.clone()).unwrap();
 
-    let (gate, reached, release) = AnnouncementGate::new(hold);
-    let gated = client_with(Some(gate), &counter).await;
+    let gate = announcement_gate(hold);
+    let gated = client_with(Some(gate.clone()), &counter).await;
     let stopping = relay(
         &gated,
         &options,
@@ -278,10 +190,11 @@ async fn commit_at_the_idle_stop(hold: Hold) {
             .await
     });
     // The relay holds both buckets, finds them empty and decides to stop.
-    tokio::task::spawn_blocking(move || reached.recv_timeout(Duration::from_secs(60)))
+    let held = gate.clone();
+    let reached = tokio::task::spawn_blocking(move || held.wait_held(Duration::from_secs(60)))
         .await
-        .unwrap()
-        .expect("the relay never announced an idle stop");
+        .unwrap();
+    assert!(reached, "the relay never announced an idle stop");
     let committed = Instant::now();
     let written = enqueue(&writer, &topic, &["k"]).await;
     // What a doorbell for this commit sees now.
@@ -303,7 +216,7 @@ async fn commit_at_the_idle_stop(hold: Hold) {
             j.run_until(Instant::now() + Duration::from_secs(120)).await
         }))
     };
-    release.send(()).unwrap();
+    gate.release();
     wait_for_ids(&topic, &written, Duration::from_secs(30)).await;
     let latency = committed.elapsed();
 

@@ -11,7 +11,7 @@ use dynamo_outbox::clock::TICKS_PER_SECOND;
 use dynamo_outbox::schema;
 use dynamo_outbox::status::{read_status, StatusReport, WarningKind};
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, OutboxMessage};
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 
 const S: i64 = TICKS_PER_SECOND;
 const LEASE: Duration = Duration::from_secs(30);

@@ -23,7 +23,7 @@ use dynamo_outbox::publish::env;
 use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher, Publisher};
 use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::OutboxMessage;
-use outbox_integration_tests::{random_name, read_topic, stack_var};
+use outbox_testkit::{random_name, read_topic, stack_var};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,

@@ -12,7 +12,9 @@ use dynamo_outbox::schema::{self, attr, Keys};
 use dynamo_outbox::table::{self, Provisioned};
 use dynamo_outbox::writer::transaction_error;
 use dynamo_outbox::{DynamoDbOutboxWriter, Error, Header, OutboxMessage, OutboxOptions};
-use outbox_integration_tests::{counted_client, dynamodb, fresh_table, operation_is, random_name};
+use outbox_testkit::{
+    counted_client, dynamodb, dynamodb_builder, faulty_dynamodb, fresh_table, random_name, Fault,
+};
 
 async fn query_partition(
     client: &Client,
@@ -494,36 +496,6 @@ async fn limits_fail_before_any_request() {
     );
 }
 
-/// Answers the first `PutItem` attempt with an injected 500 after DynamoDB applied it, so
-/// the SDK retries a write that already landed.
-#[derive(Debug, Default)]
-struct LoseFirstPutAnswer {
-    lost: std::sync::atomic::AtomicBool,
-}
-
-impl aws_sdk_dynamodb::config::Intercept for LoseFirstPutAnswer {
-    fn name(&self) -> &'static str {
-        "LoseFirstPutAnswer"
-    }
-
-    fn modify_before_deserialization(
-        &self,
-        context: &mut aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextMut<'_>,
-        _: &aws_sdk_dynamodb::config::RuntimeComponents,
-        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        let put = operation_is(cfg, "PutItem");
-        if put && !self.lost.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            let response = context.response_mut();
-            *response.status_mut() = 500u16.try_into().unwrap();
-            *response.body_mut() = aws_smithy_types::body::SdkBody::from(
-                r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected: the answer was lost"}"#,
-            );
-        }
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn one_message_is_one_conditional_put_and_a_retried_applied_put_is_one_write() {
     let (client, counter) = counted_client().await;
@@ -552,11 +524,11 @@ async fn one_message_is_one_conditional_put_and_a_retried_applied_put_is_one_wri
     // The first answer is lost after DynamoDB applied the put: the SDK retries, DynamoDB
     // refuses the retry (the item exists), and the writer recognises its own message in
     // the refusal's old item: one success, one copy.
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let wire = dynamo_outbox::accounting::RequestCounter::default();
     let lossy = Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(LoseFirstPutAnswer::default())
+        dynamodb_builder()
+            .await
+            .interceptor(Fault::on("PutItem").times(1).lose_answer())
             .interceptor(wire.clone())
             .build(),
     );
@@ -619,47 +591,21 @@ async fn one_message_is_one_conditional_put_and_a_retried_applied_put_is_one_wri
 }
 
 /// Loses the answer of the first `TransactWriteItems` that applied (turns it into a 500,
-/// which the SDK retries) and records the `ClientRequestToken` of every attempt.
-#[derive(Debug, Clone, Default)]
-struct LoseFirstAnswer {
-    tokens: std::sync::Arc<std::sync::Mutex<Vec<Option<String>>>>,
-    lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+/// which the SDK retries) and records every attempt.
+fn lose_first_transaction_answer() -> Fault {
+    Fault::on("TransactWriteItems")
+        .times(1)
+        .recording()
+        .lose_answer()
 }
 
-impl aws_sdk_dynamodb::config::Intercept for LoseFirstAnswer {
-    fn name(&self) -> &'static str {
-        "LoseFirstAnswer"
-    }
-
-    fn read_before_transmit(
-        &self,
-        context: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
-        _: &aws_sdk_dynamodb::config::RuntimeComponents,
-        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        if operation_is(cfg, "TransactWriteItems") {
-            let body: serde_json::Value =
-                serde_json::from_slice(context.request().body().bytes().unwrap_or_default())?;
-            let token = body["ClientRequestToken"].as_str().map(str::to_owned);
-            self.tokens.lock().unwrap().push(token);
-        }
-        Ok(())
-    }
-
-    fn modify_before_deserialization(
-        &self,
-        context: &mut aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextMut<'_>,
-        _: &aws_sdk_dynamodb::config::RuntimeComponents,
-        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        if operation_is(cfg, "TransactWriteItems")
-            && context.response().status().is_success()
-            && !self.lost.swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            *context.response_mut().status_mut() = 500.try_into()?;
-        }
-        Ok(())
-    }
+/// The `ClientRequestToken` of every transaction `fault` recorded.
+fn tokens(fault: &Fault) -> Vec<Option<String>> {
+    fault
+        .sent()
+        .iter()
+        .map(|body| body["ClientRequestToken"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// `enqueue` sends a `ClientRequestToken`, so the SDK's retry of a transaction whose first
@@ -670,13 +616,8 @@ impl aws_sdk_dynamodb::config::Intercept for LoseFirstAnswer {
 async fn an_enqueue_whose_answer_was_lost_is_retried_with_its_token_and_written_once() {
     let plain = dynamodb().await;
     let options = fresh_table(&plain, 1).await;
-    let losing = LoseFirstAnswer::default();
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let client = Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(losing.clone())
-            .build(),
-    );
+    let losing = lose_first_transaction_answer();
+    let client = faulty_dynamodb(&losing).await;
     let writer = DynamoDbOutboxWriter::new(client, options.clone()).unwrap();
     let messages: Vec<_> = (0..3)
         .map(|i| writer.message("t").with_key(format!("k{i}")))
@@ -684,7 +625,7 @@ async fn an_enqueue_whose_answer_was_lost_is_retried_with_its_token_and_written_
     let enqueued = writer.enqueue(&messages).await.unwrap();
     assert_eq!(enqueued.len(), 3);
 
-    let tokens = losing.tokens.lock().unwrap().clone();
+    let tokens = tokens(&losing);
     assert_eq!(
         tokens.len(),
         2,
@@ -713,13 +654,8 @@ async fn an_enqueue_whose_answer_was_lost_is_retried_with_its_token_and_written_
 async fn an_idempotent_enqueue_whose_answer_was_lost_is_retried_with_its_token() {
     let plain = dynamodb().await;
     let options = fresh_table(&plain, 1).await;
-    let losing = LoseFirstAnswer::default();
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let client = Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(losing.clone())
-            .build(),
-    );
+    let losing = lose_first_transaction_answer();
+    let client = faulty_dynamodb(&losing).await;
     let service = dynamo_outbox::enqueue::EnqueueService::new(client, options.clone()).unwrap();
     let request = serde_json::json!({
         "messages": [
@@ -731,7 +667,7 @@ async fn an_idempotent_enqueue_whose_answer_was_lost_is_retried_with_its_token()
     let outcome = service.enqueue_json(&request, None).await.unwrap();
     assert!(!outcome.replayed, "{outcome:?}");
     assert_eq!(outcome.response.messages.len(), 2);
-    let tokens = losing.tokens.lock().unwrap().clone();
+    let tokens = tokens(&losing);
     assert_eq!(
         tokens.len(),
         2,

@@ -57,7 +57,7 @@ const CODECS: [(KafkaCompression, &str); 5] = [
 pub async fn run(args: &CompressionArgs) -> Result<()> {
     let proxy = CountingProxy::start()?;
     // the broker advertises the proxy, so clients bootstrap from the proxy's address
-    let broker = outbox_integration_tests::PrivateTansu::start(proxy.addr, Stdio::null())?;
+    let broker = outbox_testkit::PrivateTansu::start(proxy.addr, Stdio::null())?;
     UPSTREAM
         .set(broker.upstream)
         .map_err(|_| "one private broker per process")?;

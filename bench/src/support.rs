@@ -26,12 +26,12 @@ pub type Result<T> = std::result::Result<T, BoxError>;
 
 /// A variable that `scripts/stack.sh` exports (the test crate's, as the tests read it).
 pub fn stack_var(name: &str) -> Result<String> {
-    Ok(outbox_integration_tests::try_stack_var(name)?)
+    Ok(outbox_testkit::try_stack_var(name)?)
 }
 
 /// The shared AWS configuration for DynamoDB Local (the test crate's).
 pub async fn sdk_config() -> Result<aws_config::SdkConfig> {
-    Ok(outbox_integration_tests::try_sdk_config().await?)
+    Ok(outbox_testkit::try_sdk_config().await?)
 }
 
 /// A client with the library's timeouts ([`dynamo_outbox::client::dynamodb_config`]) and,
@@ -44,7 +44,7 @@ pub fn client(config: &aws_config::SdkConfig, classifier: Option<&Classifier>) -
     Client::from_conf(builder.build())
 }
 
-pub use outbox_integration_tests::random_name;
+pub use outbox_testkit::random_name;
 
 /// A fresh, active table for `bucket_count` buckets.
 pub async fn fresh_table(

@@ -4,7 +4,7 @@
 
 use std::process::{Command, Output};
 
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 
 fn outboxctl(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_outboxctl"))

@@ -15,7 +15,7 @@ use dynamo_outbox::DynamoDbOutboxWriter;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
 use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, Metric};
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use prost::Message as _;
 
 /// Every request the receiver got: path, content type, authorization header, decoded body.
@@ -192,8 +192,18 @@ impl Drop for Relay {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_probes() {
+/// A relay started by [`start_relay`]: the process (killed when dropped), its log lines as
+/// they come, every line so far, and its stdout (the run's summary once it exits).
+struct RunningRelay {
+    process: Relay,
+    lines: mpsc::Receiver<String>,
+    log: Arc<Mutex<Vec<String>>>,
+    stdout: std::process::ChildStdout,
+}
+
+/// A table of four buckets and a topic of two partitions with 30 messages enqueued (in two
+/// transactions), and their ids.
+async fn thirty_messages() -> (dynamo_outbox::OutboxOptions, String, BTreeSet<String>) {
     let client = dynamodb().await;
     let options = fresh_table(&client, 4).await;
     let topic = random_name("otel");
@@ -209,11 +219,18 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
         .collect();
     writer.enqueue(&messages[..20]).await.unwrap();
     writer.enqueue(&messages[20..]).await.unwrap();
-    let written = id_set(&messages);
+    (options, topic, id_set(&messages))
+}
 
-    let (endpoint, received) = receiver();
-    let relay_id = random_name("otel-relay");
-    let token = random_name("token");
+/// `outboxctl relay` over the table of `options`, exporting to `endpoint` every 500 ms
+/// with `token` in its OTLP headers, logging at trace, with its health endpoint on a free
+/// port.
+fn start_relay(
+    options: &dynamo_outbox::OutboxOptions,
+    endpoint: &str,
+    relay_id: &str,
+    token: &str,
+) -> RunningRelay {
     let mut child = Command::new(env!("CARGO_BIN_EXE_outboxctl"))
         .args([
             "relay",
@@ -225,7 +242,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
             "127.0.0.1:0",
         ])
         .env("RUST_LOG", "trace")
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         .env(
             "OTEL_EXPORTER_OTLP_HEADERS",
             format!("authorization=Bearer {token}"),
@@ -233,7 +250,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
         .env("OTEL_METRIC_EXPORT_INTERVAL", "500")
         .env("OTEL_SERVICE_NAME", "orders-relay")
         .env("OUTBOX_METRICS_NAME", "orders")
-        .env("OUTBOX_RELAY_ID", &relay_id)
+        .env("OUTBOX_RELAY_ID", relay_id)
         .env("OUTBOX_LEASE_DURATION", "3s")
         .env("OUTBOX_LEASE_RENEW_INTERVAL", "1s")
         .env("OUTBOX_POLL_INTERVAL", "100ms")
@@ -243,7 +260,6 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
         .expect("run outboxctl relay");
     let stderr = child.stderr.take().unwrap();
     let stdout = child.stdout.take().unwrap();
-    let mut relay = Relay(child);
     let (tx, lines) = mpsc::channel();
     let log: Arc<Mutex<Vec<String>>> = Arc::default();
     let kept = log.clone();
@@ -253,9 +269,18 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
             let _ = tx.send(line);
         }
     });
+    RunningRelay {
+        process: Relay(child),
+        lines,
+        log,
+        stdout,
+    }
+}
 
-    // The health endpoint: its address from the log (port 0 picked a free one).
-    let line = wait_for_line(&lines, "health endpoint listening", Duration::from_secs(60));
+/// The health endpoint (its address from the log: port 0 picked a free one) answers
+/// `/healthz`, then `/readyz` once the relay is ready, and 404 elsewhere; its address.
+fn assert_health_probes(lines: &mpsc::Receiver<String>) -> String {
+    let line = wait_for_line(lines, "health endpoint listening", Duration::from_secs(60));
     let addr = strip_ansi(&line)
         .split_whitespace()
         .find_map(|w| w.strip_prefix("addr="))
@@ -269,10 +294,14 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
     });
     assert!(body.starts_with("ready: "), "{status} {body}");
     assert_eq!(get(&addr, "/nothing-here").0, 404);
+    addr
+}
 
-    // Every message in Kafka, then an export that counted every one of them.
+/// Every message in Kafka (none foreign), then an export that counted every one of them
+/// and one with a backlog sample.
+async fn wait_for_the_exports(topic: &str, written: &BTreeSet<String>, received: &Received) {
     let read = tokio::task::spawn_blocking({
-        let (topic, written) = (topic.clone(), written.clone());
+        let (topic, written) = (topic.to_string(), written.clone());
         move || {
             wait_until("every message in Kafka", Duration::from_secs(90), || {
                 let d = topic_deliveries(&topic);
@@ -282,7 +311,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
     })
     .await
     .unwrap();
-    assert!(read.unexpected(&written).is_empty());
+    assert!(read.unexpected(written).is_empty());
     let acknowledged = |r: &ExportMetricsServiceRequest| {
         metrics_of(r)
             .get("dekaf.outbox.publish.acknowledged")
@@ -309,18 +338,25 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
                 .then_some(())
         },
     );
-    let (status, body) = get(&addr, "/readyz");
-    assert_eq!(status, 200, "still ready after publishing: {body}");
+}
 
-    // A graceful stop: the last export after it still says 30, and so does the relay.
-    let pid = relay.0.id().to_string();
+/// Stops the relay with SIGTERM: it exits with success, says it published 30, and no
+/// export failed or was refused; its log.
+fn stop_gracefully(relay: RunningRelay) -> String {
+    let RunningRelay {
+        mut process,
+        log,
+        stdout,
+        ..
+    } = relay;
+    let pid = process.0.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
         .status()
         .unwrap()
         .success());
     let exit = wait_until("the relay exits", Duration::from_secs(60), || {
-        relay.0.try_wait().unwrap()
+        process.0.try_wait().unwrap()
     });
     let mut out = String::new();
     BufReader::new(stdout).read_to_string(&mut out).unwrap();
@@ -331,8 +367,18 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
         !logs.contains("export failed") && !logs.contains("export refused"),
         "{logs}"
     );
+    logs
+}
 
-    let got = received.lock().unwrap();
+/// Periodic exports and the final one, each an OTLP/HTTP protobuf POST with the header's
+/// token, which is never logged (the export client's trace logs are on); the resource
+/// names the service and the relay.
+fn assert_exports_and_resource(
+    got: &[(String, String, String, ExportMetricsServiceRequest)],
+    token: &str,
+    logs: &str,
+    relay_id: &str,
+) {
     assert!(
         got.len() >= 2,
         "periodic exports and the final one: {}",
@@ -352,7 +398,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
         "trace logs of the export's HTTP client are on"
     );
     assert!(
-        !logs.contains(&token),
+        !logs.contains(token),
         "the header's token is never logged, even at trace"
     );
     let (_, _, _, last) = got.last().unwrap();
@@ -363,14 +409,14 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
     );
     assert_eq!(
         string_attr(&resource.attributes, "service.instance.id").as_deref(),
-        Some(relay_id.as_str())
+        Some(relay_id)
     );
-    // Every instrument over the run (the backlog gauges only while the relay owned bucket
-    // zero and had sampled it), the latest point of each.
-    let mut metrics = BTreeMap::new();
-    for (_, _, _, r) in got.iter() {
-        metrics.extend(metrics_of(r));
-    }
+}
+
+/// Every instrument over the run (the backlog gauges only while the relay owned bucket
+/// zero and had sampled it), the latest point of each: the reference's instruments and no
+/// others.
+fn assert_instrument_names(metrics: &BTreeMap<String, Metric>) {
     let names: BTreeSet<&str> = metrics.keys().map(String::as_str).collect();
     let expected: BTreeSet<&str> = dynamo_outbox::metrics::otel::INSTRUMENT_NAMES
         .into_iter()
@@ -388,8 +434,12 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
     ] {
         assert!(names.contains(name), "{name} in {names:?}");
     }
+}
+
+/// Counters and gauges of the kinds and units the reference declares; the counters' last
+/// values (30 acknowledged, no failure, no lease expired).
+fn assert_counters_and_gauges(metrics: &BTreeMap<String, Metric>) {
     let unit = |n: &str| metrics[n].unit.as_str();
-    // Kinds and units as the reference declares them.
     for (name, u) in [
         ("dekaf.outbox.publish.acknowledged", "{message}"),
         ("dekaf.outbox.publish.failures", "{attempt}"),
@@ -425,15 +475,18 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
             "{name} is a gauge"
         );
     }
-    // The relay owned every bucket (bucket zero among them: it sampled the backlog).
+}
+
+/// The relay owned every bucket (bucket zero among them: it sampled the backlog); while it
+/// owned bucket zero it had a backlog sample; stopped, it released every bucket, and its
+/// last export says it has none (the next owner reports it).
+fn assert_ownership_and_backlog(got: &[(String, String, String, ExportMetricsServiceRequest)]) {
     let owned_seen = got.iter().any(|(_, _, _, r)| {
         metrics_of(r)
             .get("dekaf.outbox.owned_buckets")
             .is_some_and(|m| point_value(m, "orders") == 4.0)
     });
     assert!(owned_seen, "owned_buckets reported 4");
-    // While it owned bucket zero it had a backlog sample; stopped, it released every
-    // bucket, and its last export says it has none (the next owner reports it).
     let sampled = got
         .iter()
         .map(|(_, _, _, r)| metrics_of(r))
@@ -447,7 +500,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
     assert!((0.0..=30.0).contains(&pending), "{pending}");
     let age = point_value(&sampled["dekaf.outbox.pending.oldest_age"], "orders");
     assert!((0.0..600.0).contains(&age), "seconds: {age}");
-    let last = metrics_of(last);
+    let last = metrics_of(&got.last().unwrap().3);
     assert_eq!(
         point_value(&last["dekaf.outbox.pending.available"], "orders"),
         0.0
@@ -461,11 +514,15 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
         point_value(&last["dekaf.outbox.publish.acknowledged"], "orders"),
         30.0
     );
+}
+
+/// The two histograms: seconds (not milliseconds), one point each, named by `outbox.name`.
+fn assert_histograms(metrics: &BTreeMap<String, Metric>) {
     for name in [
         "dekaf.outbox.publish.duration",
         "dekaf.outbox.cycle.duration",
     ] {
-        assert_eq!(unit(name), "s", "{name}");
+        assert_eq!(metrics[name].unit.as_str(), "s", "{name}");
         let Some(metric::Data::Histogram(h)) = &metrics[name].data else {
             panic!("{name} is a histogram");
         };
@@ -481,6 +538,32 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
             "{name}: seconds, not milliseconds"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_probes() {
+    let (options, topic, written) = thirty_messages().await;
+    let (endpoint, received) = receiver();
+    let relay_id = random_name("otel-relay");
+    let token = random_name("token");
+    let relay = start_relay(&options, &endpoint, &relay_id, &token);
+    let addr = assert_health_probes(&relay.lines);
+    wait_for_the_exports(&topic, &written, &received).await;
+    let (status, body) = get(&addr, "/readyz");
+    assert_eq!(status, 200, "still ready after publishing: {body}");
+
+    // A graceful stop: the last export after it still says 30, and so does the relay.
+    let logs = stop_gracefully(relay);
+    let got = received.lock().unwrap();
+    assert_exports_and_resource(&got, &token, &logs, &relay_id);
+    let mut metrics = BTreeMap::new();
+    for (_, _, _, r) in got.iter() {
+        metrics.extend(metrics_of(r));
+    }
+    assert_instrument_names(&metrics);
+    assert_counters_and_gauges(&metrics);
+    assert_ownership_and_backlog(&got);
+    assert_histograms(&metrics);
 }
 
 /// Readiness is not a constant: a relay whose DynamoDB refuses every connection is live

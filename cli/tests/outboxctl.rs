@@ -5,7 +5,7 @@ use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
 use dynamo_outbox::DynamoDbOutboxStore;
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 
 fn outboxctl(args: &[&str], stdin: Option<&str>) -> Output {
     outboxctl_env(args, stdin, &[("RUST_LOG", "warn")])

@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 
 struct Planted {
     key: String,

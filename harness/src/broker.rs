@@ -183,7 +183,7 @@ where
 /// A private tansu broker whose advertised address is a [`TcpFaultProxy`].
 #[derive(Debug)]
 pub struct ProxiedBroker {
-    _broker: outbox_integration_tests::PrivateTansu,
+    _broker: outbox_testkit::PrivateTansu,
     /// The proxy (the address to bootstrap from).
     pub proxy: TcpFaultProxy,
 }
@@ -197,7 +197,7 @@ impl ProxiedBroker {
             .map_err(|e| format!("binding the Kafka proxy: {e}"))?;
         let log =
             std::fs::File::create(log).map_err(|e| format!("creating {}: {e}", log.display()))?;
-        let tansu = outbox_integration_tests::PrivateTansu::start(proxy_addr, Stdio::from(log))?;
+        let tansu = outbox_testkit::PrivateTansu::start(proxy_addr, Stdio::from(log))?;
         let upstream = tansu.upstream;
         let proxy = TcpFaultProxy::start(listener, upstream)
             .map_err(|e| format!("starting the Kafka proxy: {e}"))?;

@@ -822,8 +822,8 @@ fn start_relay(
 async fn set_up(config: &Config, s: &Scenario, seed: u64) -> Result<Setup, String> {
     let dir = config.out_dir.join(s.name);
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let client = outbox_integration_tests::dynamodb().await;
-    let options = outbox_integration_tests::fresh_table(&client, s.bucket_count).await;
+    let client = outbox_testkit::dynamodb().await;
+    let options = outbox_testkit::fresh_table(&client, s.bucket_count).await;
     let run_tag = &options.table_name["outbox-".len()..];
     let topics: Vec<String> = (0..2)
         .map(|i| format!("harness-{}-{run_tag}-{i}", s.name))
@@ -1447,7 +1447,7 @@ fn read_topics(
 
 /// Runs scripts/kafka.py (the independent client) with the stack's python; its stdout.
 pub fn kafka_py(args: &[&str]) -> Result<String, String> {
-    outbox_integration_tests::try_stack_py("kafka.py", args)
+    outbox_testkit::try_stack_py("kafka.py", args)
 }
 
 fn create_topic(bootstrap: Option<&str>, topic: &str, partitions: u32) -> Result<(), String> {
@@ -1511,7 +1511,7 @@ fn read_topic(bootstrap: Option<&str>, topic: &str, large: bool) -> Result<Vec<D
     if large {
         args.extend(["--value-head", "64"]);
     }
-    let records = outbox_integration_tests::try_read_records(&args)?
+    let records = outbox_testkit::try_read_records(&args)?
         .into_iter()
         .map(|r| Delivery {
             topic: topic.to_string(),

@@ -9,11 +9,11 @@ use base64::Engine;
 use dynamo_outbox::schema;
 use lambda_runtime::LambdaEvent;
 use outbox_enqueue_function::EnqueueFunction;
-use outbox_integration_tests::*;
+use outbox_testkit::*;
 use serde_json::{json, Value};
 
 fn event(payload: Value, time_left: Duration) -> LambdaEvent<Value> {
-    outbox_integration_tests::lambda::invocation_in("outbox-enqueue-test", payload, time_left)
+    outbox_testkit::lambda::invocation_in("outbox-enqueue-test", payload, time_left)
 }
 
 #[tokio::test]

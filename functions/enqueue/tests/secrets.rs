@@ -12,16 +12,68 @@ use std::time::Duration;
 use dynamo_outbox::accounting::RequestCounter;
 use lambda_runtime::LambdaEvent;
 use outbox_enqueue_function::EnqueueFunction;
-use outbox_integration_tests::*;
 use outbox_relay_function::{RelayFunction, RelaySettings};
+use outbox_testkit::*;
 use serde_json::{json, Value};
 
 fn event(function: &str, payload: Value, time_left: Duration) -> LambdaEvent<Value> {
-    outbox_integration_tests::lambda::invocation_in(function, payload, time_left)
+    outbox_testkit::lambda::invocation_in(function, payload, time_left)
 }
 
 fn marker(prefix: &str) -> String {
     format!("{prefix}{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The enqueue function built from `lookup` as its main builds it: a batch, an idempotent
+/// request and its replay, then a topic outside the allow-list, refused.
+async fn invoke_the_enqueue_function(
+    config: &aws_config::SdkConfig,
+    lookup: impl Fn(&str) -> Option<String>,
+    topic: &str,
+) {
+    let enqueue = EnqueueFunction::from_lookup(config, lookup).unwrap();
+    let message = |n: u32| json!({"topic": topic, "key": format!("k-{n}"), "value": "{}"});
+    for payload in [
+        json!({"messages": [message(1), message(2), message(3)]}),
+        json!({"messages": [message(4)], "idempotency_key": "once"}),
+        json!({"messages": [message(4)], "idempotency_key": "once"}),
+    ] {
+        enqueue
+            .handle(event("outbox-enqueue", payload, Duration::from_secs(10)))
+            .await
+            .expect("enqueue");
+    }
+    let e = enqueue
+        .handle(event(
+            "outbox-enqueue",
+            json!({"messages": [{"topic": "payments"}]}),
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect_err("a topic outside the allow-list");
+    assert_eq!(e.error_type, "ValidationError");
+}
+
+/// `text` is a trace log (the SDK's included, with signed requests, and the relay's
+/// invocation) in which no `planted` value appears.
+fn assert_trace_without(text: &str, planted: [(&str, &str); 3]) {
+    // Trace is really on, the SDK's included, and requests were signed ...
+    assert!(text.contains("\"level\":\"TRACE\""), "no trace line");
+    assert!(
+        text.contains("read_after_signing"),
+        "no signed request in the log"
+    );
+    assert!(text.contains("relay invocation done"));
+    // ... and no planted credential is in it.
+    for (what, planted) in planted {
+        let hits: Vec<&str> = text.lines().filter(|l| l.contains(planted)).collect();
+        assert!(
+            hits.is_empty(),
+            "the {what} is in {} log line(s), e.g. {}",
+            hits.len(),
+            hits[0].chars().take(600).collect::<String>()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,27 +118,7 @@ async fn at_trace_neither_function_logs_the_credentials_or_the_session_token() {
     let lookup = |n: &str| vars.get(n).cloned();
 
     // The enqueue function: a batch, an idempotent request and its replay, a rejection.
-    let enqueue = EnqueueFunction::from_lookup(&config, lookup).unwrap();
-    let message = |n: u32| json!({"topic": topic, "key": format!("k-{n}"), "value": "{}"});
-    for payload in [
-        json!({"messages": [message(1), message(2), message(3)]}),
-        json!({"messages": [message(4)], "idempotency_key": "once"}),
-        json!({"messages": [message(4)], "idempotency_key": "once"}),
-    ] {
-        enqueue
-            .handle(event("outbox-enqueue", payload, Duration::from_secs(10)))
-            .await
-            .expect("enqueue");
-    }
-    let e = enqueue
-        .handle(event(
-            "outbox-enqueue",
-            json!({"messages": [{"topic": "payments"}]}),
-            Duration::from_secs(10),
-        ))
-        .await
-        .expect_err("a topic outside the allow-list");
-    assert_eq!(e.error_type, "ValidationError");
+    invoke_the_enqueue_function(&config, lookup, &topic).await;
 
     // The relay function: a scheduled invocation publishes the four messages.
     let requests = RequestCounter::default();
@@ -105,29 +137,13 @@ async fn at_trace_neither_function_logs_the_credentials_or_the_session_token() {
     assert_eq!(summary.published, 4, "{summary:?}");
 
     let text = captured.text();
-    // Trace is really on, the SDK's included, and requests were signed ...
-    assert!(text.contains("\"level\":\"TRACE\""), "no trace line");
-    assert!(
-        text.contains("read_after_signing"),
-        "no signed request in the log"
+    assert_trace_without(
+        &text,
+        [
+            ("access key id", key.as_str()),
+            ("secret access key", secret.as_str()),
+            ("session token", token.as_str()),
+        ],
     );
-    assert!(text.contains("relay invocation done"));
-    // ... and no planted credential is in it.
-    for (what, planted) in [
-        ("access key id", &key),
-        ("secret access key", &secret),
-        ("session token", &token),
-    ] {
-        let hits: Vec<&str> = text
-            .lines()
-            .filter(|l| l.contains(planted.as_str()))
-            .collect();
-        assert!(
-            hits.is_empty(),
-            "the {what} is in {} log line(s), e.g. {}",
-            hits.len(),
-            hits[0].chars().take(600).collect::<String>()
-        );
-    }
     println!("{} log lines checked", text.lines().count());
 }

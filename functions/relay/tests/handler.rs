@@ -203,6 +203,66 @@ async fn a_missing_or_past_deadline_falls_back_to_the_configured_run_time() {
     assert_delivered(&topic, &written);
 }
 
+/// Watches the lease owners of `options` every 50 ms until `until`: the longest time any
+/// bucket had no live owner (counted once every bucket was owned), and a timeline of the
+/// owners (ms since `begin`).
+async fn watch_owners(
+    client: aws_sdk_dynamodb::Client,
+    options: OutboxOptions,
+    begin: Instant,
+    until: Instant,
+) -> (Duration, Vec<String>) {
+    let buckets = options.bucket_count as usize;
+    let mut unowned_since: Vec<Option<Instant>> = vec![None; buckets];
+    let mut longest = Duration::ZERO;
+    let mut all_owned_once = false;
+    let mut timeline = Vec::new();
+    let mut last = None;
+    while Instant::now() < until {
+        let owners = lease_owners(&client, &options).await;
+        let now = Instant::now();
+        if last.as_ref() != Some(&owners) {
+            timeline.push(format!("{:>6}ms {owners:?}", (now - begin).as_millis()));
+            last = Some(owners.clone());
+        }
+        all_owned_once |= owners.iter().all(Option::is_some);
+        if all_owned_once {
+            for (b, o) in owners.iter().enumerate() {
+                match (o, unowned_since[b]) {
+                    (None, None) => unowned_since[b] = Some(now),
+                    (Some(_), Some(since)) => {
+                        longest = longest.max(now - since);
+                        unowned_since[b] = None;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let end = Instant::now();
+    for since in unowned_since.into_iter().flatten() {
+        longest = longest.max(end - since);
+    }
+    (longest, timeline)
+}
+
+/// Enqueues four messages every 100 ms until `until`; their ids.
+async fn produce_until(
+    writer: DynamoDbOutboxWriter,
+    topic: String,
+    until: Instant,
+) -> BTreeSet<String> {
+    let mut n = 0;
+    let mut written = BTreeSet::new();
+    while Instant::now() < until {
+        written.extend(enqueue(&writer, &topic, n, 4).await);
+        n += 4;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    written
+}
+
 /// Two scheduled invocations that overlap, as consecutive schedule ticks do: the newcomer
 /// joins while the leaver still owns every bucket, the leaver stops and releases. Reports
 /// the longest time any bucket had no live owner while messages kept arriving.
@@ -223,59 +283,17 @@ async fn overlapping_invocations_hand_buckets_over() {
     // buckets are watched until 11.5.
     let begin = Instant::now();
     let watch_until = begin + Duration::from_millis(11_500);
-    let watcher = {
-        let client = client.clone();
-        let options = options.clone();
-        tokio::spawn(async move {
-            let buckets = options.bucket_count as usize;
-            let mut unowned_since: Vec<Option<Instant>> = vec![None; buckets];
-            let mut longest = Duration::ZERO;
-            let mut all_owned_once = false;
-            let mut timeline = Vec::new();
-            let mut last = None;
-            while Instant::now() < watch_until {
-                let owners = lease_owners(&client, &options).await;
-                let now = Instant::now();
-                if last.as_ref() != Some(&owners) {
-                    timeline.push(format!("{:>6}ms {owners:?}", (now - begin).as_millis()));
-                    last = Some(owners.clone());
-                }
-                all_owned_once |= owners.iter().all(Option::is_some);
-                if all_owned_once {
-                    for (b, o) in owners.iter().enumerate() {
-                        match (o, unowned_since[b]) {
-                            (None, None) => unowned_since[b] = Some(now),
-                            (Some(_), Some(since)) => {
-                                longest = longest.max(now - since);
-                                unowned_since[b] = None;
-                            }
-                            _ => {}
-                        }
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            let end = Instant::now();
-            for since in unowned_since.into_iter().flatten() {
-                longest = longest.max(end - since);
-            }
-            (longest, timeline)
-        })
-    };
-    let producer = {
-        let writer = writer.clone();
-        let topic = topic.clone();
-        tokio::spawn(async move {
-            let mut n = 0;
-            let mut written = BTreeSet::new();
-            while begin.elapsed() < Duration::from_secs(9) {
-                written.extend(enqueue(&writer, &topic, n, 4).await);
-                n += 4;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            written
-        })
-    };
+    let watcher = tokio::spawn(watch_owners(
+        client.clone(),
+        options.clone(),
+        begin,
+        watch_until,
+    ));
+    let producer = tokio::spawn(produce_until(
+        writer.clone(),
+        topic.clone(),
+        begin + Duration::from_secs(9),
+    ));
     let a = first.handle(event("tick-1", in_ms(Duration::from_secs(12))));
     let b = async {
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -311,6 +329,87 @@ async fn overlapping_invocations_hand_buckets_over() {
     );
 }
 
+/// Waits until the scheduled invocation ("tick") owns all four buckets, at most 3 s.
+async fn wait_until_the_scheduled_relay_owns_every_bucket(
+    client: &aws_sdk_dynamodb::Client,
+    options: &OutboxOptions,
+) {
+    let all = vec![Some("outbox-relay-test-tick".to_string()); 4];
+    let owned_by = Instant::now() + Duration::from_secs(3);
+    loop {
+        let owners = lease_owners(client, options).await;
+        if owners == all {
+            break;
+        }
+        assert!(
+            Instant::now() < owned_by,
+            "the scheduled relay did not own every bucket within 3 s: {owners:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Four more messages (keys 8 to 11): their ids and the buckets they went to.
+async fn enqueue_four_more(
+    writer: &DynamoDbOutboxWriter,
+    topic: &str,
+) -> (BTreeSet<String>, Vec<u32>) {
+    let batch: Vec<_> = (8..12)
+        .map(|n| {
+            writer
+                .message(topic)
+                .with_key(format!("key-{n}"))
+                .with_value(format!("value-{n}"))
+        })
+        .collect();
+    let mut buckets: Vec<u32> = writer
+        .enqueue(&batch)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.bucket)
+        .collect();
+    buckets.sort_unstable();
+    buckets.dedup();
+    assert!(!buckets.is_empty());
+    (id_set(&batch), buckets)
+}
+
+/// A burst of five notifications for `buckets` to the idle fleet: they spread out by their
+/// jitter and look again, so the first to join covers the others. The first looks again
+/// at once; the others after at least 150 ms of jitter, by which time the first one's
+/// heartbeat has landed (notification_jitter: a hash of the request id). Their summaries,
+/// and the wire counter of their client.
+async fn notify_the_idle_fleet(
+    options: &OutboxOptions,
+    buckets: &[u32],
+) -> (Vec<RelaySummary>, dynamo_outbox::accounting::RequestCounter) {
+    let (woken_client, woken_wire) = counted_client().await;
+    let woken = RelayFunction::new(woken_client, settings(options, &[])).unwrap();
+    let first = (0..10_000)
+        .map(|i| format!("wake-{i}"))
+        .find(|id| notification_jitter(id) < Duration::from_millis(10))
+        .unwrap();
+    let later: Vec<String> = (0..10_000)
+        .map(|i| format!("wake-late-{i}"))
+        .filter(|id| notification_jitter(id) >= Duration::from_millis(150))
+        .take(4)
+        .collect();
+    let burst = futures::future::join_all(std::iter::once(first).chain(later).map(|id| {
+        woken.handle(event_with(
+            &id,
+            in_ms(Duration::from_secs(7)),
+            notification(options, buckets),
+        ))
+    }))
+    .await;
+    let burst = burst
+        .into_iter()
+        .map(|r| r.expect("notified invocation"))
+        .collect();
+    (burst, woken_wire)
+}
+
 /// Commit notifications never start a stampede: while a scheduled invocation owns every
 /// bucket, notified invocations read the coordination partition once and return; once it
 /// has stopped, a notification starts a relay that publishes what arrived.
@@ -329,19 +428,7 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
     let scheduled = RelayFunction::new(scheduled_client, settings(&options, &[])).unwrap();
     let tick = scheduled.handle(event("tick", in_ms(Duration::from_secs(8))));
     let notified = async {
-        let all = vec![Some("outbox-relay-test-tick".to_string()); 4];
-        let owned_by = Instant::now() + Duration::from_secs(3);
-        loop {
-            let owners = lease_owners(&client, &options).await;
-            if owners == all {
-                break;
-            }
-            assert!(
-                Instant::now() < owned_by,
-                "the scheduled relay did not own every bucket within 3 s: {owners:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_until_the_scheduled_relay_owns_every_bucket(&client, &options).await;
         let (counted, counter) = counted_client().await;
         let function = RelayFunction::new(counted, settings(&options, &[])).unwrap();
         // A burst of notifications: five invocations at once.
@@ -381,52 +468,9 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
     // The scheduled relay has stopped and released everything: a notification now starts
     // a relay, which publishes what arrived meanwhile.
     assert_eq!(lease_owners(&client, &options).await, vec![None; 4]);
-    let batch: Vec<_> = (8..12)
-        .map(|n| {
-            writer
-                .message(&topic)
-                .with_key(format!("key-{n}"))
-                .with_value(format!("value-{n}"))
-        })
-        .collect();
-    written.extend(id_set(&batch));
-    let mut buckets: Vec<u32> = writer
-        .enqueue(&batch)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.bucket)
-        .collect();
-    buckets.sort_unstable();
-    buckets.dedup();
-    assert!(!buckets.is_empty());
-    // A burst of five notifications to the idle fleet: they spread out by their jitter
-    // and look again, so the first to join covers the others. The first looks again at
-    // once; the others after at least 150 ms of jitter, by which time the first one's
-    // heartbeat has landed (notification_jitter: a hash of the request id).
-    let (woken_client, woken_wire) = counted_client().await;
-    let woken = RelayFunction::new(woken_client, settings(&options, &[])).unwrap();
-    let first = (0..10_000)
-        .map(|i| format!("wake-{i}"))
-        .find(|id| notification_jitter(id) < Duration::from_millis(10))
-        .unwrap();
-    let later: Vec<String> = (0..10_000)
-        .map(|i| format!("wake-late-{i}"))
-        .filter(|id| notification_jitter(id) >= Duration::from_millis(150))
-        .take(4)
-        .collect();
-    let burst = futures::future::join_all(std::iter::once(first).chain(later).map(|id| {
-        woken.handle(event_with(
-            &id,
-            in_ms(Duration::from_secs(7)),
-            notification(&options, &buckets),
-        ))
-    }))
-    .await;
-    let burst: Vec<RelaySummary> = burst
-        .into_iter()
-        .map(|r| r.expect("notified invocation"))
-        .collect();
+    let (batch, buckets) = enqueue_four_more(&writer, &topic).await;
+    written.extend(batch);
+    let (burst, woken_wire) = notify_the_idle_fleet(&options, &buckets).await;
     let joined: Vec<&RelaySummary> = burst.iter().filter(|s| s.stop_reason.ran()).collect();
     assert_eq!(
         joined.len(),

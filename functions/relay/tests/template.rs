@@ -967,7 +967,15 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
     );
     assert_eq!(t.matches("Type: AWS::CloudWatch::Alarm").count(), 6);
 
-    let errors = alarm(&t, "RelayErrorsAlarm");
+    assert_lambda_alarms(&t);
+    assert_relay_metric_alarms(&t);
+    assert_relay_metric_alarm_thresholds(&t);
+}
+
+/// The alarms on Lambda's own metrics: relay errors, and no invocation (which writes no
+/// Invocations data point: missing counts as breaching).
+fn assert_lambda_alarms(t: &str) {
+    let errors = alarm(t, "RelayErrorsAlarm");
     assert_contains_all(
         &errors,
         &[
@@ -977,8 +985,7 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
             "TreatMissingData: notBreaching",
         ],
     );
-    // No invocation writes no Invocations data point: missing counts as breaching.
-    let quiet = alarm(&t, "RelayQuietAlarm");
+    let quiet = alarm(t, "RelayQuietAlarm");
     assert_contains_all(
         &quiet,
         &[
@@ -993,9 +1000,13 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
             "TreatMissingData: breaching",
         ],
     );
+}
 
+/// The alarms on the relay's own metrics (EMF): the namespace and service it is given, the
+/// table dimension, each metric's statistic and missing-data treatment.
+fn assert_relay_metric_alarms(t: &str) {
     // The relay's own metrics: the namespace and service it is given, the table dimension.
-    let relay = resource(&t, "RelayFunction").join("\n");
+    let relay = resource(t, "RelayFunction").join("\n");
     use dynamo_outbox::metrics::{emf, RelayMetrics};
     assert_eq!(
         value(&relay, emf::NAMESPACE_ENV),
@@ -1029,7 +1040,7 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
             "notBreaching",
         ),
     ] {
-        let a = alarm(&t, name);
+        let a = alarm(t, name);
         assert!(doc[metric].is_number(), "the relay emits {metric}");
         for expected in [
             format!("Namespace: {}", directive["Namespace"].as_str().unwrap()),
@@ -1044,7 +1055,11 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
             assert!(a.contains(&expected), "{name}: {expected}\n{a}");
         }
     }
-    let stuck = alarm(&t, "OutboxStuckAlarm");
+}
+
+/// The thresholds and evaluation windows of the relay-metric alarms.
+fn assert_relay_metric_alarm_thresholds(t: &str) {
+    let stuck = alarm(t, "OutboxStuckAlarm");
     assert_contains_all(
         &stuck,
         &[
@@ -1054,7 +1069,7 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
             "ComparisonOperator: GreaterThanOrEqualToThreshold",
         ],
     );
-    let poison = alarm(&t, "PoisonItemsAlarm");
+    let poison = alarm(t, "PoisonItemsAlarm");
     assert_contains_all(
         &poison,
         &[
@@ -1064,7 +1079,7 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
             "ComparisonOperator: GreaterThanOrEqualToThreshold",
         ],
     );
-    let failing = alarm(&t, "PublishFailuresAlarm");
+    let failing = alarm(t, "PublishFailuresAlarm");
     assert_contains_all(
         &failing,
         &[
@@ -1074,7 +1089,7 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
             "ComparisonOperator: GreaterThanOrEqualToThreshold",
         ],
     );
-    let refused = alarm(&t, "RefusedWritesAlarm");
+    let refused = alarm(t, "RefusedWritesAlarm");
     assert_contains_all(
         &refused,
         &[
@@ -1252,7 +1267,34 @@ fn conditional_policy(lines: &[&str], sid: &str) -> String {
 fn sasl_auth_reads_its_secret_and_key_only_when_they_are_named() {
     let t = template();
     let parameters = section(&t, "Parameters");
-    let auth = entry(&parameters, "KafkaAuth");
+    assert_kafka_auth_parameters(&parameters);
+
+    // The relay is told the mechanism and the secret, the secret only when named.
+    let relay = resource(&t, "RelayFunction");
+    let text = relay.join("\n");
+    assert_eq!(value(&text, "KAFKA_AUTH"), "!Ref KafkaAuth");
+    assert_eq!(
+        value(&text, "KAFKA_SASL_SECRET_ARN"),
+        "!If [HasSaslSecret, !Ref KafkaSaslSecretArn, !Ref AWS::NoValue]"
+    );
+    let conditions = section(&t, "Conditions");
+    assert_eq!(
+        entry(&conditions, "HasSaslSecret"),
+        "!Not [!Equals [!Ref KafkaSaslSecretArn, \"\"]]"
+    );
+    assert_eq!(
+        entry(&conditions, "HasSaslSecretKmsKey"),
+        "!And\n- !Condition HasSaslSecret\n- !Not [!Equals [!Ref KafkaSaslSecretKmsKeyArn, \"\"]]"
+    );
+
+    assert_sasl_secret_permissions(&t, &relay);
+    assert_sasl_secret_rules(&t);
+}
+
+/// KafkaAuth defaults to MSK IAM and allows only mechanisms the relay reads (each over
+/// TLS); the secret and key parameters default to empty and accept only ARNs.
+fn assert_kafka_auth_parameters(parameters: &[&str]) {
+    let auth = entry(parameters, "KafkaAuth");
     assert_eq!(value(&auth, "Default"), "msk-iam");
     let allowed = value(&auth, "AllowedValues");
     let values: Vec<&str> = allowed
@@ -1295,48 +1337,34 @@ fn sasl_auth_reads_its_secret_and_key_only_when_they_are_named() {
             r#""^(arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/[^\\s]+)?$""#,
         ),
     ] {
-        let p = entry(&parameters, name);
+        let p = entry(parameters, name);
         assert_eq!(value(&p, "Default"), "\"\"", "{name}");
         assert_eq!(value(&p, "AllowedPattern"), pattern, "{name}");
     }
+}
 
-    // The relay is told the mechanism and the secret, the secret only when named.
-    let relay = resource(&t, "RelayFunction");
-    let text = relay.join("\n");
-    assert_eq!(value(&text, "KAFKA_AUTH"), "!Ref KafkaAuth");
-    assert_eq!(
-        value(&text, "KAFKA_SASL_SECRET_ARN"),
-        "!If [HasSaslSecret, !Ref KafkaSaslSecretArn, !Ref AWS::NoValue]"
-    );
-    let conditions = section(&t, "Conditions");
-    assert_eq!(
-        entry(&conditions, "HasSaslSecret"),
-        "!Not [!Equals [!Ref KafkaSaslSecretArn, \"\"]]"
-    );
-    assert_eq!(
-        entry(&conditions, "HasSaslSecretKmsKey"),
-        "!And\n- !Condition HasSaslSecret\n- !Not [!Equals [!Ref KafkaSaslSecretKmsKeyArn, \"\"]]"
-    );
-
+/// GetSecretValue on the named secret, under HasSaslSecret only; kms:Decrypt on the named
+/// key, through Secrets Manager, under HasSaslSecretKmsKey only; neither anywhere else.
+fn assert_sasl_secret_permissions(t: &str, relay: &[&str]) {
     // GetSecretValue on that secret, under HasSaslSecret only.
-    let policy = conditional_policy(&relay, "KafkaSaslSecret");
+    let policy = conditional_policy(relay, "KafkaSaslSecret");
     assert_eq!(
         policy.lines().nth(1).map(str::trim),
         Some("- HasSaslSecret")
     );
-    let read = statement(&relay, "KafkaSaslSecret");
+    let read = statement(relay, "KafkaSaslSecret");
     assert_eq!(
         actions(&read.lines().collect::<Vec<_>>()),
         set(&["secretsmanager:GetSecretValue"])
     );
     assert_eq!(value(&read, "Resource"), "!Ref KafkaSaslSecretArn");
     // kms:Decrypt on that key, through Secrets Manager, under HasSaslSecretKmsKey only.
-    let policy = conditional_policy(&relay, "KafkaSaslSecretKey");
+    let policy = conditional_policy(relay, "KafkaSaslSecretKey");
     assert_eq!(
         policy.lines().nth(1).map(str::trim),
         Some("- HasSaslSecretKmsKey")
     );
-    let decrypt = statement(&relay, "KafkaSaslSecretKey");
+    let decrypt = statement(relay, "KafkaSaslSecretKey");
     assert_eq!(
         actions(&decrypt.lines().collect::<Vec<_>>()),
         set(&["kms:Decrypt"])
@@ -1349,9 +1377,12 @@ fn sasl_auth_reads_its_secret_and_key_only_when_they_are_named() {
     // Neither action appears anywhere else.
     assert_eq!(t.matches("secretsmanager:GetSecretValue").count(), 1);
     assert_eq!(t.matches("kms:Decrypt").count(), 1);
+}
 
+/// A SASL mechanism needs the secret; MSK IAM takes neither the secret nor the key.
+fn assert_sasl_secret_rules(t: &str) {
     // A SASL mechanism needs the secret; MSK IAM takes neither.
-    let rules = section(&t, "Rules");
+    let rules = section(t, "Rules");
     let needs = entry(&rules, "SaslAuthNeedsASecret");
     assert!(
         needs.contains("RuleCondition: !Not [!Equals [!Ref KafkaAuth, msk-iam]]")

@@ -1,8 +1,14 @@
-//! Shared helpers of the integration tests: endpoints of the local stack from the
-//! environment (set by `scripts/stack.sh`), clients, random names.
+//! Test support of the outbox, shared by the integration tests, the benchmarks and the
+//! fault-injection harness: endpoints of the local stack from the environment (set by
+//! `scripts/stack.sh`), clients, random names, the independent Kafka reader, Lambda
+//! invocations and one configurable DynamoDB fault ([`Fault`]). No shipped crate depends
+//! on it but as a dev-dependency.
 #![allow(unreachable_pub)]
 
+pub mod fault;
 pub mod lambda;
+
+pub use fault::{dynamodb_builder, faulty_dynamodb, Fault};
 
 /// Log output captured in memory: a `Write` (for `with_writer(move || c.clone())`) and a
 /// `MakeWriter` for a `tracing_subscriber::fmt` subscriber, read back with [`Captured::text`].
