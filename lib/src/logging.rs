@@ -149,7 +149,7 @@ pub fn init_lambda() {
 
 /// Log output captured in memory, for the library's unit tests: a `Write` (for
 /// `with_writer(move || c.clone())`) and a `MakeWriter`. The integration tests have their
-/// own (`outbox_integration_tests::Captured`): a `cfg(test)` item is not visible to other
+/// own (`outbox_testkit::Captured`): a `cfg(test)` item is not visible to other
 /// crates, and test helpers do not belong in the library's public API.
 #[cfg(test)]
 #[derive(Clone, Default)]

@@ -12,8 +12,8 @@ use dynamo_outbox::accounting::RequestCounter;
 use dynamo_outbox::notification::{notification_jitter, Skip};
 use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions, StopReason};
 use lambda_runtime::LambdaEvent;
-use outbox_integration_tests::*;
 use outbox_relay_function::{Ending, RelayFunction, RelaySettings, RelaySummary, Trigger};
+use outbox_testkit::*;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -481,36 +481,6 @@ async fn a_doorbell_at_a_handover_to_a_short_lived_successor_joins_and_publishes
     kafka.remove_log();
 }
 
-/// Fails the next `left` DynamoDB `Query` attempts, as a throttled or failing table.
-#[derive(Debug, Clone)]
-struct FailQueries {
-    left: Arc<std::sync::atomic::AtomicU32>,
-}
-
-impl aws_sdk_dynamodb::config::Intercept for FailQueries {
-    fn name(&self) -> &'static str {
-        "FailQueries"
-    }
-
-    fn read_before_transmit(
-        &self,
-        _: &aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
-        _: &aws_sdk_dynamodb::config::RuntimeComponents,
-        cfg: &mut aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
-        use std::sync::atomic::Ordering;
-        if operation_is(cfg, "Query")
-            && self
-                .left
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-        {
-            return Err("injected: Query unavailable".into());
-        }
-        Ok(())
-    }
-}
-
 /// A doorbell whose coverage read fails (every attempt the SDK makes) is not a lost
 /// wake-up: the invocation cannot tell whether live relays cover the buckets, so it joins,
 /// says why in its summary, and publishes. No function error, which the stream mapping
@@ -527,15 +497,10 @@ async fn a_doorbell_whose_coverage_read_fails_joins_and_publishes() {
     // Three failed attempts: the coverage read and the SDK's two retries of it (an
     // interceptor's error may also end it at the first; then the relay's next reads fail
     // and are retried on its back-off).
-    let failing = FailQueries {
-        left: Arc::new(3.into()),
-    };
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let faulty = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .interceptor(failing.clone())
-            .build(),
-    );
+    let failing = Fault::on("Query")
+        .times(3)
+        .fail("injected: Query unavailable");
+    let faulty = faulty_dynamodb(&failing).await;
     let function = RelayFunction::new(faulty, settings(&options, &[])).unwrap();
     let summary = function
         .handle(event("doubt", Duration::from_secs(20), doorbell))

@@ -12,10 +12,10 @@ use dynamo_outbox::notification::{
 };
 use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions, StopReason};
 use lambda_runtime::LambdaEvent;
-use outbox_integration_tests::*;
 use outbox_relay_function::{
     DeadlineSource, Ending, RelayFunction, RelaySettings, RelaySummary, Trigger,
 };
+use outbox_testkit::*;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 

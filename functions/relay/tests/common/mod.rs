@@ -7,24 +7,19 @@ use std::time::Duration;
 
 use dynamo_outbox::OutboxOptions;
 use lambda_runtime::LambdaEvent;
-use outbox_integration_tests::stack_var;
 use outbox_relay_function::RelaySettings;
+use outbox_testkit::stack_var;
 use serde_json::Value;
 
 /// An invocation of the function `outbox-relay-test` with `payload`, whose context has
 /// the request id and the deadline (Unix milliseconds) Lambda would send.
 pub(crate) fn invocation(request_id: &str, deadline_ms: u64, payload: Value) -> LambdaEvent<Value> {
-    outbox_integration_tests::lambda::invocation(
-        "outbox-relay-test",
-        request_id,
-        deadline_ms,
-        payload,
-    )
+    outbox_testkit::lambda::invocation("outbox-relay-test", request_id, deadline_ms, payload)
 }
 
 /// The Unix milliseconds `time_left` from now.
 pub(crate) fn in_ms(time_left: Duration) -> u64 {
-    outbox_integration_tests::lambda::deadline_in(time_left)
+    outbox_testkit::lambda::deadline_in(time_left)
 }
 
 /// The function's settings for the outbox `options` on the local stack (poll interval
@@ -66,13 +61,13 @@ impl ProxiedTopic {
     pub(crate) async fn start(prefix: &str) -> Self {
         let log = std::env::temp_dir().join(format!(
             "{}.log",
-            outbox_integration_tests::random_name(&format!("tansu-{prefix}"))
+            outbox_testkit::random_name(&format!("tansu-{prefix}"))
         ));
         let broker = outbox_harness::broker::ProxiedBroker::start(&log)
             .await
             .expect("private tansu behind the fault proxy");
         let bootstrap = broker.bootstrap();
-        let topic = outbox_integration_tests::random_name(prefix);
+        let topic = outbox_testkit::random_name(prefix);
         outbox_harness::kafka_py(&[
             "--bootstrap",
             &bootstrap,
@@ -91,10 +86,10 @@ impl ProxiedTopic {
     }
 
     /// Every record of the topic, read with confluent-kafka.
-    pub(crate) fn records(&self) -> Vec<outbox_integration_tests::ReadRecord> {
+    pub(crate) fn records(&self) -> Vec<outbox_testkit::ReadRecord> {
         let out = outbox_harness::kafka_py(&["--bootstrap", &self.bootstrap, "read", &self.topic])
             .unwrap();
-        outbox_integration_tests::parse_records(&out).unwrap()
+        outbox_testkit::parse_records(&out).unwrap()
     }
 
     /// Removes the broker's log (kept when a test fails before this).
