@@ -491,11 +491,18 @@ impl RelayFunction {
         &self,
         options: RelayOptions,
         deadline: Instant,
+        trigger: Trigger,
     ) -> Result<RunReport, FunctionError> {
         let mut relay = Relay::new(self.store.clone(), self.publisher.clone(), options)?
             .with_metrics(self.metrics.clone());
         if let Some(successor) = &self.successor {
-            relay = relay.with_successor(successor.clone());
+            // A doorbell's run holds the stream's shard: the doorbells of commits that
+            // arrive during it wait behind it and follow it, so it needs no successor for
+            // what arrived after its look at the lead (and a successor started then would
+            // free the shard, so that every later doorbell answers `covered`).
+            relay = relay
+                .with_successor(successor.clone())
+                .with_successor_at_end(trigger != Trigger::Doorbell);
         }
         // EMF documents on stdout, where CloudWatch Logs picks them up: every
         // METRICS_FLUSH_INTERVAL while the relay runs (the alarms evaluate one-minute
@@ -584,7 +591,7 @@ impl RelayFunction {
                 "the invocation has no usable deadline: running for the configured maximum run time"
             );
         }
-        let report = self.run_relay(options, deadline).await?;
+        let report = self.run_relay(options, deadline, trigger).await?;
         let mut summary = RelaySummary::new(
             &report,
             was_connected,

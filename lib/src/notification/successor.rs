@@ -6,7 +6,8 @@
 //! publish (more fetched than it had time for, or a publish that failed and waits for its
 //! retry), it asks its [`Successor`] to start one more relay, once per run; a run that
 //! found none then looks once more when its work ends, for what arrived since (that
-//! successor starts as the leaver stops: a cold start's gap). A successor started at the
+//! successor starts as the leaver stops: a cold start's gap), unless its host says that
+//! its wake-ups queue behind it ([`crate::Relay::with_successor_at_end`]). A successor started at the
 //! lead joins while the leaver still runs and takes its share of the buckets at once (the lease
 //! plan splits them between two live relays); it reads the leaver's announced stop and
 //! takes the rest a couple of handover steps after it: the same handover as between any

@@ -64,6 +64,7 @@ pub struct Relay<P: Publisher> {
     metrics: Arc<dyn RelayMetrics>,
     notifier: Option<Arc<LocalNotifier>>,
     successor: Option<Arc<dyn Successor>>,
+    successor_at_end: bool,
     stop_reserve: Duration,
 }
 
@@ -100,6 +101,7 @@ impl<P: Publisher> Relay<P> {
             metrics: Arc::new(NoMetrics),
             notifier: None,
             successor: None,
+            successor_at_end: true,
             stop_reserve: DEFAULT_STOP_RESERVE,
         })
     }
@@ -122,6 +124,15 @@ impl<P: Publisher> Relay<P> {
     /// [`crate::notification::Successor`]).
     pub fn with_successor(mut self, successor: Arc<dyn Successor>) -> Self {
         self.successor = Some(successor);
+        self
+    }
+
+    /// Whether a run that found no work left at its successor lead looks once more when its
+    /// work ends (the default). A host whose wake-ups queue behind a running relay (a
+    /// stream doorbell holds its shard: the doorbells of later commits wait behind the run
+    /// and follow it) turns it off: those doorbells are the successor of what arrived late.
+    pub fn with_successor_at_end(mut self, look: bool) -> Self {
+        self.successor_at_end = look;
         self
     }
 
@@ -229,7 +240,11 @@ impl<P: Publisher> Relay<P> {
         // The last look: work that arrived after the look at the lead time (a commit after
         // it, a publish that failed since) gets its successor at the end of work, rather
         // than wait for the next wake-up. Still one successor a run.
-        if reason == StopReason::Deadline && state.successor_looked && !state.successor_started {
+        if reason == StopReason::Deadline
+            && self.successor_at_end
+            && state.successor_looked
+            && !state.successor_started
+        {
             shutdown.race(self.start_successor(&mut state)).await;
         }
         Ok(self
