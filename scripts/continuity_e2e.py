@@ -57,6 +57,8 @@ outage A burst of --messages (1000) into a relay whose Kafka is a private tansu 
        closes each new one as soon as it is accepted, as the harness's TcpFaultProxy
        refuse() does; "pass" forwards again).  Once the monitor has seen the first
        message leave the table, the proxy refuses for --outage-seconds (60), then passes.
+       With --cut-before Kafka refuses from just before the burst instead (the relays
+       start with Kafka down; nothing races a fast drain), for --outage-seconds.
        Checks as for burst (at-least-once: duplicates are counted, not failed).
        Measures: the time from Kafka's return to the first message leaving the table
        after it (a publish is acknowledged before its delete; checked against the first
@@ -656,10 +658,11 @@ def check_no_trouble_alarm(report: dict, what: str) -> None:
 # ------------------------------------------------------------------ scenario: burst
 
 def run_lambda_burst(args, workdir: str, started: list, messages: int,
-                     bootstrap: str | None = None, during=None) -> dict:
-    """The relay under the emulator, the poller, the monitor and a burst.  `during` is
-    called with (monitor, t_first_commit) after the burst was written, before the
-    drain is waited for.  Returns the figures and the objects the caller still needs."""
+                     bootstrap: str | None = None, during=None, before=None) -> dict:
+    """The relay under the emulator, the poller, the monitor and a burst.  `before` is
+    called just before the burst is written; `during` with (monitor, t_first_commit)
+    after it, before the drain is waited for.  Returns the figures and the objects the
+    caller still needs."""
     table, business, topic, prefix = fresh_outbox(stream=True, bootstrap=bootstrap)
     relay, tenv = start_relay(args, workdir, started, table, prefix,
                               bootstrap or os.environ["KAFKA_BOOTSTRAP_SERVERS"])
@@ -672,6 +675,8 @@ def run_lambda_burst(args, workdir: str, started: list, messages: int,
     monitor = Monitor(table, prefix, args.lease_seconds, args.monitor_interval)
     monitor.start()
     time.sleep(1.0)
+    if before:
+        before()
     sent, t_first, t_last = burst(table, business, prefix, topic, messages, args.value_bytes,
                                   args.keys, args.writers)
     step(f"burst: {len(sent)} messages of ~{args.value_bytes} B over {args.keys} keys "
@@ -919,7 +924,18 @@ def scenario_outage(args, workdir: str, started: list) -> dict:
     step(f"private tansu behind the proxy on {broker.bootstrap}")
     marks: dict = {}
 
+    def cut() -> None:
+        marks["refuse"] = time.time()
+        broker.proxy.refuse()
+        step(f"Kafka refusing before the burst, for {args.outage_seconds:g}s")
+
     def during(monitor: Monitor, t_first: float) -> dict:
+        if args.cut_before:
+            time.sleep(max(0.0, marks["refuse"] + args.outage_seconds - time.time()))
+            marks["pass"] = time.time()
+            broker.proxy.pass_()
+            step("Kafka back")
+            return {}
         deadline = time.time() + 120
         while monitor.first_progress_after(t_first) is None:
             check(time.time() < deadline, "no message left the table in 120s")
@@ -938,7 +954,7 @@ def scenario_outage(args, workdir: str, started: list) -> dict:
         return {}
 
     lam = run_lambda_burst(args, workdir, started, args.messages, bootstrap=broker.bootstrap,
-                           during=during)
+                           during=during, before=cut if args.cut_before else None)
     monitor, t_first, stamps = lam["_monitor"], lam["_t_first"], lam["_stamps"]
     refuse, back = marks["refuse"], marks["pass"]
     # Nothing can be deleted while Kafka refuses (a delete follows an acknowledged publish);
@@ -1204,6 +1220,9 @@ def main() -> int:
                    help="burst: only the always-on run (for a comparison in a fresh stack: "
                         "DynamoDB Local slows down after a large burst's deletes)")
     p.add_argument("--outage-seconds", type=float, default=60.0)
+    p.add_argument("--cut-before", action="store_true",
+                   help="outage: Kafka refuses from just before the burst (deterministic: "
+                        "no race with a fast drain), not from the first message published")
     p.add_argument("--stuck-age", type=float, default=60.0,
                    help="stuck: the StuckMessageAgeSeconds parameter (default 60; the "
                         "template's is 300)")

@@ -12,6 +12,8 @@
 #        scripts/continuity_e2e.py --scenario bus (one wake-up per commit in stream mode)
 #        scripts/continuity_e2e.py --scenario stuck (a poison head in a quiet period puts
 #          the stuck-outbox and poison alarms into ALARM, over the EMF the relay wrote)
+#        scripts/continuity_e2e.py --scenario outage --cut-before (Kafka refusing 40 s:
+#          bounded successors, publishing resumes once it returns)
 #        scripts/test_lambda_model.py (the self-test of the local model of Lambda:
 #          lambda_runtime.py, streams.py poll, cfn_template.py, with a fake function)
 #        scripts/sam_build_check.sh: sam build with samconfig.toml for x86_64 (and again
@@ -131,6 +133,15 @@ if [[ ${1:-} == --inside-stack ]]; then
     step "a poison head in a quiet period alarms (scripts/continuity_e2e.py --scenario stuck)"
     "$CACHE/venv/bin/python" scripts/continuity_e2e.py --scenario stuck --enforce-goals || wakeups=$?
 
+    # Kafka refusing for 40 s from just before a burst of 500: the relay function (30 s
+    # timeout) starts one successor a run while nothing moves (at most outage / (run - the
+    # 10 s lead) + 1 runs start in the outage), publishing resumes within 60 s of Kafka's
+    # return, each message once or more, 0 refused writes (continuity_e2e.py --scenario
+    # outage --cut-before; about a minute).
+    step "Kafka refusing during a burst (scripts/continuity_e2e.py --scenario outage --cut-before)"
+    "$CACHE/venv/bin/python" scripts/continuity_e2e.py --scenario outage --cut-before --messages 500 \
+        --outage-seconds 40 --relay-timeout 30 --enforce-goals || wakeups=$?
+
     # The default artifact: sam build's arm64 bootstraps, each under qemu-aarch64-static
     # (scripts/install.sh installs it and libc6:arm64) through scripts/lambda_runtime.py
     # (real deadlines): 20 messages through the enqueue function, one relay invocation
@@ -159,7 +170,7 @@ if [[ ${1:-} == --inside-stack ]]; then
         echo "the alarm evaluator's self-test FAILED (exit $alarms); see its output above" >&2
     fi
     if ((wakeups != 0)); then
-        echo "a continuity scenario (bus or stuck) FAILED (exit $wakeups); see its output above" >&2
+        echo "a continuity scenario (bus, stuck or outage) FAILED (exit $wakeups); see its output above" >&2
     fi
     if ((arm64 != 0)); then
         echo "arm64 smoke run FAILED (exit $arm64); see its output above" >&2
