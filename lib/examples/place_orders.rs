@@ -99,8 +99,9 @@ async fn run(args: Args) -> Result<(), BoxError> {
     create_orders_table(&client, &args.orders_table).await?;
 
     // The writer reserves sequence numbers and builds the outbox's `Put`s. Without a
-    // notifier (`with_notifier`), `notify_committed` does nothing and relays find the
-    // messages on their next poll (OUTBOX_POLL_INTERVAL) or through the table's stream.
+    // notifier (`with_notifier`), `notify_committed` does nothing: a long-lived relay
+    // finds the messages on its next poll (OUTBOX_POLL_INTERVAL), the relay function is
+    // woken by the table's stream.
     let writer = DynamoDbOutboxWriter::new(client.clone(), options)?;
 
     let customers = ["customer-1", "customer-2", "customer-3"];
@@ -126,7 +127,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
         )
         .await?;
         println!(
-            "placed order {order_id} for {customer}: message {} to {} (bucket {}), in one transaction",
+            "placed order {order_id} for {customer}: message {} to {} (bucket {}), \
+             in one transaction",
             message.message_id,
             message.topic,
             message.bucket()
@@ -270,14 +272,17 @@ impl Args {
                         .parse()
                         .ok()
                         .filter(|n| (1..=1000).contains(n))
-                        .ok_or_else(|| format!("--count: {v:?} is not a whole number from 1 to 1000"))?;
+                        .ok_or_else(|| {
+                            format!("--count: {v:?} is not a whole number from 1 to 1000")
+                        })?;
                 }
                 "--topic" => args.topic = value()?,
                 "--orders-table" => args.orders_table = value()?,
                 "--outbox-table" => args.outbox_table = Some(value()?),
                 _ => {
                     return Err(format!(
-                        "unknown argument {flag:?} (expected --count, --topic, --orders-table, --outbox-table)"
+                        "unknown argument {flag:?} \
+                         (expected --count, --topic, --orders-table, --outbox-table)"
                     ))
                 }
             }
