@@ -20,6 +20,8 @@
 #          after a change under lib/), and as it is for arm64 (the template's default:
 #          the artifact `sam build && sam deploy` ships), each checked for its ELF machine
 #        scripts/lambda_e2e.py (both functions under cargo lambda watch/invoke)
+#        scripts/examples_e2e.py (the library's examples: place_orders, then
+#          embedded_relay publishing the orders and stopping on SIGTERM)
 #        scripts/serverless_e2e.py (sam build's x86_64 bootstraps under
 #          scripts/lambda_runtime.py, woken by the table's stream through
 #          scripts/streams.py: the doorbell)
@@ -106,6 +108,15 @@ if [[ ${1:-} == --inside-stack ]]; then
     e2e=0
     "$CACHE/venv/bin/python" scripts/lambda_e2e.py || e2e=$?
 
+    # The library's examples (lib/examples/): place_orders writes orders and their
+    # messages in one transaction each, embedded_relay publishes them and stops
+    # gracefully on SIGTERM with its leases released, read back with confluent-kafka
+    # (scripts/examples_e2e.py says what it checks; seconds, its build reused by the
+    # cargo test step). A failure is reported after the tests, which run either way.
+    step "the library's examples on the local stack (scripts/examples_e2e.py)"
+    examples=0
+    "$CACHE/venv/bin/python" scripts/examples_e2e.py || examples=$?
+
     # The serverless mode with the artifacts sam build just made: both bootstraps under
     # scripts/lambda_runtime.py (real deadlines), the table's stream polled by
     # scripts/streams.py with the template's mapping, no schedule: the enqueue function's
@@ -178,6 +189,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     if ((serverless != 0)); then
         echo "serverless end-to-end test FAILED (exit $serverless); see its output above" >&2
     fi
+    if ((examples != 0)); then
+        echo "the examples' end-to-end test FAILED (exit $examples); see its output above" >&2
+    fi
     if ((e2e != 0)); then
         echo "lambda end-to-end test FAILED (exit $e2e); see its output above" >&2
         exit "$e2e"
@@ -196,6 +210,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     fi
     if ((wakeups != 0)); then
         exit "$wakeups"
+    fi
+    if ((examples != 0)); then
+        exit "$examples"
     fi
     exit 0
 fi
