@@ -301,6 +301,20 @@ async fn a_burst_of_doorbells_on_an_idle_fleet_starts_one_relay() {
         .all(Option::is_none));
 }
 
+/// Invocation `k` of the schedule at `at`, with a deadline 9 s away.
+fn scheduled_tick(
+    f: Arc<RelayFunction>,
+    k: usize,
+    at: Instant,
+) -> tokio::task::JoinHandle<RelaySummary> {
+    tokio::spawn(async move {
+        tokio::time::sleep_until(at).await;
+        let payload = json!({"source": "dynamo-outbox.schedule"});
+        let e = event(&format!("tick-{k}"), Duration::from_secs(9), payload);
+        f.handle(e).await.unwrap()
+    })
+}
+
 /// Scheduled invocations that overlap (each starts while the previous one still runs) and
 /// doorbells around each handover: from shortly before the leaver's announced stop until
 /// shortly after it. A live successor takes the buckets over, so no doorbell starts a
@@ -324,21 +338,9 @@ async fn doorbells_at_scheduled_handovers_start_no_relay() {
     const HANDOVERS: usize = 3;
     let period = Duration::from_secs(3);
     let t0 = Instant::now();
-    let mut ticks = Vec::new();
-    for k in 0..=HANDOVERS {
-        let f = scheduled.clone();
-        let at = t0 + period * k as u32;
-        ticks.push(tokio::spawn(async move {
-            tokio::time::sleep_until(at).await;
-            f.handle(event(
-                &format!("tick-{k}"),
-                Duration::from_secs(9),
-                json!({"source": "dynamo-outbox.schedule"}),
-            ))
-            .await
-            .unwrap()
-        }));
-    }
+    let ticks: Vec<_> = (0..=HANDOVERS)
+        .map(|k| scheduled_tick(scheduled.clone(), k, t0 + period * k as u32))
+        .collect();
     // One message before the fleet starts, and its stream records: the doorbell every
     // bell below rings (reading the stream per bell would take longer than the bells'
     // spacing); each bell also commits one more message, off the bell's schedule.
