@@ -503,10 +503,15 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
         .strip_prefix("!Sub '")
         .and_then(|p| p.strip_suffix('\''))
         .unwrap_or_else(|| panic!("pattern is not a single-quoted !Sub: {pattern}"));
-    let options = dynamo_outbox::OutboxOptions::new("t");
+    // A single-table design's key name, as PartitionKeyAttribute gives it to the filter
+    // and, as OUTBOX_PARTITION_KEY_ATTRIBUTE, to the library.
+    let mut options = dynamo_outbox::OutboxOptions::new("t");
+    options.partition_key_attribute = "pk".into();
     let keys = dynamo_outbox::schema::Keys::new(&options);
-    let pattern: serde_json::Value =
-        serde_json::from_str(&pattern.replace("${KeyPrefix}", &keys.prefix)).unwrap();
+    let pattern = pattern
+        .replace("${KeyPrefix}", &keys.prefix)
+        .replace("${PartitionKeyAttribute}", &keys.pk);
+    let pattern: serde_json::Value = serde_json::from_str(&pattern).unwrap();
     let prefix = keys.messages_prefix();
     assert_eq!(
         pattern,
@@ -526,10 +531,87 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
         assert!(!other.starts_with(&prefix), "{other}");
     }
     // The template's table key is the attribute the pattern names.
-    assert!(resource(&t, "OutboxTable").join("\n").contains(&format!(
-        "- AttributeName: {}\n          KeyType: HASH",
-        keys.pk
-    )));
+    assert!(resource(&t, "OutboxTable")
+        .join("\n")
+        .contains("- AttributeName: !Ref PartitionKeyAttribute\n          KeyType: HASH"));
+}
+
+/// The key attribute names are parameters (PK and SK by default) that reach the created
+/// table, the doorbell's filter (above) and both functions; the key prefix is limited to
+/// characters that need no escaping in the filter's JSON, IAM conditions and names.
+#[test]
+fn key_names_and_the_prefix_are_parameters_safe_everywhere() {
+    let t = template();
+    let parameters = section(&t, "Parameters");
+    for (name, default, variable) in [
+        (
+            "PartitionKeyAttribute",
+            "PK",
+            "OUTBOX_PARTITION_KEY_ATTRIBUTE",
+        ),
+        ("SortKeyAttribute", "SK", "OUTBOX_SORT_KEY_ATTRIBUTE"),
+    ] {
+        let p = entry(&parameters, name);
+        assert_eq!(value(&p, "Default"), default, "{name}");
+        assert!(
+            t.contains(&format!("        {variable}: !Ref {name}\n")),
+            "the functions' {variable} is not {name}"
+        );
+        let table = resource(&t, "OutboxTable").join("\n");
+        assert_eq!(
+            table
+                .matches(&format!("AttributeName: !Ref {name}"))
+                .count(),
+            2,
+            "{name}"
+        );
+    }
+    let pattern = unquote(value(&entry(&parameters, "KeyPrefix"), "AllowedPattern"));
+    let allowed = regex_lite_match(&pattern);
+    for ok in ["OUTBOX", "shop.orders", "tenant-1:orders", "A_b"] {
+        assert!(
+            allowed(ok),
+            "KeyPrefix {ok:?} should be allowed by {pattern}"
+        );
+    }
+    for bad in [
+        "",
+        "a\"b",
+        "a\\b",
+        "a#b",
+        "a*",
+        "a?",
+        "a b",
+        &"x".repeat(129),
+    ] {
+        assert!(
+            !allowed(bad),
+            "KeyPrefix {bad:?} should be refused by {pattern}"
+        );
+    }
+}
+
+/// `^[CLASS]{1,N}$`, the shape of the key parameters' AllowedPattern, as a predicate.
+fn regex_lite_match(pattern: &str) -> impl Fn(&str) -> bool {
+    let inner = pattern
+        .strip_prefix("^[")
+        .and_then(|p| p.strip_suffix('$'))
+        .unwrap_or_else(|| panic!("not ^[CLASS]{{1,N}}$: {pattern}"));
+    let (class, count) = inner.split_once("]{1,").expect("a {1,N} count");
+    let max: usize = count.trim_end_matches('}').parse().unwrap();
+    let mut chars = Vec::new();
+    let class: Vec<char> = class.chars().collect();
+    let mut i = 0;
+    while i < class.len() {
+        if i + 2 < class.len() && class[i + 1] == '-' {
+            chars.extend(class[i]..=class[i + 2]);
+            i += 3;
+        } else {
+            chars.push(class[i]);
+            i += 1;
+        }
+    }
+    move |s: &str| (1..=max).contains(&s.chars().count()) && s.chars().all(|c| chars.contains(&c))
 }
 
 #[test]
@@ -624,10 +706,10 @@ fn the_table_is_the_specifications() {
         "Type: AWS::DynamoDB::Table",
         "Condition: CreateTable",
         "BillingMode: PAY_PER_REQUEST",
-        "- AttributeName: PK\n          AttributeType: S",
-        "- AttributeName: SK\n          AttributeType: S",
-        "- AttributeName: PK\n          KeyType: HASH",
-        "- AttributeName: SK\n          KeyType: RANGE",
+        "- AttributeName: !Ref PartitionKeyAttribute\n          AttributeType: S",
+        "- AttributeName: !Ref SortKeyAttribute\n          AttributeType: S",
+        "- AttributeName: !Ref PartitionKeyAttribute\n          KeyType: HASH",
+        "- AttributeName: !Ref SortKeyAttribute\n          KeyType: RANGE",
     ] {
         assert!(table.contains(expected), "OutboxTable lacks {expected}");
     }
