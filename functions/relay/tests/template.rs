@@ -1479,3 +1479,37 @@ fn assert_sasl_secret_rules(t: &str) {
         "{none}"
     );
 }
+
+/// Every output is exported as `{stack name}-{output}`, and the table's ARN is one of them
+/// (for the policies of services that write the table directly).
+#[test]
+fn outputs_are_exported_with_the_table_arn() {
+    let t = template();
+    let outputs = section(&t, "Outputs");
+    let names: Vec<&str> = outputs
+        .iter()
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   ") && l.ends_with(':'))
+        .map(|l| l.trim().trim_end_matches(':'))
+        .collect();
+    for name in [
+        "RelayFunctionArn",
+        "EnqueueCallerPolicyArn",
+        "OutboxTableName",
+        "OutboxTableArn",
+        "DoorbellStreamArn",
+    ] {
+        assert!(names.contains(&name), "output {name} missing: {names:?}");
+    }
+    for name in &names {
+        let e = entry(&outputs, name);
+        assert!(
+            e.contains(&format!(
+                "Export:\nName: !Sub \"${{AWS::StackName}}-{name}\""
+            )),
+            "output {name} is not exported as {{stack}}-{name}:\n{e}"
+        );
+    }
+    let arn = entry(&outputs, "OutboxTableArn");
+    assert!(arn.contains("!GetAtt OutboxTable.Arn"), "{arn}");
+    assert!(arn.contains(":table/${TableName}"), "{arn}");
+}
