@@ -1513,3 +1513,55 @@ fn outputs_are_exported_with_the_table_arn() {
     assert!(arn.contains("!GetAtt OutboxTable.Arn"), "{arn}");
     assert!(arn.contains(":table/${TableName}"), "{arn}");
 }
+
+/// `EnableEnqueueApi=false` leaves out the enqueue function with everything that names
+/// it; `PointInTimeRecovery=true` turns recovery on for the created table. Both default
+/// to what the stack had before (the function in, recovery off).
+#[test]
+fn the_enqueue_api_and_point_in_time_recovery_are_options() {
+    let t = template();
+    let parameters = section(&t, "Parameters");
+    for (name, default) in [
+        ("EnableEnqueueApi", "\"true\""),
+        ("PointInTimeRecovery", "\"false\""),
+    ] {
+        let p = entry(&parameters, name);
+        assert_eq!(value(&p, "Default"), default, "{name}");
+        assert!(
+            p.contains("AllowedValues: [\"true\", \"false\"]"),
+            "{name}: {p}"
+        );
+    }
+    let conditions = section(&t, "Conditions");
+    assert_eq!(
+        entry(&conditions, "EnqueueApi"),
+        "!Equals [!Ref EnableEnqueueApi, \"true\"]"
+    );
+    assert_eq!(
+        entry(&conditions, "HasPointInTimeRecovery"),
+        "!Equals [!Ref PointInTimeRecovery, \"true\"]"
+    );
+    for name in ["EnqueueFunction", "EnqueueLogGroup", "EnqueueCallerPolicy"] {
+        let r = resource(&t, name);
+        assert_eq!(
+            r.get(1).map(|l| l.trim()),
+            Some("Condition: EnqueueApi"),
+            "{name}: {r:?}"
+        );
+    }
+    let outputs = section(&t, "Outputs");
+    for name in ["EnqueueFunctionArn", "EnqueueCallerPolicyArn"] {
+        let output = entry(&outputs, name);
+        assert!(
+            output.starts_with("Condition: EnqueueApi\n"),
+            "output {name} must follow EnqueueApi: {output}"
+        );
+    }
+    let table = resource(&t, "OutboxTable").join("\n");
+    assert!(
+        table.contains(
+            "PointInTimeRecoverySpecification: !If\n        - HasPointInTimeRecovery\n        - PointInTimeRecoveryEnabled: true\n        - !Ref AWS::NoValue"
+        ),
+        "{table}"
+    );
+}
