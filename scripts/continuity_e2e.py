@@ -23,7 +23,7 @@ A monitor thread reads, every --monitor-interval (0.2 s), the coordination parti
 (one strongly consistent Query of {prefix}#COORDINATION, all pages) and each message
 partition (a strongly consistent Query with Limit 1 of {prefix}#MESSAGES#{b}), and
 records, per bucket, the intervals in which the bucket had a message and no unlapsed
-lease named an active relay (lib/src/coordination.rs: a heartbeat without StoppedAtUtc
+lease named an active relay (lib/src/protocol/coordination.rs: a heartbeat without StoppedAtUtc
 whose LastSeenUtc is less than the lease duration old and not more than that in the
 future; a lease is unlapsed while ExpiresAtUtc is after now, both in .NET ticks).  The
 "owner gap" figures: every such interval, the longest, a histogram; those before the

@@ -220,7 +220,9 @@ async fn a_disallowed_topic_written_straight_into_the_table_is_parked_reported_a
     let dead = relay_store().dead_letters().await.unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!(
-        dead[0][dynamo_outbox::attr::MESSAGE_ID].as_s().unwrap(),
+        dead[0][dynamo_outbox::protocol::attr::MESSAGE_ID]
+            .as_s()
+            .unwrap(),
         &bad.message_id.to_string()
     );
 }

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dynamo_outbox::metrics::RelayMetrics;
+use dynamo_outbox::protocol::schema::StoredMessage;
 use dynamo_outbox::publish::{KafkaPublisher, PublishOutcome, Publisher};
-use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Relay, RelayOptions};
 use outbox_testkit::*;
 use tokio::time::Instant;
@@ -145,7 +145,7 @@ async fn backlog(writer: &DynamoDbOutboxWriter, topic: &str, count: u64) -> BTre
 
 /// Message items left (a keys-only count: a scan of 300 KB items would take seconds).
 async fn pending(client: &aws_sdk_dynamodb::Client, table: &dynamo_outbox::OutboxOptions) -> usize {
-    let prefix = dynamo_outbox::schema::Keys::new(table).messages_prefix();
+    let prefix = dynamo_outbox::protocol::schema::Keys::new(table).messages_prefix();
     let mut count = 0;
     let mut start = None;
     loop {

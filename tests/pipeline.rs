@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use dynamo_outbox::protocol::schema::StoredMessage;
 use dynamo_outbox::publish::{KafkaPublisher, PublishOutcome, Publisher};
-use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Error, Relay};
 use outbox_testkit::*;
 use tokio::time::Instant;
@@ -164,7 +164,7 @@ async fn slow_deletes_near_the_deadline_still_leave_the_stop_its_time() {
         .iter()
         .all(Option::is_none));
     // What was published and deleted is gone; the rest waits; nothing is lost.
-    let prefix = dynamo_outbox::schema::Keys::new(&options).messages_prefix();
+    let prefix = dynamo_outbox::protocol::schema::Keys::new(&options).messages_prefix();
     let remaining: BTreeSet<String> = scan_all(&plain, &options.table_name)
         .await
         .iter()
@@ -302,14 +302,15 @@ async fn bucket_with_ten_gaps(
         enqueued.iter().map(|e| e.sequence).collect::<Vec<_>>(),
         (1..=21).collect::<Vec<u64>>()
     );
-    let keys = dynamo_outbox::schema::Keys::new(&options);
+    let keys = dynamo_outbox::protocol::schema::Keys::new(&options);
     for seq in (2..=20).step_by(2) {
         client
             .delete_item()
             .table_name(&options.table_name)
-            .set_key(Some(
-                keys.key(keys.message_pk(0), dynamo_outbox::schema::message_sk(seq)),
-            ))
+            .set_key(Some(keys.key(
+                keys.message_pk(0),
+                dynamo_outbox::protocol::schema::message_sk(seq),
+            )))
             .send()
             .await
             .unwrap();
@@ -330,7 +331,7 @@ async fn more_than_eight_gaps_in_one_fetch_stop_the_batch_before_the_ninth() {
     assert_eq!(sequences, before_the_ninth);
     assert_eq!(
         (fetched.gap_probes, fetched.fetches),
-        (dynamo_outbox::store::MAX_GAP_PROBES as u32, 1)
+        (dynamo_outbox::protocol::store::MAX_GAP_PROBES as u32, 1)
     );
 }
 
@@ -351,7 +352,7 @@ fn every_gap_fills() -> Fault {
         }
         values.insert(
             ":from".into(),
-            AttributeValue::S(dynamo_outbox::schema::message_sk(1)),
+            AttributeValue::S(dynamo_outbox::protocol::schema::message_sk(1)),
         );
         true
     })
@@ -370,7 +371,7 @@ async fn a_gap_that_fills_on_every_refetch_stops_at_the_refetch_bound() {
     let fetched = store.fetch(0, None, 100).await.unwrap();
     let sequences: Vec<u64> = fetched.messages.iter().map(|m| m.sequence).collect();
     assert_eq!(sequences, [1], "nothing past the gap at 2");
-    let bound = dynamo_outbox::store::MAX_REFETCHES;
+    let bound = dynamo_outbox::protocol::store::MAX_REFETCHES;
     assert_eq!(
         (fetched.fetches, fetched.gap_probes),
         (1 + bound, 1 + bound),

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dynamo_outbox::error::Rejection;
 use dynamo_outbox::message::{murmur2, to_positive};
+use dynamo_outbox::protocol::schema::StoredMessage;
 use dynamo_outbox::publish::{KafkaCompression, KafkaConfig, KafkaPublisher, Publisher};
-use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::{Error, Header, OutboxMessage};
 use outbox_testkit::{random_name, stack_var};
 

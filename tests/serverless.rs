@@ -515,7 +515,7 @@ struct KafkaDown;
 impl dynamo_outbox::publish::Publisher for KafkaDown {
     async fn publish(
         &self,
-        _: &[dynamo_outbox::schema::StoredMessage],
+        _: &[dynamo_outbox::protocol::schema::StoredMessage],
     ) -> dynamo_outbox::publish::PublishOutcome {
         dynamo_outbox::publish::PublishOutcome::failed(dynamo_outbox::Error::Kafka {
             message: "injected: connection refused".into(),
@@ -582,7 +582,7 @@ async fn a_run_that_leaves_work_starts_one_successor_and_an_empty_one_none() {
         .iter()
         .filter_map(|item| {
             let pk = item.get(&busy.partition_key_attribute)?.as_s().ok()?;
-            pk.strip_prefix(&dynamo_outbox::schema::Keys::new(&busy).messages_prefix())?
+            pk.strip_prefix(&dynamo_outbox::protocol::schema::Keys::new(&busy).messages_prefix())?
                 .parse()
                 .ok()
         })

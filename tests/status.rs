@@ -7,8 +7,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use dynamo_outbox::clock::TICKS_PER_SECOND;
-use dynamo_outbox::schema;
+use dynamo_outbox::protocol::clock::TICKS_PER_SECOND;
+use dynamo_outbox::protocol::schema;
 use dynamo_outbox::status::{read_status, StatusReport, WarningKind};
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, OutboxMessage};
 use outbox_testkit::*;

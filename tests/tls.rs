@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dynamo_outbox::protocol::schema::StoredMessage;
 use dynamo_outbox::publish::env;
 use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher, Publisher};
-use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::OutboxMessage;
 use outbox_testkit::{random_name, read_topic, stack_var};
 use rcgen::{

@@ -8,7 +8,8 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_dynamodb::Client;
 use dynamo_outbox::accounting::Refusals;
-use dynamo_outbox::schema::{self, attr, Keys};
+use dynamo_outbox::protocol::attr;
+use dynamo_outbox::protocol::schema::{self, Keys};
 use dynamo_outbox::table::{self, Provisioned};
 use dynamo_outbox::writer::transaction_error;
 use dynamo_outbox::{DynamoDbOutboxWriter, Error, Header, OutboxMessage, OutboxOptions};
@@ -512,7 +513,7 @@ async fn one_message_is_one_conditional_put_and_a_retried_applied_put_is_one_wri
     let items = query_partition(
         &client,
         &options.table_name,
-        &dynamo_outbox::schema::Keys::new(&options).message_pk(m.bucket()),
+        &dynamo_outbox::protocol::schema::Keys::new(&options).message_pk(m.bucket()),
     )
     .await;
     assert_eq!(items.len(), 1);
@@ -541,7 +542,7 @@ async fn one_message_is_one_conditional_put_and_a_retried_applied_put_is_one_wri
     let items = query_partition(
         &client,
         &options.table_name,
-        &dynamo_outbox::schema::Keys::new(&options).message_pk(m2.bucket()),
+        &dynamo_outbox::protocol::schema::Keys::new(&options).message_pk(m2.bucket()),
     )
     .await;
     let copies = items
@@ -576,7 +577,7 @@ async fn one_message_is_one_conditional_put_and_a_retried_applied_put_is_one_wri
     let items = query_partition(
         &client,
         &options.table_name,
-        &dynamo_outbox::schema::Keys::new(&options).message_pk(m2.bucket()),
+        &dynamo_outbox::protocol::schema::Keys::new(&options).message_pk(m2.bucket()),
     )
     .await;
     let ids: Vec<_> = items

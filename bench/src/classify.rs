@@ -291,7 +291,7 @@ fn classify_query(q: &QueryInput) -> Class {
 }
 
 fn classify_update(u: &UpdateItemInput) -> Class {
-    use dynamo_outbox::schema::{LEASE_SK_PREFIX, RELAY_SK_PREFIX, SEQUENCE_SK};
+    use dynamo_outbox::protocol::schema::{LEASE_SK_PREFIX, RELAY_SK_PREFIX, SEQUENCE_SK};
     let key_strings: Vec<&str> = u
         .key()
         .map(|k| {

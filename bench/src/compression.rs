@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant as StdInstant};
 
+use dynamo_outbox::protocol::schema::StoredMessage;
 use dynamo_outbox::publish::{KafkaCompression, KafkaConfig, KafkaPublisher, Publisher};
-use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::{Header, OutboxMessage};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue, Select};
 use aws_sdk_dynamodb::Client;
+use dynamo_outbox::protocol::schema::Keys;
 use dynamo_outbox::publish::KafkaPublisher;
-use dynamo_outbox::schema::Keys;
 use dynamo_outbox::OutboxOptions;
 use rskafka::client::ClientBuilder;
 use tokio::time::Instant;

@@ -10,8 +10,9 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
 use aws_sdk_dynamodb::Client;
 use dynamo_outbox::metrics::RelayMetrics;
+use dynamo_outbox::protocol::attr;
+use dynamo_outbox::protocol::schema::{self, Keys};
 use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
-use dynamo_outbox::schema::{self, attr, Keys};
 use dynamo_outbox::{OutboxMessage, OutboxOptions};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use tokio::sync::watch;
@@ -345,7 +346,7 @@ impl RelayMetrics for Hook {
         }
     }
 
-    fn refused_write(&self, _kind: dynamo_outbox::store::WriteKind) {
+    fn refused_write(&self, _kind: dynamo_outbox::protocol::store::WriteKind) {
         self.refused.fetch_add(1, Ordering::SeqCst);
     }
 

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dynamo_outbox::metrics::RelayMetrics;
-use dynamo_outbox::store::WriteKind;
+use dynamo_outbox::protocol::store::WriteKind;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;

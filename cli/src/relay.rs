@@ -72,7 +72,9 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
                 offset_ticks = ticks,
                 "OUTBOX_TEST_CLOCK_OFFSET is set: this relay's lease clock is offset (tests only)"
             );
-            store.with_clock(Arc::new(dynamo_outbox::clock::OffsetClock::new(ticks)))
+            store.with_clock(Arc::new(dynamo_outbox::protocol::clock::OffsetClock::new(
+                ticks,
+            )))
         }
         None => store,
     };
@@ -152,7 +154,7 @@ fn parse_clock_offset(field: &str, value: &str) -> Result<i64, Failure> {
         None => (1, value.strip_prefix('+').unwrap_or(value)),
     };
     let d = parse_duration(field, magnitude)?;
-    Ok(sign * dynamo_outbox::clock::duration_to_ticks(d))
+    Ok(sign * dynamo_outbox::protocol::clock::duration_to_ticks(d))
 }
 
 /// Completes on SIGTERM or SIGINT.
@@ -177,7 +179,7 @@ mod tests {
 
     #[test]
     fn test_clock_offsets_take_a_sign() {
-        let s = dynamo_outbox::clock::TICKS_PER_SECOND;
+        let s = dynamo_outbox::protocol::clock::TICKS_PER_SECOND;
         assert_eq!(parse_clock_offset("x", "-5s").unwrap(), -5 * s);
         assert_eq!(parse_clock_offset("x", "+2s").unwrap(), 2 * s);
         assert_eq!(parse_clock_offset("x", "1500ms").unwrap(), 15 * s / 10);

@@ -25,7 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use dynamo_outbox::metrics::otel::{OtelMetrics, METER_NAME};
 use dynamo_outbox::metrics::RelayMetrics;
-use dynamo_outbox::store::WriteKind;
+use dynamo_outbox::protocol::store::WriteKind;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;

@@ -176,7 +176,7 @@ async fn enqueue_status_and_drain_against_the_stack() {
         .table_name(table)
         .set_key(Some(store.keys().key(
             store.keys().message_pk(1),
-            dynamo_outbox::schema::message_sk(2),
+            dynamo_outbox::protocol::schema::message_sk(2),
         )))
         .send()
         .await
@@ -234,7 +234,7 @@ async fn enqueue_status_and_drain_against_the_stack() {
                     .table_name(&table)
                     .set_key(Some(keys.key(
                         keys.message_pk(bucket),
-                        dynamo_outbox::schema::message_sk(seq),
+                        dynamo_outbox::protocol::schema::message_sk(seq),
                     )))
                     .send()
                     .await

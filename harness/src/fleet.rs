@@ -572,8 +572,8 @@ mod tests {
         let text = "\
 2026-11-30T14:35:16.123456Z  INFO run{relay_id=r1}: dynamo_outbox::relay: bucket ownership bucket=3 ownership=\"owns\"
 \u{1b}[2m2026-11-30T14:35:17.000001Z\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m run{relay_id=r1}: dynamo_outbox::relay: bucket ownership \u{1b}[3mbucket\u{1b}[0m\u{1b}[2m=\u{1b}[0m3 \u{1b}[3mownership\u{1b}[0m\u{1b}[2m=\u{1b}[0m\"disowns\"
-2026-11-30T14:35:18.5Z  WARN run{relay_id=r1}: dynamo_outbox::store::leases: conditional write refused kind=\"renew\" relay_id=\"r1\" bucket=3 likely_cause=\"x\"
-2026-11-30T14:35:18.6Z  WARN dynamo_outbox::store::leases: conditional write refused kind=\"claim\" relay_id=\"r1\" bucket=2
+2026-11-30T14:35:18.5Z  WARN run{relay_id=r1}: dynamo_outbox::protocol::store::leases: conditional write refused kind=\"renew\" relay_id=\"r1\" bucket=3 likely_cause=\"x\"
+2026-11-30T14:35:18.6Z  WARN dynamo_outbox::protocol::store::leases: conditional write refused kind=\"claim\" relay_id=\"r1\" bucket=2
 ";
         let p = parse_log(text);
         assert_eq!(p.events.len(), 2, "{p:?}");
@@ -588,10 +588,10 @@ mod tests {
     #[test]
     fn a_refusal_is_recognised_by_its_fields_not_its_wording() {
         let text = "\
-2026-11-30T14:35:18.5Z  WARN run{relay_id=r1}: dynamo_outbox::store::leases: lease write not applied kind=\"claim\" relay_id=\"r1\" bucket=2 likely_cause=\"a peer claimed it first\"
-2026-11-30T14:35:18.6Z  WARN dynamo_outbox::coordination: something else entirely kind=\"heartbeat\" relay_id=\"r1\" likely_cause=\"x\"
+2026-11-30T14:35:18.5Z  WARN run{relay_id=r1}: dynamo_outbox::protocol::store::leases: lease write not applied kind=\"claim\" relay_id=\"r1\" bucket=2 likely_cause=\"a peer claimed it first\"
+2026-11-30T14:35:18.6Z  WARN dynamo_outbox::protocol::coordination: something else entirely kind=\"heartbeat\" relay_id=\"r1\" likely_cause=\"x\"
 2026-11-30T14:35:18.7Z  WARN dynamo_outbox::relay: heartbeat refused: claiming nothing this round
-2026-11-30T14:35:18.8Z DEBUG dynamo_outbox::store::leases: write already applied by an earlier attempt kind=\"renew\" relay_id=\"r1\" bucket=1
+2026-11-30T14:35:18.8Z DEBUG dynamo_outbox::protocol::store::leases: write already applied by an earlier attempt kind=\"renew\" relay_id=\"r1\" bucket=1
 2026-11-30T14:35:18.9Z  WARN dynamo_outbox::relay: publish failed kind=\"transient\" likely_cause=\"broker\"
 ";
         let p = parse_log(text);
@@ -608,9 +608,9 @@ mod tests {
     #[test]
     fn parses_a_real_relay_log() {
         let text = "\
-2026-12-01T09:34:51.957641Z  WARN run{relay_id=same}: dynamo_outbox::store::leases: conditional write refused kind=\"heartbeat\" relay_id=\"same\" likely_cause=\"the record carries a later timestamp: a clock set back, two processes sharing a relay id, or a request this relay abandoned\"
+2026-12-01T09:34:51.957641Z  WARN run{relay_id=same}: dynamo_outbox::protocol::store::leases: conditional write refused kind=\"heartbeat\" relay_id=\"same\" likely_cause=\"the record carries a later timestamp: a clock set back, two processes sharing a relay id, or a request this relay abandoned\"
 2026-12-01T09:34:51.966001Z  WARN run{relay_id=same}: dynamo_outbox::relay: heartbeat refused: claiming nothing this round
-2026-12-01T09:34:53.961124Z  WARN run{relay_id=same}: dynamo_outbox::store::leases: conditional write refused kind=\"heartbeat\" relay_id=\"same\" likely_cause=\"the record carries a later timestamp: a clock set back, two processes sharing a relay id, or a request this relay abandoned\"
+2026-12-01T09:34:53.961124Z  WARN run{relay_id=same}: dynamo_outbox::protocol::store::leases: conditional write refused kind=\"heartbeat\" relay_id=\"same\" likely_cause=\"the record carries a later timestamp: a clock set back, two processes sharing a relay id, or a request this relay abandoned\"
 2026-12-01T09:34:53.961223Z  WARN run{relay_id=same}: dynamo_outbox::relay: stop stamp refused: leaving the leases to lapse
 2026-12-01T09:34:53.961276Z  INFO run{relay_id=same}: dynamo_outbox::relay: relay stopped published=0 refused=2 released=false stop_reason=\"deadline\"
 ";

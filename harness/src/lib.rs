@@ -1468,8 +1468,8 @@ async fn left_message_ids(
     options: &dynamo_outbox::OutboxOptions,
 ) -> Result<Vec<String>, String> {
     use aws_sdk_dynamodb::types::AttributeValue;
-    let prefix = dynamo_outbox::schema::Keys::new(options).messages_prefix();
-    let id = dynamo_outbox::schema::attr::MESSAGE_ID;
+    let prefix = dynamo_outbox::protocol::schema::Keys::new(options).messages_prefix();
+    let id = dynamo_outbox::protocol::attr::MESSAGE_ID;
     let mut ids = Vec::new();
     let mut start = None;
     loop {

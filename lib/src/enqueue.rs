@@ -50,13 +50,14 @@ use tracing::info;
 use tracing::warn;
 use uuid::Uuid;
 
+use crate::attr;
 use crate::clock::{duration_to_ticks, ticks_from_system_time};
 use crate::enqueue_api::{parse_request, EnqueueRequest, EnqueueResponse, EnqueuedMessage};
 use crate::error::{Error, Result};
 #[cfg(feature = "eventbridge")]
 use crate::notification::{CommitNotification, EventBridgeNotifier, NOTIFY_TIMEOUT};
 use crate::options::OutboxOptions;
-use crate::schema::{self, attr, Keys};
+use crate::schema::{self, Keys};
 use crate::writer::{transaction_error, DynamoDbOutboxWriter, Reserved};
 
 /// The environment variable saying how long an idempotency key answers with the first

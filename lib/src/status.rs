@@ -16,10 +16,11 @@ use std::time::Duration;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::Serialize;
 
+use crate::attr;
 use crate::clock::{duration_to_ticks, TICKS_PER_SECOND};
 use crate::coordination::Coordination;
 use crate::error::Result;
-use crate::schema::{self, attr, Keys};
+use crate::schema::{self, Keys};
 use crate::store::DynamoDbOutboxStore;
 
 /// A heartbeat this far ahead of the reader's clock is reported as being in the future.

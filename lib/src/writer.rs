@@ -20,11 +20,12 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use tracing::{debug, instrument};
 use uuid::Uuid;
 
+use crate::attr;
 use crate::error::{from_sdk, Error, Result};
 use crate::message::OutboxMessage;
 use crate::notification::{CommitNotifier, NoopNotifier};
 use crate::options::{OutboxOptions, TopicAllowList};
-use crate::schema::{self, attr, Item, Keys};
+use crate::schema::{self, Item, Keys};
 
 /// A message with its reserved place, ready to join a transaction.
 #[derive(Debug, Clone)]

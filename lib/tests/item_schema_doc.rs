@@ -8,10 +8,10 @@ use std::time::{Duration, UNIX_EPOCH};
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use base64::Engine;
-use dynamo_outbox::clock::ticks_from_system_time;
 use dynamo_outbox::headers::{self, Header};
 use dynamo_outbox::message::{compute_bucket, murmur2, to_positive};
-use dynamo_outbox::schema::{self, Item, Keys};
+use dynamo_outbox::protocol::clock::ticks_from_system_time;
+use dynamo_outbox::protocol::schema::{self, Item, Keys};
 use dynamo_outbox::OutboxOptions;
 use uuid::Uuid;
 

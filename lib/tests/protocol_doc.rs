@@ -12,12 +12,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, UNIX_EPOCH};
 
-use dynamo_outbox::clock::{self, duration_to_ticks, ticks_from_system_time};
-use dynamo_outbox::coordination::{self, Coordination, LeaseRecord, RelayRecord};
 use dynamo_outbox::headers::{self, HeaderError};
 use dynamo_outbox::message::{compute_bucket, murmur2, to_positive};
-use dynamo_outbox::plan::{self, LeaseView, PlanInput};
-use dynamo_outbox::schema::{self, Keys};
+use dynamo_outbox::protocol::clock::{self, duration_to_ticks, ticks_from_system_time};
+use dynamo_outbox::protocol::coordination::{self, Coordination, LeaseRecord, RelayRecord};
+use dynamo_outbox::protocol::plan::{self, LeaseView, PlanInput};
+use dynamo_outbox::protocol::schema::{self, Keys};
 use dynamo_outbox::{OutboxOptions, RelayOptions};
 use uuid::Uuid;
 
@@ -25,7 +25,7 @@ mod doc_examples;
 use doc_examples::{example_blocks, hex, unix_seconds_of, Example};
 
 const DOC: &str = include_str!("../../docs/protocol.md");
-const DELETE_RS: &str = include_str!("../src/store/delete.rs");
+const DELETE_RS: &str = include_str!("../src/protocol/store/delete.rs");
 const STOP_RS: &str = include_str!("../src/relay/stop.rs");
 const STATE_RS: &str = include_str!("../src/relay/state.rs");
 const ROUTE_RS: &str = include_str!("../src/publish/route.rs");
@@ -598,23 +598,23 @@ fn check_constant(name: &str, value: &str, ex: &Example) -> bool {
         "coordination::HANDOVER_STEP" => {
             duration(coordination::HANDOVER_STEP);
             assert_eq!(
-                dynamo_outbox::relay::HANDOVER_STEP,
+                dynamo_outbox::protocol::coordination::HANDOVER_STEP,
                 coordination::HANDOVER_STEP
             );
         }
         "coordination::HANDOVER_WATCH" => {
             duration(coordination::HANDOVER_WATCH);
             assert_eq!(
-                dynamo_outbox::relay::HANDOVER_WATCH,
+                dynamo_outbox::protocol::coordination::HANDOVER_WATCH,
                 coordination::HANDOVER_WATCH
             );
         }
         "coordination::ROUND_WINDOW" => duration(coordination::ROUND_WINDOW),
-        "store::MAX_GAP_PROBES" => number(dynamo_outbox::store::MAX_GAP_PROBES as u64),
-        "store::MAX_REFETCHES" => number(dynamo_outbox::store::MAX_REFETCHES.into()),
+        "store::MAX_GAP_PROBES" => number(dynamo_outbox::protocol::store::MAX_GAP_PROBES as u64),
+        "store::MAX_REFETCHES" => number(dynamo_outbox::protocol::store::MAX_REFETCHES.into()),
         "deletes per BatchWriteItem" => source(
             DELETE_RS,
-            "lib/src/store/delete.rs",
+            "lib/src/protocol/store/delete.rs",
             format!("const CHUNK: usize = {value};"),
         ),
         "release passes of a graceful stop" => source(

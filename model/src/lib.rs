@@ -4,7 +4,7 @@
 //! bounded skew. The lease and heartbeat items are the table's state; every conditional
 //! write is one atomic step, so the checker explores every interleaving of the relays'
 //! writes. A round is: heartbeat, one read of the coordination partition, the plan (the
-//! library's real [`dynamo_outbox::plan::compute`]), then the planned writes one by one.
+//! library's real [`dynamo_outbox::protocol::plan::compute`]), then the planned writes one by one.
 //! A write may land with its response lost (the relay never learns it applied). Relays
 //! may crash; with stalls enabled, time may pass while a relay does nothing, including
 //! between the start and the end of a publish.
@@ -22,7 +22,7 @@
 
 use std::collections::BTreeSet;
 
-use dynamo_outbox::plan::{compute, LeaseView, PlanInput};
+use dynamo_outbox::protocol::plan::{compute, LeaseView, PlanInput};
 use stateright::{Model, Property};
 
 /// Lease duration in ticks (one tick = one renew interval).

@@ -463,7 +463,7 @@ pub async fn scan_all(
 
 /// Message items left in a table.
 pub async fn pending_messages(client: &Client, options: &OutboxOptions) -> usize {
-    let prefix = dynamo_outbox::schema::Keys::new(options).messages_prefix();
+    let prefix = dynamo_outbox::protocol::schema::Keys::new(options).messages_prefix();
     scan_all(client, &options.table_name)
         .await
         .iter()

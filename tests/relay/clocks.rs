@@ -36,7 +36,7 @@ async fn a_clock_set_back_neither_renews_backwards_nor_publishes() {
     wait_until(
         "its heartbeat is refused",
         Duration::from_secs(5),
-        || async { refused.get(dynamo_outbox::store::WriteKind::Heartbeat) >= 1 },
+        || async { refused.get(dynamo_outbox::protocol::store::WriteKind::Heartbeat) >= 1 },
     )
     .await;
     // The wire counted it before the relay did (the interceptor runs inside the request).
@@ -73,12 +73,12 @@ async fn a_clock_set_back_neither_renews_backwards_nor_publishes() {
         );
     }
     assert_eq!(
-        refused.get(dynamo_outbox::store::WriteKind::Renew),
+        refused.get(dynamo_outbox::protocol::store::WriteKind::Renew),
         0,
         "no backwards renewal was even sent"
     );
     assert!(
-        refused.get(dynamo_outbox::store::WriteKind::Heartbeat) >= 1,
+        refused.get(dynamo_outbox::protocol::store::WriteKind::Heartbeat) >= 1,
         "its heartbeat is refused"
     );
     // Clock fixed: it resumes once its clock passes the stored expiry.
@@ -122,7 +122,7 @@ async fn raw_owners(store: &DynamoDbOutboxStore, buckets: u32) -> Vec<Option<Str
 /// an expiry already in the past); once its clock is right again it takes the buckets.
 #[tokio::test]
 async fn a_relay_whose_clock_is_set_back_stops_claiming() {
-    use dynamo_outbox::store::WriteKind;
+    use dynamo_outbox::protocol::store::WriteKind;
     let client = dynamodb().await;
     let options = fresh_table(&client, 2).await;
     let (counted, wire) = counted_client().await;

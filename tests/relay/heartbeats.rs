@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use dynamo_outbox::accounting::RequestCounter;
-use dynamo_outbox::store::WriteKind;
+use dynamo_outbox::protocol::store::WriteKind;
 
 use super::*;
 
@@ -95,7 +95,7 @@ async fn a_relay_cleans_up_records_of_relays_silent_for_ten_lease_durations() {
         .stamp_stopped("stopped", now - 2 * lease)
         .await
         .unwrap());
-    let records = |c: dynamo_outbox::coordination::Coordination| -> Vec<String> {
+    let records = |c: dynamo_outbox::protocol::coordination::Coordination| -> Vec<String> {
         c.relays.into_iter().map(|r| r.relay_id).collect()
     };
     assert_eq!(
@@ -154,21 +154,21 @@ async fn odd_heartbeat_records_are_cleaned_and_a_retried_cleanup_is_done_not_ref
     put_coordination(
         &client,
         &options,
-        &dynamo_outbox::schema::relay_sk("stamp-only"),
+        &dynamo_outbox::protocol::schema::relay_sk("stamp-only"),
         vec![("StoppedAtUtc", n(now - 2 * lease))],
     )
     .await;
     put_coordination(
         &client,
         &options,
-        &dynamo_outbox::schema::relay_sk("bare"),
+        &dynamo_outbox::protocol::schema::relay_sk("bare"),
         vec![],
     )
     .await;
     put_coordination(
         &client,
         &options,
-        &dynamo_outbox::schema::relay_sk("text-seen"),
+        &dynamo_outbox::protocol::schema::relay_sk("text-seen"),
         vec![
             ("LastSeenUtc", AttributeValue::S("yesterday".into())),
             ("StoppedAtUtc", n(now - 2 * lease)),
@@ -217,7 +217,7 @@ async fn odd_heartbeat_records_are_cleaned_and_a_retried_cleanup_is_done_not_ref
     put_coordination(
         &client,
         &options,
-        &dynamo_outbox::schema::relay_sk("gone"),
+        &dynamo_outbox::protocol::schema::relay_sk("gone"),
         vec![("LastSeenUtc", n(seen))],
     )
     .await;

@@ -10,7 +10,7 @@ use super::*;
 /// from the old item as this very write: a success, not counted as a refusal.
 #[tokio::test]
 async fn lease_writes_are_refused_when_stale_and_their_own_retries_are_successes() {
-    use dynamo_outbox::store::WriteKind;
+    use dynamo_outbox::protocol::store::WriteKind;
     let (client, wire) = counted_client().await;
     let options = fresh_table(&client, 1).await;
     let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
@@ -69,14 +69,14 @@ async fn leases_with_an_owner_but_no_numeric_expiry_are_claimed_and_taken_back()
     put_coordination(
         &client,
         &options,
-        &dynamo_outbox::schema::lease_sk(0),
+        &dynamo_outbox::protocol::schema::lease_sk(0),
         vec![owner("ghost")],
     )
     .await;
     put_coordination(
         &client,
         &options,
-        &dynamo_outbox::schema::lease_sk(1),
+        &dynamo_outbox::protocol::schema::lease_sk(1),
         vec![
             owner("ghost"),
             ("ExpiresAtUtc", AttributeValue::S("tomorrow".into())),
@@ -86,14 +86,14 @@ async fn leases_with_an_owner_but_no_numeric_expiry_are_claimed_and_taken_back()
     put_coordination(
         &client,
         &options,
-        &dynamo_outbox::schema::lease_sk(2),
+        &dynamo_outbox::protocol::schema::lease_sk(2),
         vec![owner("me")],
     )
     .await;
     put_coordination(
         &client,
         &options,
-        &dynamo_outbox::schema::lease_sk(3),
+        &dynamo_outbox::protocol::schema::lease_sk(3),
         vec![owner("me"), ("ExpiresAtUtc", AttributeValue::Bool(true))],
     )
     .await;

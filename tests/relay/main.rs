@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use dynamo_outbox::clock::{OffsetClock, TICKS_PER_SECOND};
 use dynamo_outbox::message::{murmur2, to_positive};
+use dynamo_outbox::protocol::clock::{OffsetClock, TICKS_PER_SECOND};
+use dynamo_outbox::protocol::schema::StoredMessage;
 use dynamo_outbox::publish::{KafkaPublisher, PublishOutcome, Publisher};
-use dynamo_outbox::schema::StoredMessage;
 use dynamo_outbox::{
     DynamoDbOutboxStore, DynamoDbOutboxWriter, Error, Header, OutboxMessage, OutboxOptions, Relay,
     RelayOptions, RunReport, StopReason,
@@ -129,7 +129,9 @@ async fn put_coordination(
         .table_name(&options.table_name)
         .item(
             "PK",
-            AttributeValue::S(dynamo_outbox::schema::Keys::new(options).coordination_pk()),
+            AttributeValue::S(
+                dynamo_outbox::protocol::schema::Keys::new(options).coordination_pk(),
+            ),
         )
         .item("SK", AttributeValue::S(sk.into()));
     for (name, value) in attributes {

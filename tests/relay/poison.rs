@@ -79,7 +79,7 @@ async fn a_poison_item_stops_only_its_bucket_until_it_is_quarantined() {
     let topic = random_name("poison");
     create_topic(&topic, 2);
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
-    let keys = dynamo_outbox::schema::Keys::new(&options);
+    let keys = dynamo_outbox::protocol::schema::Keys::new(&options);
     // Bucket 0: an item without MessageId at sequence 1, then a good message.
     client
         .put_item()
@@ -90,7 +90,9 @@ async fn a_poison_item_stops_only_its_bucket_until_it_is_quarantined() {
         )
         .item(
             "SK",
-            aws_sdk_dynamodb::types::AttributeValue::S(dynamo_outbox::schema::message_sk(1)),
+            aws_sdk_dynamodb::types::AttributeValue::S(
+                dynamo_outbox::protocol::schema::message_sk(1),
+            ),
         )
         .item(
             "Topic",
@@ -108,7 +110,9 @@ async fn a_poison_item_stops_only_its_bucket_until_it_is_quarantined() {
         )
         .key(
             "SK",
-            aws_sdk_dynamodb::types::AttributeValue::S(dynamo_outbox::schema::SEQUENCE_SK.into()),
+            aws_sdk_dynamodb::types::AttributeValue::S(
+                dynamo_outbox::protocol::schema::SEQUENCE_SK.into(),
+            ),
         )
         .update_expression("SET #s = :one")
         .expression_attribute_names("#s", "Sequence")
@@ -154,8 +158,10 @@ async fn a_poison_item_stops_only_its_bucket_until_it_is_quarantined() {
     let dead = store.dead_letters().await.unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!(
-        dead[0][dynamo_outbox::store::ORIGINAL_SK].as_s().unwrap(),
-        &dynamo_outbox::schema::message_sk(1)
+        dead[0][dynamo_outbox::protocol::store::ORIGINAL_SK]
+            .as_s()
+            .unwrap(),
+        &dynamo_outbox::protocol::schema::message_sk(1)
     );
     let relay = relay_with(
         &client,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
-use dynamo_outbox::schema;
+use dynamo_outbox::protocol::schema;
 use lambda_runtime::LambdaEvent;
 use outbox_enqueue_function::EnqueueFunction;
 use outbox_testkit::*;
@@ -160,7 +160,8 @@ async fn a_retried_call_with_the_same_idempotency_key_returns_the_first_result()
         .await
         .expect("first call");
     assert_eq!(pending_messages(&client, &options).await, 2);
-    let marker_pk = dynamo_outbox::schema::Keys::new(&options).idempotency_pk("order-42/create");
+    let marker_pk =
+        dynamo_outbox::protocol::schema::Keys::new(&options).idempotency_pk("order-42/create");
     let marker = scan_all(&client, &options.table_name)
         .await
         .into_iter()

@@ -48,7 +48,7 @@ async fn streamed_table(bucket_count: u32) -> (aws_sdk_dynamodb::Client, OutboxO
 /// The stream records of the table's message inserts since `after` (a sequence number),
 /// as one Lambda event, and the last sequence number in it.
 fn doorbell_since(options: &OutboxOptions, after: Option<&str>) -> (Value, Option<String>) {
-    let prefix = dynamo_outbox::schema::Keys::new(options).messages_prefix();
+    let prefix = dynamo_outbox::protocol::schema::Keys::new(options).messages_prefix();
     let mut args = vec![
         "records",
         options.table_name.as_str(),

@@ -324,7 +324,7 @@ async fn overlapping_invocations_hand_buckets_over() {
     // handover step, for at most HANDOVER_WATCH past the announcement; a bucket that
     // waited for the newcomer's next renew round (10 s) would exceed it.
     assert!(
-        longest_unowned < dynamo_outbox::relay::HANDOVER_WATCH,
+        longest_unowned < dynamo_outbox::protocol::coordination::HANDOVER_WATCH,
         "a bucket was unowned for {longest_unowned:?}"
     );
 }

@@ -507,7 +507,7 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
     // and, as OUTBOX_PARTITION_KEY_ATTRIBUTE, to the library.
     let mut options = dynamo_outbox::OutboxOptions::new("t");
     options.partition_key_attribute = "pk".into();
-    let keys = dynamo_outbox::schema::Keys::new(&options);
+    let keys = dynamo_outbox::protocol::schema::Keys::new(&options);
     let pattern = pattern
         .replace("${KeyPrefix}", &keys.prefix)
         .replace("${PartitionKeyAttribute}", &keys.pk);
@@ -805,7 +805,7 @@ fn the_relay_may_invoke_itself_only_to_start_its_successor() {
 }
 
 /// The DynamoDB operations the relay's code calls (the store the relay function runs:
-/// `lib/src/store/` without `quarantine.rs`, which only `outboxctl quarantine` uses; the
+/// `lib/src/protocol/store/` without `quarantine.rs`, which only `outboxctl quarantine` uses; the
 /// relay's phases; the function itself), read from the sources as SDK calls.
 fn relay_dynamodb_operations() -> BTreeSet<String> {
     let calls = [
@@ -821,7 +821,11 @@ fn relay_dynamodb_operations() -> BTreeSet<String> {
         (".transact_get_items()", "TransactGetItems"),
     ];
     let mut files = Vec::new();
-    for dir in ["lib/src/store", "lib/src/relay", "functions/relay/src"] {
+    for dir in [
+        "lib/src/protocol/store",
+        "lib/src/relay",
+        "functions/relay/src",
+    ] {
         for entry in std::fs::read_dir(root().join(dir)).unwrap() {
             let path = entry.unwrap().path();
             // quarantine.rs and status.rs are the operator's (outboxctl), not the relay's.
@@ -1097,7 +1101,7 @@ fn assert_relay_metric_alarms(t: &str) {
     );
     assert_eq!(value(&relay, emf::SERVICE_ENV), emf::DEFAULT_SERVICE);
     let metrics = emf::EmfMetrics::from_lookup("orders-outbox", |_| None);
-    metrics.refused_write(dynamo_outbox::store::WriteKind::Claim);
+    metrics.refused_write(dynamo_outbox::protocol::store::WriteKind::Claim);
     metrics.head_age(0, std::time::Duration::from_secs(400));
     metrics.poison_item(0);
     metrics.publish_failed(0, false);

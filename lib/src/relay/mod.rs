@@ -46,8 +46,6 @@ use state::RunState;
 
 /// Default time kept free before the deadline for the graceful stop.
 pub const DEFAULT_STOP_RESERVE: Duration = Duration::from_secs(2);
-/// The handover's timings, which the coordination snapshot computes with.
-pub use crate::coordination::{HANDOVER_STEP, HANDOVER_WATCH};
 /// Longest time a relay waits for its successor's start to be accepted.
 pub const SUCCESSOR_START_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pause between a relay's first heartbeat and its first read of the coordination partition.

@@ -9,9 +9,10 @@ use tokio::time::Instant;
 use tracing::{debug, info, instrument, warn};
 
 use super::state::{Owned, RunState};
-use super::{Relay, BACKLOG_SAMPLE_INTERVAL, HANDOVER_STEP, HANDOVER_WATCH, JOIN_DELAY};
+use super::{Relay, BACKLOG_SAMPLE_INTERVAL, JOIN_DELAY};
 use crate::clock::{duration_to_ticks, ticks_to_duration};
 use crate::coordination::{Coordination, LeaseRecord, ReadExpiry};
+use crate::coordination::{HANDOVER_STEP, HANDOVER_WATCH};
 use crate::error::{Error, Result};
 use crate::plan::{self, Plan, PlanInput};
 use crate::publish::Publisher;

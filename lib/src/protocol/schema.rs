@@ -26,7 +26,7 @@ use crate::options::OutboxOptions;
 /// A DynamoDB item.
 pub type Item = HashMap<String, AttributeValue>;
 
-pub use crate::attr;
+use crate::attr;
 
 /// Sort key of a sequence counter.
 pub const SEQUENCE_SK: &str = "SEQUENCE";
@@ -37,7 +37,7 @@ pub const RELAY_SK_PREFIX: &str = "RELAY#";
 /// Sort key of an idempotency marker.
 pub const IDEMPOTENCY_SK: &str = "IDEMPOTENCY";
 
-pub use crate::attr::MAX_ITEM_BYTES;
+pub use crate::protocol::attr::MAX_ITEM_BYTES;
 /// DynamoDB's limit of items in one transaction.
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
 /// DynamoDB's limit of bytes in one transaction (4 MB).

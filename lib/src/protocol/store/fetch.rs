@@ -56,6 +56,9 @@ pub struct Fetched {
     pub bytes: usize,
 }
 
+// The protocol's steps, for the relay and for tools and tests that drive them: hidden
+// from the docs of the type an embedder passes to `Relay::new`.
+#[doc(hidden)]
 impl DynamoDbOutboxStore {
     /// Whether the bucket has a message: one eventually consistent, one-item query. A stale
     /// answer only delays a message by one poll; the fetch itself is strongly consistent.
@@ -179,7 +182,7 @@ impl DynamoDbOutboxStore {
             fetched.bytes = items.iter().map(schema::item_size).sum();
             let mut messages = Vec::with_capacity(items.len());
             for item in &items {
-                if let Some(count) = schema::get_n::<u32>(item, schema::attr::BUCKET_COUNT) {
+                if let Some(count) = schema::get_n::<u32>(item, crate::attr::BUCKET_COUNT) {
                     if count != self.options.bucket_count {
                         let (pk, sk) = self.keys.key_of(item);
                         return Err(Error::Misconfiguration(format!(

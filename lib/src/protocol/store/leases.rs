@@ -10,11 +10,12 @@ use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
 use tracing::{debug, instrument, warn};
 
 use super::{DynamoDbOutboxStore, WriteKind};
+use crate::attr;
 use crate::clock::duration_to_ticks;
 use crate::coordination::{self, Coordination, LeaseRecord, ReadExpiry, RelayRecord};
 use crate::error::{from_sdk, Error, Result};
 use crate::options::RelayOptions;
-use crate::schema::{self, attr, get_n, get_s};
+use crate::schema::{self, get_n, get_s};
 
 /// What one read of the coordination partition says of notified buckets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +27,9 @@ pub struct Coverage {
     pub settles_in: Option<std::time::Duration>,
 }
 
+// The protocol's steps, for the relay and for tools and tests that drive them: hidden
+// from the docs of the type an embedder passes to `Relay::new`.
+#[doc(hidden)]
 impl DynamoDbOutboxStore {
     fn refused(&self, kind: WriteKind, relay_id: &str, bucket: Option<u32>) {
         self.refused.add(kind);

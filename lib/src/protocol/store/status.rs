@@ -3,9 +3,13 @@
 //! functions/relay/tests/template.rs).
 
 use super::DynamoDbOutboxStore;
+use crate::attr;
 use crate::error::{from_sdk, Result};
-use crate::schema::{self, attr, Item};
+use crate::schema::{self, Item};
 
+// The protocol's steps, for the relay and for tools and tests that drive them: hidden
+// from the docs of the type an embedder passes to `Relay::new`.
+#[doc(hidden)]
 impl DynamoDbOutboxStore {
     /// The newest message item of a bucket: one strongly consistent query, descending,
     /// limit 1.

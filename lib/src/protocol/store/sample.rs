@@ -2,8 +2,9 @@
 //! limit (DynamoDB bills a count as a read of every counted item) and the head's age.
 
 use super::DynamoDbOutboxStore;
+use crate::attr;
 use crate::error::{from_sdk, Result};
-use crate::schema::{self, attr};
+use crate::schema::{self};
 
 /// The backlog of one bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +27,9 @@ pub struct BucketBacklog {
     pub head_unreadable: bool,
 }
 
+// The protocol's steps, for the relay and for tools and tests that drive them: hidden
+// from the docs of the type an embedder passes to `Relay::new`.
+#[doc(hidden)]
 impl DynamoDbOutboxStore {
     /// Counts a bucket's messages up to the pending count limit and reads its head.
     pub async fn backlog(&self, bucket: u32) -> Result<BucketBacklog> {

@@ -20,6 +20,9 @@ pub(crate) const MAX_ATTEMPTS: u32 = 5;
 /// Longest look at what a cut delete left.
 const RECHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
+// The protocol's steps, for the relay and for tools and tests that drive them: hidden
+// from the docs of the type an embedder passes to `Relay::new`.
+#[doc(hidden)]
 impl DynamoDbOutboxStore {
     /// How many leading messages of `chunk` (ascending sequences of `bucket`) are gone, by
     /// one strongly consistent query of their range (keys only), bounded by
