@@ -753,7 +753,7 @@ SKIPPED = ("covered", "empty", "not_this_outbox")
 def query_mix(cell: dict, message_bytes: int, coordination_bytes: int,
               buckets: int = BUCKETS) -> dict:
     """The relay's Query count per hour (measured) split by kind, from the structure of a
-    run (lib/src/relay, lib/src/store; an estimate: the function counts requests by
+    run (lib/src/relay, lib/src/protocol/store; an estimate: the function counts requests by
     operation only), each kind with the RRU one query of it costs:
       coordination  read_coordination: one per round (every 10 s from the start), one
                     before an idle stop, one per doorbell decision (coverage); strong,
