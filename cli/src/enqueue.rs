@@ -1,6 +1,6 @@
 //! `outboxctl enqueue`: the enqueue function's JSON contract from a file or stdin, run
 //! through the library's enqueue service ([`dynamo_outbox::enqueue::EnqueueService`]:
-//! parsing and checks by [`dynamo_outbox::enqueue_api`], one transaction, the idempotency
+//! parsing and checks by [`dynamo_outbox::enqueue_request`], one transaction, the idempotency
 //! marker, the commit notification), which the enqueue function runs too, so that what
 //! the function accepts and answers, this command does too.
 
@@ -8,7 +8,7 @@ use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 
 use dynamo_outbox::enqueue::{retention_from_lookup, EnqueueService};
-use dynamo_outbox::enqueue_api::parse_request_str;
+use dynamo_outbox::enqueue_request::parse_request_str;
 use dynamo_outbox::notification::{EventBridgeNotifier, NOTIFY_EVENT_BUS};
 use dynamo_outbox::Error;
 

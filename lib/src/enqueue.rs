@@ -1,4 +1,4 @@
-//! The enqueue service: one JSON request of [`crate::enqueue_api`] parsed, checked,
+//! The enqueue service: one JSON request of [`crate::enqueue_request`] parsed, checked,
 //! written in one transaction (with its idempotency marker when the request has an
 //! `idempotency_key`) and announced by a commit notification. The enqueue Lambda function
 //! and `outboxctl enqueue` both run it, so that what one accepts and answers, the other
@@ -52,7 +52,7 @@ use uuid::Uuid;
 
 use crate::attr;
 use crate::clock::{duration_to_ticks, ticks_from_system_time};
-use crate::enqueue_api::{parse_request, EnqueueRequest, EnqueueResponse, EnqueuedMessage};
+use crate::enqueue_request::{parse_request, EnqueueRequest, EnqueueResponse, EnqueuedMessage};
 use crate::error::{Error, Result};
 #[cfg(feature = "eventbridge")]
 use crate::notification::{CommitNotification, EventBridgeNotifier, NOTIFY_TIMEOUT};

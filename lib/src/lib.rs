@@ -46,7 +46,7 @@ pub mod client;
 #[doc(hidden)]
 pub mod enqueue;
 #[doc(hidden)]
-pub mod enqueue_api;
+pub mod enqueue_request;
 pub mod error;
 pub mod headers;
 #[cfg(feature = "lambda")]

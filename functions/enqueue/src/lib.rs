@@ -1,5 +1,5 @@
 //! The enqueue API as an AWS Lambda function: other services invoke it directly (IAM) with
-//! the JSON request of [`dynamo_outbox::enqueue_api`] and get each message's id, bucket
+//! the JSON request of [`dynamo_outbox::enqueue_request`] and get each message's id, bucket
 //! and sequence back. The function is the Lambda glue around the library's
 //! [`EnqueueService`] (parsing and checks, one transaction, the idempotency marker, the
 //! commit notification: see [`dynamo_outbox::enqueue`]), which `outboxctl enqueue` runs
@@ -18,7 +18,7 @@
 use std::time::{Duration, SystemTime};
 
 use dynamo_outbox::enqueue::EnqueueService;
-use dynamo_outbox::enqueue_api::EnqueueResponse;
+use dynamo_outbox::enqueue_request::EnqueueResponse;
 pub use dynamo_outbox::lambda::FunctionError;
 use dynamo_outbox::notification::EventBridgeNotifier;
 #[cfg(doc)]

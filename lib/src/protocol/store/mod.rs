@@ -14,10 +14,10 @@
 
 pub(crate) mod delete;
 pub(crate) mod fetch;
+pub(crate) mod inspect;
 pub(crate) mod leases;
 pub(crate) mod quarantine;
 pub(crate) mod sample;
-pub(crate) mod status;
 
 pub use fetch::{Fetched, Gap, MAX_GAP_PROBES, MAX_REFETCHES};
 pub use leases::Coverage;
