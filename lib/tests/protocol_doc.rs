@@ -26,7 +26,7 @@ use doc_examples::{example_blocks, hex, unix_seconds_of, Example};
 
 const DOC: &str = include_str!("../../docs/protocol.md");
 const DELETE_RS: &str = include_str!("../src/protocol/store/delete.rs");
-const STOP_RS: &str = include_str!("../src/relay/stop.rs");
+const STOP_RS: &str = include_str!("../src/relay/graceful_stop.rs");
 const STATE_RS: &str = include_str!("../src/relay/state.rs");
 const ROUTE_RS: &str = include_str!("../src/publish/route.rs");
 
@@ -619,7 +619,7 @@ fn check_constant(name: &str, value: &str, ex: &Example) -> bool {
         ),
         "release passes of a graceful stop" => source(
             STOP_RS,
-            "lib/src/relay/stop.rs",
+            "lib/src/relay/graceful_stop.rs",
             format!("for _ in 0..{value} {{"),
         ),
         "silent heartbeat removed after (lease durations)" => {

@@ -140,15 +140,7 @@ async fn a_relay_whose_clock_is_set_back_stops_claiming() {
         )
         .unwrap(),
     );
-    let peer = spawn(
-        relay_with(
-            &counted,
-            &options,
-            publisher.clone(),
-            fast_relay_options("b-peer", 2),
-        )
-        .await,
-    );
+    let peer = spawn_fast(&counted, &options, &publisher, "b-peer", 2).await;
     let both = vec![Some("a-skewed".to_string()), Some("b-peer".to_string())];
     wait_until("one bucket each", Duration::from_secs(20), || async {
         let mut owners = lease_owners(&client, &options).await;

@@ -116,15 +116,7 @@ async fn a_crashed_relays_buckets_are_taken_over_after_its_leases_lapse() {
     let options = fresh_table(&client, 4).await;
     let publisher = kafka_publisher().await;
     let (counted, wire) = counted_client().await;
-    let a = spawn(
-        relay_with(
-            &counted,
-            &options,
-            publisher.clone(),
-            fast_relay_options("a", 4),
-        )
-        .await,
-    );
+    let a = spawn_fast(&counted, &options, &publisher, "a", 4).await;
     wait_until("a owns all", Duration::from_secs(10), || async {
         lease_owners(&client, &options)
             .await
@@ -132,15 +124,7 @@ async fn a_crashed_relays_buckets_are_taken_over_after_its_leases_lapse() {
             .all(|o| o.as_deref() == Some("a"))
     })
     .await;
-    let b = spawn(
-        relay_with(
-            &counted,
-            &options,
-            publisher.clone(),
-            fast_relay_options("b", 4),
-        )
-        .await,
-    );
+    let b = spawn_fast(&counted, &options, &publisher, "b", 4).await;
     wait_until("a and b split", Duration::from_secs(10), || async {
         owned_counts(&lease_owners(&client, &options).await).get("b") == Some(&2)
     })
@@ -193,28 +177,12 @@ async fn more_relays_than_buckets_leaves_standbys_that_write_no_lease() {
     let mut running = Vec::new();
     let m_only = vec![Some("pod-m".to_string()); 2];
     let expected = vec![Some("pod-m".to_string()), Some("pod-n".to_string())];
-    running.push(spawn(
-        relay_with(
-            &counted,
-            &options,
-            publisher.clone(),
-            fast_relay_options("pod-m", 2),
-        )
-        .await,
-    ));
+    running.push(spawn_fast(&counted, &options, &publisher, "pod-m", 2).await);
     wait_until("pod-m holds both", Duration::from_secs(15), || async {
         lease_owners(&client, &options).await == m_only
     })
     .await;
-    running.push(spawn(
-        relay_with(
-            &counted,
-            &options,
-            publisher.clone(),
-            fast_relay_options("pod-n", 2),
-        )
-        .await,
-    ));
+    running.push(spawn_fast(&counted, &options, &publisher, "pod-n", 2).await);
     wait_until(
         "pod-m and pod-n hold one bucket each",
         Duration::from_secs(15),
@@ -223,15 +191,7 @@ async fn more_relays_than_buckets_leaves_standbys_that_write_no_lease() {
     .await;
     // Two more join a fleet whose split is already fair: nothing moves, though pod-a sorts first.
     for id in ["pod-a", "pod-q"] {
-        running.push(spawn(
-            relay_with(
-                &counted,
-                &options,
-                publisher.clone(),
-                fast_relay_options(id, 2),
-            )
-            .await,
-        ));
+        running.push(spawn_fast(&counted, &options, &publisher, id, 2).await);
     }
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
@@ -268,35 +228,11 @@ async fn far_back_standbys_skip_every_other_round_but_stay_counted() {
     let options = fresh_table(&client, 1).await;
     let publisher = kafka_publisher().await;
     let (counted, wire) = counted_client().await;
-    let owner = spawn(
-        relay_with(
-            &counted,
-            &options,
-            publisher.clone(),
-            fast_relay_options("a", 1),
-        )
-        .await,
-    );
+    let owner = spawn_fast(&counted, &options, &publisher, "a", 1).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // b is the first standby (rank 0 < 1 bucket): every round; c is further back: every other.
-    let b = spawn(
-        relay_with(
-            &counted,
-            &options,
-            publisher.clone(),
-            fast_relay_options("b", 1),
-        )
-        .await,
-    );
-    let c = spawn(
-        relay_with(
-            &counted,
-            &options,
-            publisher.clone(),
-            fast_relay_options("c", 1),
-        )
-        .await,
-    );
+    let b = spawn_fast(&counted, &options, &publisher, "b", 1).await;
+    let c = spawn_fast(&counted, &options, &publisher, "c", 1).await;
     tokio::time::sleep(Duration::from_secs(8)).await;
     let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
     let coordination = store.read_coordination().await.unwrap();

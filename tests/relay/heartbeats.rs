@@ -15,24 +15,8 @@ async fn a_stopped_relays_heartbeat_record_is_deleted_one_lease_duration_later()
     let options = fresh_table(&client, 2).await;
     let publisher = kafka_publisher().await;
     let (counted, wire) = counted_client().await;
-    let a = spawn(
-        relay_with(
-            &counted,
-            &options,
-            publisher.clone(),
-            fast_relay_options("a", 2),
-        )
-        .await,
-    );
-    let z = spawn(
-        relay_with(
-            &counted,
-            &options,
-            publisher.clone(),
-            fast_relay_options("z", 2),
-        )
-        .await,
-    );
+    let a = spawn_fast(&counted, &options, &publisher, "a", 2).await;
+    let z = spawn_fast(&counted, &options, &publisher, "z", 2).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let report = z.stop().await;
     assert!(report.released);

@@ -66,6 +66,19 @@ async fn relay_with<P: Publisher>(
     Relay::new(store, publisher, relay_options).unwrap()
 }
 
+/// A relay with the fast test options (`fast_relay_options(id, bucket_count)`) on
+/// `client`, running until it is stopped.
+async fn spawn_fast<P: Publisher>(
+    client: &aws_sdk_dynamodb::Client,
+    options: &OutboxOptions,
+    publisher: &Arc<P>,
+    id: &str,
+    bucket_count: u32,
+) -> Running {
+    let relay_options = fast_relay_options(id, bucket_count);
+    spawn(relay_with(client, options, publisher.clone(), relay_options).await)
+}
+
 async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
 where
     F: FnMut() -> Fut,

@@ -16,13 +16,13 @@
 //! so its leases lapse as after a crash.
 
 mod batch;
+mod graceful_stop;
 mod idle;
 mod outcome;
 mod report;
 mod round;
-mod shutdown;
 mod state;
-mod stop;
+mod stop_signal;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -41,8 +41,8 @@ use crate::publish::Publisher;
 use crate::store::{DynamoDbOutboxStore, WriteKind};
 
 pub use report::{RunReport, StopReason};
-use shutdown::Shutdown;
 use state::RunState;
+use stop_signal::Shutdown;
 
 /// Default time kept free before the deadline for the graceful stop.
 pub const DEFAULT_STOP_RESERVE: Duration = Duration::from_secs(2);
