@@ -828,11 +828,11 @@ fn relay_dynamodb_operations() -> BTreeSet<String> {
     ] {
         for entry in std::fs::read_dir(root().join(dir)).unwrap() {
             let path = entry.unwrap().path();
-            // quarantine.rs and status.rs are the operator's (outboxctl), not the relay's.
+            // quarantine.rs and inspect.rs are the operator's (outboxctl), not the relay's.
             if path.extension().is_some_and(|e| e == "rs")
                 && path
                     .file_name()
-                    .is_some_and(|n| n != "quarantine.rs" && n != "status.rs")
+                    .is_some_and(|n| n != "quarantine.rs" && n != "inspect.rs")
             {
                 files.push(path);
             }
