@@ -107,6 +107,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import shutil
@@ -602,6 +603,12 @@ TROUBLE_ALARMS = ("OutboxStuckAlarm", "PoisonItemsAlarm", "PublishFailuresAlarm"
                   "RefusedWritesAlarm")
 
 
+@functools.lru_cache(maxsize=1)
+def template_alarms_source() -> dict:
+    """template.yaml parsed once (the stuck scenario evaluates its alarms every 5 s)."""
+    return alarms.load_template(TEMPLATE)
+
+
 def alarm_report(relay: Function, invs: list[tuple[dict, dict | None]], table: str,
                  t0: float, t_end: float, params: dict | None = None,
                  require_emf: bool = True) -> dict:
@@ -611,9 +618,8 @@ def alarm_report(relay: Function, invs: list[tuple[dict, dict | None]], table: s
     (every document must be valid EMF), and the AWS/Lambda metrics the emulator saw (an
     Errors and an Invocations datapoint per invocation, at its start).  Returns, per
     alarm, its state at the end and its transitions in seconds after t0."""
-    tpl = alarms.load_template(TEMPLATE)
     resolved = alarms.resolve_alarms(
-        tpl, dict({"KafkaBootstrapServers": "local:9092"}, **(params or {})),
+        template_alarms_source(), dict({"KafkaBootstrapServers": "local:9092"}, **(params or {})),
         resource_names={"OutboxTable": table, "RelayFunction": relay.name})
     with open(relay.function_log, encoding="utf-8", errors="replace") as f:
         read = alarms.read_emf(f)
