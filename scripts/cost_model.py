@@ -119,7 +119,7 @@ HOURS_PER_MONTH = 730
 # pages; free tiers are not deducted anywhere (they are per account, not per stack).
 PRICES_READ = "2026-12-02"
 PRICE_TABLE = {
-    # Lambda, arm64 (the template's Architecture default), first 7.5 billion GB-s a month.
+    # Lambda, arm64 (the template's architecture), first 7.5 billion GB-s a month.
     "lambda_arm64_gb_s": (0.0000133334, "GB-second", "https://aws.amazon.com/lambda/pricing/"),
     "lambda_request": (0.20 / 1e6, "request", "https://aws.amazon.com/lambda/pricing/"),
     # DynamoDB on-demand (the template's BillingMode: PAY_PER_REQUEST), standard table class.

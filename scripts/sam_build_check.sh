@@ -1,26 +1,21 @@
 #!/usr/bin/env bash
-# `sam build` as a user runs it, with the repository's samconfig.toml (cached = true,
-# parallel = true, its parameter_overrides): the artifact users deploy by default (arm64),
-# and two traps that cfn-lint and `sam validate` cannot see:
+# `sam build` as a user runs it, with the repository's samconfig.toml (cached = false,
+# parallel = true): the artifact users deploy by default (arm64), and the traps that
+# cfn-lint and `sam validate` cannot see:
 #
-#   arm64         samconfig.toml as it is (Architecture="arm64", the template's default:
-#                 what `sam build && sam deploy` ships) must give aarch64 executables,
-#                 cross-compiled by cargo-lambda with zig (the venv's ziglang);
-#                 scripts/test.sh then runs them under qemu-aarch64-static.
-#   architecture  samconfig.toml with Architecture="x86_64" (the host's; the template's
-#                 default is arm64) must give x86-64 executables: sam build reads
-#                 parameter_overrides only from [default.global.parameters] or
-#                 [default.build.parameters], not from [default.deploy.parameters].
-#   build cache   a second sam build with the same build and cache directories, after a
-#                 change under lib/ only, must build both functions again: SAM's cache is
-#                 keyed on a checksum of each function's CodeUri, so a CodeUri of
-#                 functions/relay kept the cached bootstrap ("Valid cache found") and
-#                 `sam deploy` shipped the old code.  The change is a new file under lib/
-#                 that cargo does not compile: SAM's checksum covers every file of
-#                 CodeUri, so it must say "Cache is invalid, running build" for both
-#                 functions, and cargo-lambda then finds nothing to recompile (seconds,
-#                 where a changed source file cost two more release builds of the
-#                 project's crates per run: this build and, at the next run, its undoing).
+#   arm64         template.yaml as it is (Globals: Architectures arm64: what `sam build &&
+#                 sam deploy --guided` ships) must give aarch64 executables, cross-compiled
+#                 by cargo-lambda with zig (the venv's ziglang); scripts/test.sh then runs
+#                 them under qemu-aarch64-static.
+#   x86_64        the template with that one line changed to x86_64 (what docs/deploy.md
+#                 tells users without zig to do) must give x86-64 executables.
+#   deploy        the built template (what `sam deploy` and `sam deploy --guided` read)
+#                 must name the architecture of its bootstraps as a literal and have no
+#                 parameter that could change it: a deploy-time Architecture=x86_64 once
+#                 shipped an arm64 executable on an x86_64 function.
+#   build again   a second sam build with nothing changed must give the same bootstraps
+#                 (cargo's incremental build is the cache; SAM's is off, because its
+#                 checksum of CodeUri, the workspace root, walks target/ and .git).
 #
 # Usage: scripts/sam_build_check.sh OUT_DIR
 #   OUT_DIR/build        the x86-64 bootstraps of the working tree (RelayFunction/bootstrap,
@@ -32,8 +27,7 @@
 # CARGO_TARGET_DIR, so cargo rebuilds only what changed in the working tree since the
 # last run, once per architecture (nothing: seconds; a change under lib/: ~5 min each
 # on 2 cores; the arm64 build from scratch, with the host's build scripts and proc
-# macros already built by the x86-64 build: ~10.5 min).  SAM's own cache directory is
-# fresh on every run.  Builds into the
+# macros already built by the x86-64 build: ~10.5 min).  Builds into the
 # shared target directory take $CACHE/sam-build.lock: every sam build of the machine
 # writes the same $CARGO_TARGET_DIR/lambda/<binary>/bootstrap, from which SAM copies,
 # and two at once (another clone's, or the other architecture) could copy each other's.
@@ -95,58 +89,74 @@ sync_tree() {
     rm -f "$list"
 }
 
-# The repository's samconfig.toml with the host's architecture, wherever it sets it.
-config=$WORK/samconfig.toml
-sed 's/Architecture=\\"arm64\\"/Architecture=\\"x86_64\\"/' "$ROOT/samconfig.toml" >"$config"
-grep -q 'Architecture=\\"x86_64\\"' "$config" ||
-    fail "samconfig.toml sets no Architecture=\"arm64\" in parameter_overrides to replace"
-
-# One copy of the working tree, at a fixed path (SAM's build.toml records each function's
-# CodeUri as an absolute path: the second build must see the same directory changed).
+# One copy of the working tree, at a fixed path (cargo's fingerprints of the workspace's
+# crates name their paths: the same path keeps them fresh between runs).
 tree=$WORK/tree
-stamp=lib/sam-build-check.stamp
-[[ ! -e $ROOT/$stamp ]] || fail "$stamp exists in the working tree; it is this check's"
+x86_template=template.x86_64.yaml
 sync_tree "$ROOT" "$tree"
-# Put the copy back as the working tree has it, whatever happens below.
-trap 'rm -f "$tree/$stamp"' EXIT
+[[ ! -e $ROOT/$x86_template ]] || fail "$x86_template exists in the working tree; it is this check's"
+# The template as a user without zig edits it: the Globals' architecture line only.
+sed 's/^      - arm64$/      - x86_64/' "$tree/template.yaml" >"$tree/$x86_template"
+cmp -s "$tree/template.yaml" "$tree/$x86_template" &&
+    fail "template.yaml has no Globals line '      - arm64' under Architectures to change"
+trap 'rm -f "$tree/$x86_template"' EXIT
 
-# Same build directory's parent (SAM keeps build.toml, with each function's source
-# checksum, next to the build directory) and the same cache directory for both builds.
-build() { # $1: build directory
-    (cd "$tree" && sam build --config-file "$config" --template template.yaml \
-        --build-dir "$1" --cache-dir "$OUT/cache")
+build() { # $1: template, $2: build directory
+    (cd "$tree" && sam build --config-file "$ROOT/samconfig.toml" --template "$1" \
+        --build-dir "$2")
+}
+
+# The built template names the machine of its bootstraps as a literal, and no parameter
+# can change it at deploy time.
+check_built_template() { # $1: build directory, $2: architecture
+    python3 - "$1/template.yaml" "$2" <<'PY' || fail "$1/template.yaml: see above"
+import sys
+from samtranslator.yaml_helper import yaml_parse
+path, arch = sys.argv[1], sys.argv[2]
+with open(path) as f:
+    t = yaml_parse(f.read())
+problems = []
+if "Architecture" in t.get("Parameters", {}):
+    problems.append("has a parameter Architecture: a deploy-time answer could change it")
+globals_arch = t.get("Globals", {}).get("Function", {}).get("Architectures")
+for name, r in t["Resources"].items():
+    if r["Type"] != "AWS::Serverless::Function":
+        continue
+    arch_of = r.get("Properties", {}).get("Architectures", globals_arch)
+    if arch_of != [arch]:
+        problems.append(f"{name}: Architectures is {arch_of!r}, its bootstrap is {arch}")
+for p in problems:
+    print(f"{path}: {p}", file=sys.stderr)
+sys.exit(1 if problems else 0)
+PY
+    echo "$1/template.yaml: both functions are $2 (a literal; no parameter changes it)"
 }
 
 started=$SECONDS
-echo "--- sam build of the working tree (samconfig.toml, Architecture=x86_64)"
-build "$OUT/build"
-check_elf "$OUT/build" 62 x86-64 "sam build did not take Architecture from samconfig.toml"
+echo "--- sam build of the working tree, the template's architecture line set to x86_64"
+build "$x86_template" "$OUT/build"
+check_elf "$OUT/build" 62 x86-64 "sam build did not take the template's Architectures"
+check_built_template "$OUT/build" x86_64
 echo "($((SECONDS - started)) s)"
 
-# The change under lib/ only: a file that no crate compiles (so cargo has nothing to
-# redo), which SAM's checksum of CodeUri sees.
-date -u +%s%N >"$tree/$stamp"
+# Nothing changed: cargo compiles nothing and SAM copies the same executables.
+keep=$(mktemp -d)
+for fn in "${FUNCTIONS[@]}"; do cp "$OUT/build/$fn/bootstrap" "$keep/$fn"; done
 started=$SECONDS
-echo "--- sam build again, same build and cache directories, after a change under lib/ only"
-log=$OUT/build-lib-changed.log
-build "$OUT/build-lib-changed" 2>&1 | tee "$log"
+echo "--- sam build again, nothing changed"
+build "$x86_template" "$OUT/build"
 for fn in "${FUNCTIONS[@]}"; do
-    grep -q "Valid cache found, copying previously built resources for following functions.*\b$fn\b" "$log" &&
-        fail "$fn: SAM's build cache missed the change under lib/ (\"Valid cache found\"): sam deploy would ship the old bootstrap"
-    grep -q "Cache is invalid, running build and copying resources for following functions.*\b$fn\b" "$log" ||
-        fail "$fn: sam build did not say \"Cache is invalid, running build\" after the change under lib/ (see $log)"
-    [[ -x $OUT/build-lib-changed/$fn/bootstrap ]] || fail "$fn: no bootstrap after the change under lib/"
-    echo "$fn: built again after the change under lib/ (SAM's cache saw it)"
+    cmp -s "$keep/$fn" "$OUT/build/$fn/bootstrap" ||
+        fail "$fn: a second sam build with nothing changed made another bootstrap"
 done
-rm -rf "$OUT/build-lib-changed" "$log"
-echo "($((SECONDS - started)) s)"
+rm -rf "$keep"
+echo "both bootstraps as before ($((SECONDS - started)) s)"
 
-# The default artifact: samconfig.toml as it is, from the same copy (the stamp is no
-# source of any crate) with a cache directory of its own.
+# The default artifact: template.yaml as it is.
 started=$SECONDS
-echo "--- sam build of the working tree (samconfig.toml as it is, Architecture=arm64)"
-(cd "$tree" && sam build --config-file "$ROOT/samconfig.toml" --template template.yaml \
-    --build-dir "$OUT/build-arm64" --cache-dir "$OUT/cache-arm64")
+echo "--- sam build of the working tree (template.yaml as it is: arm64)"
+build template.yaml "$OUT/build-arm64"
 check_elf "$OUT/build-arm64" 183 aarch64 "sam build did not build the template's default architecture"
+check_built_template "$OUT/build-arm64" arm64
 echo "($((SECONDS - started)) s)"
 echo "sam build check passed"

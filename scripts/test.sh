@@ -17,8 +17,9 @@
 #        scripts/test_lambda_model.py (the self-test of the local model of Lambda:
 #          lambda_runtime.py, streams.py poll, cfn_template.py, with a fake function)
 #        scripts/sam_build_check.sh: sam build with samconfig.toml for x86_64 (and again
-#          after a change under lib/), and as it is for arm64 (the template's default:
-#          the artifact `sam build && sam deploy` ships), each checked for its ELF machine
+#          with nothing changed), and as it is for arm64 (the template's default: the
+#          artifact `sam build && sam deploy` ships), each checked for its ELF machine and
+#          its built template's literal architecture
 #        scripts/lambda_e2e.py (both functions under cargo lambda watch/invoke)
 #        scripts/examples_e2e.py (the library's examples: place_orders, then
 #          embedded_relay publishing the orders and stopping on SIGTERM)
@@ -87,16 +88,16 @@ if [[ ${1:-} == --inside-stack ]]; then
     alarms=0
     "$CACHE/venv/bin/python" scripts/test_alarms.py || alarms=$?
 
-    # sam build for the host's architecture (x86_64) with the repository's samconfig.toml
-    # (cached = true, its parameter_overrides with Architecture="x86_64"), into the shared
-    # target directory; then a second build with the same build and cache directories
-    # after a change under lib/ only, for which SAM must build both functions again (its
-    # build cache keys on CodeUri); then the arm64 build with samconfig.toml as it is
-    # (the template's default, cross-compiled by cargo-lambda with the venv's zig), which
-    # must give aarch64 executables.  A failed build fails the test command here.
+    # sam build with the repository's samconfig.toml (cached = false) into the shared
+    # target directory: for the host's architecture (x86_64: the template's architecture
+    # line changed, as docs/deploy.md tells users without zig), then again with nothing
+    # changed (the same bootstraps), then the template as it is (arm64, cross-compiled by
+    # cargo-lambda with the venv's zig), which must give aarch64 executables; each built
+    # template must name its bootstraps' architecture with no parameter that could change
+    # it at deploy time.  A failed build fails the test command here.
     # scripts/sam_build_check.sh says what it checks and costs (the arm64 build: seconds
     # when nothing changed, ~5 min after a change under lib/, ~10.5 min from scratch).
-    step "sam build with samconfig.toml: x86_64, again after a change under lib/, and arm64 (scripts/sam_build_check.sh)"
+    step "sam build with samconfig.toml: x86_64, again with nothing changed, and arm64 (scripts/sam_build_check.sh)"
     sam_dir=$(mktemp -d "${TMPDIR:-/tmp}/outbox-sam.XXXXXX")
     bash scripts/sam_build_check.sh "$sam_dir"
     # $sam_dir is removed after the end-to-end steps, which run these bootstraps.
