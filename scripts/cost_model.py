@@ -433,6 +433,7 @@ class Emulator:
         cmd = [PY, os.path.join(SCRIPTS, "lambda_runtime.py"), args.binary,
                "--function-name", "outbox-relay", "--timeout", f"{self.timeout:g}",
                "--memory", str(args.memory), "--max-concurrency", str(args.max_concurrency),
+               *(["--cpu-share"] if args.cpu_share else []),
                "--schedule", f"{self.period:g}", "--schedule-offset", f"{offset:g}",
                "--schedule-payload", SCHEDULE_PAYLOAD, "--port-file", self.port_file,
                "--template", TEMPLATE, "--template-function", "RelayFunction",
@@ -1334,6 +1335,9 @@ def main() -> int:
                    help="divide the schedule periods and the relay timeout by this")
     p.add_argument("--timeout", type=float, default=70.0, help="relay timeout (70 s)")
     p.add_argument("--memory", type=int, default=256)
+    p.add_argument("--cpu-share", action="store_true",
+                   help="the relay gets --memory/1769 of one CPU, as on Lambda "
+                   "(lambda_runtime.py --cpu-share)")
     p.add_argument("--max-concurrency", type=int, default=5)
     p.add_argument("--stream-max-retries", type=int, default=None,
                    help="streams.py poll --max-retries (default: the template's "

@@ -31,14 +31,16 @@ flags, checked by counting and ordering what reached the fake function:
                   same time, each in order and one batch at a time
   batching        BatchSize 3 and a 1.5 s window: batches 1, 2, 3, 3, 1; the window
                   begins when the previous invocation completes
+  cpu_share       --cpu-share at 128 MB: a function spinning 2 s uses at most 128/1769
+                  of a CPU
   template        cfn_template.py and poll --template read RelayDoorbell (and a flag
                   overrides one setting), the template's filter with KeyPrefix given,
                   WakeOn=schedule refused; lambda_runtime.py's async settings from
                   Lambda's defaults and from the template
 
 Arguments, optional: the names of the tests to run without their "test_" prefix
-(emulator schedule async streams record_age throttles function_errors bisect shards
-batching template); none runs them all.
+(emulator schedule async cpu_share streams record_age throttles function_errors bisect
+shards batching template); none runs them all.
 
 Prints one line per check and a closing line "N passed, M failed"; exits 1 when a
 check failed.
@@ -81,6 +83,12 @@ while True:
         event = json.loads(r.read() or b"null")
     if isinstance(event, dict) and event.get("sleep"):
         time.sleep(event["sleep"])
+    cpu_s = None
+    if isinstance(event, dict) and event.get("spin"):
+        cpu0, until = time.process_time(), time.time() + event["spin"]
+        while time.time() < until:
+            pass
+        cpu_s = time.process_time() - cpu0
     if isinstance(event, dict) and any(
             "SLOW" in json.dumps(rec.get("dynamodb", {}).get("Keys", {}))
             for rec in event.get("Records", [])):
@@ -95,7 +103,7 @@ while True:
             headers={"Lambda-Runtime-Function-Error-Type": "Unhandled"})
     else:
         body = {"request_id": rid, "received_ms": int(got * 1000), "headers": headers,
-                "pid": os.getpid(), "event": event,
+                "pid": os.getpid(), "event": event, "cpu_s": cpu_s,
                 "env": {k: v for k, v in os.environ.items()
                         if k.startswith(("AWS_LAMBDA", "FAKE", "LAMBDA_", "_HANDLER", "AWS_REGION"))}}
         req = urllib.request.Request(api + f"/invocation/{rid}/response", method="POST",
@@ -1010,6 +1018,24 @@ def test_template(tmp: str, fake: str, endpoint: str) -> None:
         emu.shutdown()
 
 
+def test_cpu_share(tmp: str, fake: str) -> None:
+    """--cpu-share at 128 MB: a function spinning for 2 s of wall time gets at most its
+    share of one CPU, 128/1769 (CFS enforces it per 100 ms period)."""
+    emu = Emulator(tmp, fake, "--cpu-share", "--memory", "128", "--timeout", "10")
+    try:
+        quota = emu.stats(invocations=False)["cpu_quota"]
+        check(abs(quota - 128 / 1769) < 0.001, "cpu_share: the quota is 128/1769 of a CPU",
+              f"{quota}")
+        out = emu.invoke({"spin": 2.0})
+        cpu = json.loads(out["body"])["cpu_s"]
+        # At most the quota over 2 s plus one period's worth; at least some CPU.
+        check(0.005 < cpu <= 2.0 * quota + 0.1 * 1.0,
+              "cpu_share: 2 s of spinning used at most its share of a CPU",
+              f"{cpu:.3f} CPU s, the share {2.0 * quota:.3f}")
+    finally:
+        emu.shutdown()
+
+
 def test_async(tmp: str, fake: str) -> None:
     """EventInvokeConfig: function errors retried MaximumRetryAttempts times after the
     configured delays; throttles retried until MaximumEventAgeInSeconds."""
@@ -1085,6 +1111,8 @@ def main() -> int:
             test_schedule(tmp, fake)
         if wanted(test_async):
             test_async(tmp, fake)
+        if wanted(test_cpu_share):
+            test_cpu_share(tmp, fake)
         stream_tests = [t for t in (test_streams, test_record_age, test_throttles,
                                     test_function_errors, test_bisect, test_shards,
                                     test_batching, test_template) if wanted(t)]
