@@ -200,6 +200,8 @@ def start_relay(args, workdir: str, started: list, table: str, prefix: str,
                      args.relay_concurrency, 10.0,
                      extra_args=["--template", TEMPLATE, "--template-function", "RelayFunction",
                                  "--param", "KafkaBootstrapServers=local:9092",
+                                 "--memory", str(args.memory),
+                                 *(["--cpu-share"] if args.cpu_share else []),
                                  *(extra_args or [])])
     started.append(relay)
     relay.wait_ready()
@@ -1210,6 +1212,11 @@ def main() -> int:
     p.add_argument("--relay-timeout", type=float, default=30.0,
                    help="the relay function's timeout, seconds (default 30; the template's "
                         "RelayTimeout is 70)")
+    p.add_argument("--memory", type=int, default=sls.MEMORY_MB,
+                   help=f"the relay's memory, MB (default {sls.MEMORY_MB}, the template's)")
+    p.add_argument("--cpu-share", action="store_true",
+                   help="the relay gets --memory/1769 of one CPU, as on Lambda "
+                   "(lambda_runtime.py --cpu-share)")
     p.add_argument("--relay-concurrency", type=int, default=5,
                    help="the emulator's ceiling on relay environments (default 5)")
     p.add_argument("--messages", type=int, help="burst size (burst 3000, outage 1000)")

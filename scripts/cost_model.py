@@ -558,7 +558,8 @@ def summary_of(rec: dict) -> dict | None:
 
 def aggregate(recs: list[dict]) -> dict:
     out = {"invocations": len(recs), "billed_ms": 0, "cold_starts": 0, "published": 0,
-           "refused_writes": 0, "dynamodb_requests": Counter(), "stop_reasons": Counter(),
+           "refused_writes": 0, "dynamodb_requests": Counter(),
+           "dynamodb_consistent_reads": Counter(), "stop_reasons": Counter(),
            "triggers": Counter(), "statuses": Counter(), "no_summary": 0,
            "init_ms": [], "duration_ms": []}
     for r in recs:
@@ -578,6 +579,8 @@ def aggregate(recs: list[dict]) -> dict:
         out["triggers"][s.get("trigger")] += 1
         for op, n in (s.get("dynamodb_requests") or {}).items():
             out["dynamodb_requests"][op] += n
+        for op, n in (s.get("dynamodb_consistent_reads") or {}).items():
+            out["dynamodb_consistent_reads"][op] += n
     return out
 
 
@@ -754,8 +757,9 @@ SKIPPED = ("covered", "empty", "not_this_outbox")
 def query_mix(cell: dict, message_bytes: int, coordination_bytes: int,
               buckets: int = BUCKETS) -> dict:
     """The relay's Query count per hour (measured) split by kind, from the structure of a
-    run (lib/src/relay, lib/src/protocol/store; an estimate: the function counts requests by
-    operation only), each kind with the RRU one query of it costs:
+    run (lib/src/relay, lib/src/protocol/store; an estimate, bounded by the measured count
+    of strongly consistent queries when the binary reports it), each kind with the RRU one
+    query of it costs:
       coordination  read_coordination: one per round (every 10 s from the start), one
                     before an idle stop, one per doorbell decision (coverage); strong,
                     every lease and heartbeat item (coordination_bytes)
@@ -768,10 +772,13 @@ def query_mix(cell: dict, message_bytes: int, coordination_bytes: int,
       fetch         fetches that found messages: one per batch, counted as the
                     BatchWriteItem requests (one per batch of at most 25); strong, the
                     batch's items (published / batches x message_bytes)
+      strong_empty  with the measured split: the strong queries beyond the kinds above,
+                    fetches that found nothing (after a batch that removed messages the
+                    next look fetches at once) and gap probes, 1 RRU each
       probe         the rest: the idle probes (eventually consistent, keys-only projection
-                    but billed by the item read: one message item, or nothing) and the
-                    gap probes (strong COUNT of at most one item; not separated, so priced
-                    as probes)."""
+                    but billed by the item read: one message item, or nothing); without
+                    the measured split also the gap probes and empty fetches (not
+                    separated, so priced as probes)."""
     ph = cell["per_hour"]
     q = ph["dynamodb_requests"].get("Query", 0.0)
     bw = ph["dynamodb_requests"].get("BatchWriteItem", 0.0)
@@ -792,17 +799,29 @@ def query_mix(cell: dict, message_bytes: int, coordination_bytes: int,
             backlog += w * (1 + math.floor((t - RENEW_INTERVAL_S) / BACKLOG_SAMPLE_S)) * buckets
     fetches = bw
     per_fetch = published / fetches * message_bytes if fetches else 0.0
-    known = coord + probe_strong + 2 * backlog + fetches
-    probes = q - known
     mix = {
         "coordination": (coord, query_rru(coordination_bytes)),
         "probe_strong": (probe_strong, query_rru(message_bytes)),
         "backlog_head": (backlog, query_rru(message_bytes)),
         "backlog_count": (backlog, query_rru(message_bytes * 0, consistent=False)),
         "fetch": (fetches, query_rru(per_fetch)),
-        "probe": (max(0.0, probes), query_rru(message_bytes, consistent=False)),
     }
-    return {"queries_h": q, "kinds": mix, "unexplained_h": min(0.0, probes),
+    strong = ph.get("consistent_queries")
+    if strong is None:
+        known = coord + probe_strong + 2 * backlog + fetches
+        probes = q - known
+        mix["probe"] = (max(0.0, probes), query_rru(message_bytes, consistent=False))
+        unexplained = min(0.0, probes)
+    else:
+        # Measured split: the strong queries beyond the kinds above are fetches that found
+        # nothing and gap probes (1 RRU each, the minimum of a strong read); the eventually
+        # consistent ones beyond the backlog counts are the idle probes.
+        strong_rest = strong - coord - probe_strong - backlog - fetches
+        probes = q - strong - backlog
+        mix["strong_empty"] = (max(0.0, strong_rest), query_rru(0))
+        mix["probe"] = (max(0.0, probes), query_rru(message_bytes, consistent=False))
+        unexplained = min(0.0, strong_rest) + min(0.0, probes)
+    return {"queries_h": q, "kinds": mix, "unexplained_h": unexplained,
             "rru_h": sum(n * u for n, u in mix.values())}
 
 
@@ -992,6 +1011,15 @@ def self_test() -> int:
     check("mix: and probes 8 buckets strongly", k["probe_strong"][0], 96.0)
     check("mix: the rest are 0.5 RRU probes", k["probe"], (612.0 - 120.0, 0.5))
     check("mix: RRU", mix["rru_h"], 24 + 96 + 0.5 * 492)
+    # The same with the measured split: 130 strong queries, 10 of them beyond the known
+    # kinds (empty fetches or gap probes, 1 RRU each); the other 482 eventual probes.
+    fake["per_hour"]["consistent_queries"] = 130.0
+    mix = query_mix(fake, 300, 2000)
+    check("mix, measured: strong beyond the known kinds", mix["kinds"]["strong_empty"],
+          (10.0, 1))
+    check("mix, measured: eventual probes", mix["kinds"]["probe"], (482.0, 0.5))
+    check("mix, measured: RRU", mix["rru_h"], 24 + 96 + 10 + 0.5 * 482)
+    del fake["per_hour"]["consistent_queries"]
     check("emf: idle short runs", emf_metric_count(fake), 4)
     b = bill(fake)
     check("bill: requests", b["usd"]["lambda_requests"], 12 * 730 * 0.2e-6, 1e-12)
@@ -1153,6 +1181,15 @@ def run_cell(args, mode_id: str, load: str, run_id: str, workdir: str) -> dict:
         tick_part = (3600 / period) * ta["dynamodb_requests"][op] / n if n else 0.0
         req_h[op] = tick_part + ba["dynamodb_requests"][op] * 3600 / duration
     published_h = ph("published")
+    # The strongly consistent Query attempts an hour, when the binary reports them (its
+    # summaries carry dynamodb_consistent_reads; older ones do not: None).
+    if any("dynamodb_consistent_reads" in (summary_of(r) or {}) for r in tick_recs + bell_recs):
+        n = ta["invocations"]
+        tick_part = ((3600 / period) * ta["dynamodb_consistent_reads"]["Query"] / n
+                     if n else 0.0)
+        consistent_queries_h = tick_part + ba["dynamodb_consistent_reads"]["Query"] * 3600 / duration
+    else:
+        consistent_queries_h = None
     u = units(req_h, published_h)
     ticks_h = 3600 / period
     invocations_h = (ticks_h if ta["invocations"] else 0.0) + ba["invocations"] * 3600 / duration
@@ -1235,6 +1272,7 @@ def run_cell(args, mode_id: str, load: str, run_id: str, workdir: str) -> dict:
             "schedule_invocations": ticks_h, "dynamodb_requests": req_h,
             "rru": u["rru"], "wru": u["wru"], "published": published_h,
             "writer_requests": writer_req_h,
+            "consistent_queries": consistent_queries_h,
         },
         "usd_month": cost,
         "messages": {

@@ -2,6 +2,10 @@
 //! operation and outcome, so the cost model (requests per message, per idle round) can be
 //! measured instead of assumed. DynamoDB bills attempts, retries included.
 //!
+//! Read operations (`Query`, `GetItem`, `Scan`) are also counted by consistency: a
+//! strongly consistent read costs twice an eventually consistent one of the same size
+//! (`RequestCounter::consistent_reads`).
+//!
 //! It also counts, by operation, the attempts DynamoDB answered with a refused condition
 //! (`ConditionalCheckFailedException`, or a `TransactionCanceledException` one of whose
 //! reasons is `ConditionalCheckFailed`), decided from the deserialized error of the attempt
@@ -26,19 +30,25 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use aws_sdk_dynamodb::config::interceptors::FinalizerInterceptorContextRef;
+use aws_sdk_dynamodb::config::interceptors::{
+    BeforeSerializationInterceptorContextRef, FinalizerInterceptorContextRef,
+};
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::execute_statement::ExecuteStatementError;
 use aws_sdk_dynamodb::operation::execute_transaction::ExecuteTransactionError;
+use aws_sdk_dynamodb::operation::get_item::GetItemInput;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::query::QueryInput;
+use aws_sdk_dynamodb::operation::scan::ScanInput;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::error::TransactionCanceledException;
 use aws_smithy_runtime_api::client::interceptors::context::Error as OperationError;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::retries::RequestAttempts;
+use aws_smithy_types::config_bag::{Storable, StoreReplace};
 
 /// The error code of a refused condition of a single-item write.
 pub const CONDITIONAL_CHECK_FAILED: &str = "ConditionalCheckFailedException";
@@ -158,6 +168,29 @@ pub fn refused_condition(error: &OperationError) -> bool {
 struct Counts {
     attempts: BTreeMap<String, Attempts>,
     refusals: BTreeMap<String, Refusals>,
+    consistent_reads: BTreeMap<String, u64>,
+}
+
+/// Whether the operation being sent is a strongly consistent read, noted before its input
+/// is serialized (the input is gone when the attempt is counted).
+#[derive(Debug, Clone, Copy)]
+struct ConsistentRead(bool);
+
+impl Storable for ConsistentRead {
+    type Storer = StoreReplace<Self>;
+}
+
+/// Whether the type-erased input of an operation is a read with `ConsistentRead: true`.
+fn consistent_read(input: &aws_smithy_runtime_api::client::interceptors::context::Input) -> bool {
+    if let Some(q) = input.downcast_ref::<QueryInput>() {
+        q.consistent_read() == Some(true)
+    } else if let Some(g) = input.downcast_ref::<GetItemInput>() {
+        g.consistent_read() == Some(true)
+    } else if let Some(s) = input.downcast_ref::<ScanInput>() {
+        s.consistent_read() == Some(true)
+    } else {
+        false
+    }
 }
 
 /// Counts DynamoDB attempts by operation name (`Query`, `UpdateItem`, ...), and the
@@ -211,17 +244,41 @@ impl RequestCounter {
         self.lock().refusals.values().map(Refusals::total).sum()
     }
 
+    /// Attempts of strongly consistent reads so far, by operation (`Query`, `GetItem`,
+    /// `Scan`; the rest of each operation's attempts were eventually consistent).
+    pub fn consistent_reads(&self) -> BTreeMap<String, u64> {
+        self.lock().consistent_reads.clone()
+    }
+
     /// Forgets the counts.
     pub fn reset(&self) {
         let mut counts = self.lock();
         counts.attempts.clear();
         counts.refusals.clear();
+        counts.consistent_reads.clear();
     }
 
     /// Counts one attempt: its HTTP status (`None`: no answer) and, when `refused` is
     /// `Some(attempt)`, a refused condition on attempt number `attempt` (1 = the first).
     fn record(&self, operation: &str, status: Option<u16>, refused: Option<u32>) {
+        self.record_read(operation, status, refused, false);
+    }
+
+    /// [`record`](Self::record), and a strongly consistent read when `consistent`.
+    fn record_read(
+        &self,
+        operation: &str,
+        status: Option<u16>,
+        refused: Option<u32>,
+        consistent: bool,
+    ) {
         let mut counts = self.lock();
+        if consistent {
+            *counts
+                .consistent_reads
+                .entry(operation.to_string())
+                .or_default() += 1;
+        }
         counts
             .attempts
             .entry(operation.to_string())
@@ -243,6 +300,18 @@ impl Intercept for RequestCounter {
         "RequestCounter"
     }
 
+    fn read_before_serialization(
+        &self,
+        context: &BeforeSerializationInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let consistent = consistent_read(context.input());
+        cfg.interceptor_state()
+            .store_put(ConsistentRead(consistent));
+        Ok(())
+    }
+
     fn read_after_attempt(
         &self,
         context: &FinalizerInterceptorContextRef<'_>,
@@ -256,7 +325,8 @@ impl Intercept for RequestCounter {
             _ => false,
         };
         let attempt = cfg.load::<RequestAttempts>().map_or(1, |a| a.attempts());
-        self.record(operation, status, refused.then_some(attempt));
+        let consistent = cfg.load::<ConsistentRead>().is_some_and(|c| c.0);
+        self.record_read(operation, status, refused.then_some(attempt), consistent);
         Ok(())
     }
 }
@@ -429,6 +499,49 @@ mod tests {
     const CANCELLED_BY_CONFLICT: &str = r#"{"__type":"com.amazonaws.dynamodb.v20120810#TransactionCanceledException","message":"Transaction cancelled, please refer cancellation reasons for specific reasons [TransactionConflict]","CancellationReasons":[{"Code":"TransactionConflict","Message":"Transaction is ongoing for the item"}]}"#;
     const SERVER_ERROR: &str =
         r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected"}"#;
+
+    #[tokio::test]
+    async fn strongly_consistent_reads_are_counted_apart_retries_included() {
+        let counter = RequestCounter::default();
+        let client = canned_client(&counter, |_| (200, "{}"));
+        for consistent in [Some(true), Some(false), None, Some(true)] {
+            client
+                .query()
+                .table_name("t")
+                .set_consistent_read(consistent)
+                .send()
+                .await
+                .unwrap();
+        }
+        client
+            .get_item()
+            .table_name("t")
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap();
+        client.update_item().table_name("t").send().await.unwrap();
+        // A strong query retried after a server error: each attempt is billed and counted.
+        let retried = canned_client(&counter, |n| {
+            if n == 1 {
+                (500, SERVER_ERROR)
+            } else {
+                (200, "{}")
+            }
+        });
+        retried
+            .query()
+            .table_name("t")
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(counter.get("Query").total(), 6);
+        assert_eq!(
+            counter.consistent_reads(),
+            BTreeMap::from([("GetItem".to_string(), 1), ("Query".to_string(), 4)])
+        );
+    }
 
     #[tokio::test]
     async fn the_interceptor_counts_refusals_from_the_deserialized_answer() {

@@ -312,6 +312,10 @@ pub struct RelaySummary {
     /// when the function counts them (the deployed binary does; DynamoDB bills attempts).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub dynamodb_requests: BTreeMap<String, u64>,
+    /// Of those, the strongly consistent reads, by operation (a strongly consistent read
+    /// costs twice an eventually consistent one of the same size).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub dynamodb_consistent_reads: BTreeMap<String, u64>,
 }
 
 impl RelaySummary {
@@ -346,6 +350,7 @@ impl RelaySummary {
             deadline_source: source,
             time_left_ms: millis(time_left),
             dynamodb_requests: BTreeMap::new(),
+            dynamodb_consistent_reads: BTreeMap::new(),
         }
     }
 
@@ -377,6 +382,7 @@ impl RelaySummary {
             deadline_source: source,
             time_left_ms: millis(time_left),
             dynamodb_requests: BTreeMap::new(),
+            dynamodb_consistent_reads: BTreeMap::new(),
         }
     }
 }
@@ -467,9 +473,12 @@ impl RelayFunction {
         &self,
         event: LambdaEvent<serde_json::Value>,
     ) -> Result<RelaySummary, FunctionError> {
-        let before = self.requests.as_ref().map(RequestCounter::snapshot);
+        let before = self
+            .requests
+            .as_ref()
+            .map(|c| (c.snapshot(), c.consistent_reads()));
         let mut summary = self.invoke(event).await?;
-        if let (Some(counter), Some(before)) = (&self.requests, before) {
+        if let (Some(counter), Some((before, consistent_before))) = (&self.requests, before) {
             // Lambda runs one invocation at a time per execution environment, so the
             // difference is this invocation's.
             summary.dynamodb_requests = counter
@@ -478,6 +487,15 @@ impl RelayFunction {
                 .map(|(op, now)| {
                     let was = before.get(&op).copied().unwrap_or_default();
                     (op, now.since(&was).total())
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect();
+            summary.dynamodb_consistent_reads = counter
+                .consistent_reads()
+                .into_iter()
+                .map(|(op, now)| {
+                    let was = consistent_before.get(&op).copied().unwrap_or_default();
+                    (op, now - was)
                 })
                 .filter(|(_, n)| *n > 0)
                 .collect();

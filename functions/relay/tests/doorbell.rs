@@ -230,6 +230,11 @@ async fn a_doorbell_while_a_relay_owns_the_buckets_returns_covered_after_one_rea
     );
     assert_eq!(wire.get("Query").total(), 1, "{attempts:?}");
     assert_eq!(summary.dynamodb_requests, [("Query".to_string(), 1)].into());
+    assert_eq!(
+        summary.dynamodb_consistent_reads,
+        [("Query".to_string(), 1)].into(),
+        "the coverage read is strongly consistent"
+    );
     // The scheduled relay publishes the messages.
     wait_for_ids(&topic, &written, Duration::from_secs(30))
         .await

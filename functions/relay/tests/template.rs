@@ -1220,7 +1220,10 @@ fn samconfig_offers_no_placeholder_answers() {
             "samconfig.toml answers a deploy question for the user: {line}"
         );
     }
-    assert!(settings.contains(&"stack_name = \"dynamo-outbox\""), "{samconfig}");
+    assert!(
+        settings.contains(&"stack_name = \"dynamo-outbox\""),
+        "{samconfig}"
+    );
 }
 
 /// Whether `entry` matches KafkaTopics' AllowedPattern, `^(\*|[a-zA-Z0-9._-]{1,249}\*?)$`

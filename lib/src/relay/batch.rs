@@ -1,4 +1,5 @@
-//! One bucket's batch: probe (unless more is known to wait), fetch, publish within a
+//! One bucket's batch: probe (unless more is known to wait, or the last batch removed
+//! messages), fetch, publish within a
 //! limit, delete the acknowledged prefix, and say what happened ([`BatchResult`]); and a
 //! wave of batches, one per due bucket, several at once.
 
@@ -135,7 +136,7 @@ impl<P: Publisher> Relay<P> {
         self.options.max_in_flight_bytes / self.store.options().max_concurrency.max(1)
     }
 
-    /// One bucket's batch, step by step: probe (unless dirty), size, fetch, check the
+    /// One bucket's batch, step by step: probe (unless dirty or just busy), size, fetch, check the
     /// allow-list, publish, delete the acknowledged prefix, classify. Every step is bounded
     /// by the lease's validity ([`BatchLimits`]): nothing is fetched or published after
     /// `limits.publish`, nothing deleted after `limits.delete`; a batch cut short deletes
@@ -151,7 +152,7 @@ impl<P: Publisher> Relay<P> {
         if Instant::now() + estimate >= limit {
             return Ok(BatchResult::Skipped.into());
         }
-        if !owned.dirty && !self.store.probe(bucket).await? {
+        if !owned.dirty && !owned.fetch_next && !self.store.probe(bucket).await? {
             return Ok(BatchResult::Idle.into());
         }
         let size = self.size_for(owned);

@@ -29,6 +29,12 @@ pub(super) struct Owned {
     pub(super) blocked_until: Option<i64>,
     /// Fetch without probing first (more is known to be waiting).
     pub(super) dirty: bool,
+    /// The last batch removed messages: the next look, at the poll interval, fetches
+    /// without probing first. Under a steady load the bucket has work again by then
+    /// nearly always, and a probe followed by the fetch costs 1.5 read units where the
+    /// fetch alone costs 1; when it finds nothing the fetch costs half a unit more than
+    /// the probe would have, and the looks after it probe again.
+    pub(super) fetch_next: bool,
     /// Next idle probe.
     pub(super) next_probe: Instant,
     /// After a failure, no batch before this.
@@ -58,6 +64,7 @@ impl Owned {
             last_removed: None,
             blocked_until: None,
             dirty: true,
+            fetch_next: false,
             next_probe: now,
             retry_at: None,
             head_only: false,
@@ -100,6 +107,7 @@ impl Owned {
     fn found_empty(&mut self, options: &RelayOptions, now: Instant) {
         self.parked = false;
         self.dirty = false;
+        self.fetch_next = false;
         self.retry_at = None;
         self.next_probe = now + options.poll_interval;
     }
@@ -121,6 +129,7 @@ impl Owned {
         self.parked = false;
         self.fetch_halvings = self.fetch_halvings.saturating_sub(1);
         self.dirty = more;
+        self.fetch_next = last.is_some();
         self.next_probe = now + options.poll_interval;
     }
 
@@ -673,7 +682,13 @@ mod tests {
             (false, Some(41), None)
         );
         assert_eq!(b.next_probe, now + o.poll_interval);
+        assert!(
+            b.fetch_next,
+            "it removed messages: the next look fetches at once"
+        );
         assert_eq!((s.published, s.batch_estimate), (10, Some(40 * MS)));
+        s.apply(&o, &m, 3, Ok(BatchResult::Idle), 40 * MS, now);
+        assert!(!s.owned[&3].fetch_next, "found empty: the next look probes");
 
         // A partial delete leaves it dirty; a full batch too.
         let partial = BatchResult::Done {
