@@ -487,6 +487,8 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
         // A doorbell is a hint: never retried, dropped when stale.
         "MaximumRetryAttempts: 0",
         "MaximumRecordAgeInSeconds: 60",
+        // The mapping's event counts (polled, filtered out, invoked, dropped) in CloudWatch.
+        "MetricsConfig:\n        Metrics:\n          - EventCount",
     ] {
         assert!(
             mapping.contains(expected),
