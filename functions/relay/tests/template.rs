@@ -192,7 +192,11 @@ fn the_enqueue_function_gets_exactly_its_actions() {
         set(&[
             "dynamodb:PutItem",
             "dynamodb:UpdateItem",
-            "events:PutEvents"
+            "events:PutEvents",
+            // Only with TableKmsKeyArn, through DynamoDB (scripts/template_test.py).
+            "kms:Decrypt",
+            "kms:Encrypt",
+            "kms:GenerateDataKey",
         ])
     );
     // events:PutEvents only when commits are notified over a bus (an event bus is
@@ -1530,4 +1534,80 @@ fn the_enqueue_api_and_point_in_time_recovery_are_options() {
         ),
         "{table}"
     );
+}
+
+/// The DynamoDB item actions the library's writer needs (`lib/src/writer.rs`, and the
+/// enqueue service on top of it, `lib/src/enqueue.rs`), read from the sources as SDK
+/// calls; a transaction's items are authorized as the action of each (a `Put` as a
+/// PutItem, ...).
+fn writer_dynamodb_operations() -> BTreeSet<String> {
+    let calls = [
+        (".put_item()", "PutItem"),
+        (".update_item()", "UpdateItem"),
+        (".delete_item()", "DeleteItem"),
+        (".get_item()", "GetItem"),
+        (".query()", "Query"),
+        (".batch_write_item()", "BatchWriteItem"),
+        ("Put::builder()", "PutItem"),
+        ("Update::builder()", "UpdateItem"),
+        ("Delete::builder()", "DeleteItem"),
+        ("ConditionCheck::builder()", "ConditionCheckItem"),
+    ];
+    let mut found = BTreeSet::new();
+    for file in ["lib/src/writer.rs", "lib/src/enqueue.rs"] {
+        let text = std::fs::read_to_string(root().join(file)).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        for (call, operation) in calls {
+            if code.contains(call) {
+                found.insert(format!("dynamodb:{operation}"));
+            }
+        }
+    }
+    found
+}
+
+/// Direct writers (the main path) get a managed policy with exactly the item actions the
+/// library's writer calls, the same as the enqueue function's (which runs that writer),
+/// on the outbox's items only; it is an exported output.
+#[test]
+fn direct_writers_get_a_managed_policy_with_the_writers_actions() {
+    let t = template();
+    let policy = resource(&t, "OutboxWriterPolicy");
+    let text = policy.join("\n");
+    assert!(text.contains("Type: AWS::IAM::ManagedPolicy"), "{text}");
+    let table = statement(&policy, "OutboxTable");
+    let granted = actions(&table.lines().collect::<Vec<_>>());
+    assert_eq!(granted, writer_dynamodb_operations());
+    let enqueue = resource(&t, "EnqueueFunction");
+    assert_eq!(
+        actions(&statement(&enqueue, "OutboxTable").lines().collect::<Vec<_>>()),
+        granted
+    );
+    // Every item grant of the stack is limited to the outbox's partition keys.
+    for (name, sid) in [
+        ("OutboxWriterPolicy", "OutboxTable"),
+        ("EnqueueFunction", "OutboxTable"),
+        ("RelayFunctionRole", "OutboxTable"),
+    ] {
+        let s = statement(&resource(&t, name), sid);
+        assert!(
+            s.contains("ForAllValues:StringLike:")
+                && s.contains("dynamodb:LeadingKeys:")
+                && s.contains("- !Sub \"${KeyPrefix}#*\""),
+            "{name}: {s}"
+        );
+    }
+    // Every partition key the library writes starts with the prefix and '#'.
+    let options = dynamo_outbox::OutboxOptions::new("t");
+    let keys = dynamo_outbox::protocol::schema::Keys::new(&options);
+    for pk in [
+        keys.message_pk(3),
+        keys.sequence_pk(3),
+        keys.coordination_pk(),
+        keys.idempotency_pk("k"),
+        keys.dead_letter_pk(),
+    ] {
+        assert!(pk.starts_with(&format!("{}#", keys.prefix)), "{pk}");
+    }
+    assert!(t.contains("\n  OutboxWriterPolicyArn:\n"));
 }
