@@ -1365,6 +1365,10 @@ def main() -> int:
             with open(path) as f:
                 result = json.load(f)
             print(f"{os.path.basename(path)} (commit {result.get('commit')}):")
+            # Priced again from the counts, with today's template (its alarm count) and
+            # prices, not the bill stored with the result.
+            for cell in result["cells"]:
+                cell.pop("bill", None)
             print(bill_markdown(result["cells"]))
             print()
         print("Your VPC adds (2 AZs): " + ", ".join(

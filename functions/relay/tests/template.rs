@@ -1026,12 +1026,17 @@ fn assert_contains_all(text: &str, expected: &[&str]) {
     }
 }
 
-/// The alarm named `name`: its lines joined. Every alarm exists whatever the parameters;
-/// `AlarmTopicArn` only adds its actions.
+/// The alarm named `name`: its lines joined. Every alarm exists whatever the parameters
+/// (the enqueue function's with the function); `AlarmTopicArn` only adds its actions.
 fn alarm(t: &str, name: &str) -> String {
     let a = resource(t, name).join("\n");
     assert!(a.contains("Type: AWS::CloudWatch::Alarm"), "{a}");
-    assert!(!a.contains("Condition:"), "{name}: always created\n{a}");
+    if name.starts_with("Enqueue") {
+        assert!(a.contains("    Condition: EnqueueApi\n"), "{name}: with the function\n{a}");
+        assert_eq!(a.matches("Condition:").count(), 1, "{name}\n{a}");
+    } else {
+        assert!(!a.contains("Condition:"), "{name}: always created\n{a}");
+    }
     for actions in ["AlarmActions", "OKActions"] {
         assert!(
             a.contains(&format!(
@@ -1043,8 +1048,9 @@ fn alarm(t: &str, name: &str) -> String {
     a
 }
 
-/// Alarms, always created: relay errors, a stuck outbox, a poison item, sustained publish
-/// failures, sustained refused writes, no invocation. Built on metrics the relay emits,
+/// Alarms, always created: relay errors and throttles, a stuck outbox, a poison item,
+/// sustained publish failures, sustained refused writes, no invocation; and the enqueue
+/// function's errors and throttles with the function. Built on metrics the relay emits,
 /// each with a missing-data treatment chosen for how its metric is emitted.
 #[test]
 fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and_a_quiet_relay() {
@@ -1058,16 +1064,35 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
         value(&entry(&parameters, "AlarmTopicArn"), "Default"),
         "\"\""
     );
-    assert_eq!(t.matches("Type: AWS::CloudWatch::Alarm").count(), 6);
+    assert_eq!(t.matches("Type: AWS::CloudWatch::Alarm").count(), 9);
 
     assert_lambda_alarms(&t);
     assert_relay_metric_alarms(&t);
     assert_relay_metric_alarm_thresholds(&t);
 }
 
-/// The alarms on Lambda's own metrics: relay errors, and no invocation (which writes no
-/// Invocations data point: missing counts as breaching).
+/// The alarms on Lambda's own metrics: relay errors and throttles, the enqueue function's
+/// errors and throttles, and no invocation (which writes no Invocations data point:
+/// missing counts as breaching).
 fn assert_lambda_alarms(t: &str) {
+    for (name, metric, function) in [
+        ("RelayThrottlesAlarm", "Throttles", "RelayFunction"),
+        ("EnqueueErrorsAlarm", "Errors", "EnqueueFunction"),
+        ("EnqueueThrottlesAlarm", "Throttles", "EnqueueFunction"),
+    ] {
+        assert_contains_all(
+            &alarm(t, name),
+            &[
+                "Namespace: AWS/Lambda",
+                &format!("MetricName: {metric}"),
+                &format!("Value: !Ref {function}"),
+                "Statistic: Sum",
+                "Threshold: 1",
+                "ComparisonOperator: GreaterThanOrEqualToThreshold",
+                "TreatMissingData: notBreaching",
+            ],
+        );
+    }
     let errors = alarm(t, "RelayErrorsAlarm");
     assert_contains_all(
         &errors,
