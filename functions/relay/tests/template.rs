@@ -633,7 +633,11 @@ fn the_relay_reads_the_doorbell_stream_only() {
     // Both statements only with the doorbell.
     for sid in ["OutboxTableStream", "OutboxTableStreams"] {
         let policy = conditional_policy(&lines, sid);
-        assert_eq!(policy.lines().nth(1).map(str::trim), Some("- Doorbell"), "{sid}");
+        assert_eq!(
+            policy.lines().nth(1).map(str::trim),
+            Some("- Doorbell"),
+            "{sid}"
+        );
     }
 
     let read = statement(&lines, "OutboxTableStream");
@@ -1032,7 +1036,10 @@ fn alarm(t: &str, name: &str) -> String {
     let a = resource(t, name).join("\n");
     assert!(a.contains("Type: AWS::CloudWatch::Alarm"), "{a}");
     if name.starts_with("Enqueue") {
-        assert!(a.contains("    Condition: EnqueueApi\n"), "{name}: with the function\n{a}");
+        assert!(
+            a.contains("    Condition: EnqueueApi\n"),
+            "{name}: with the function\n{a}"
+        );
         assert_eq!(a.matches("Condition:").count(), 1, "{name}\n{a}");
     } else {
         assert!(!a.contains("Condition:"), "{name}: always created\n{a}");
@@ -1391,8 +1398,16 @@ fn the_relay_is_told_each_kafka_secret_only_when_it_is_named() {
     assert_eq!(value(&relay, "KAFKA_AUTH"), "!Ref KafkaAuth");
     let conditions = section(&t, "Conditions");
     for (variable, parameter, condition) in [
-        ("KAFKA_SASL_SECRET_ARN", "KafkaSaslSecretArn", "HasSaslSecret"),
-        ("KAFKA_TLS_CA_SECRET_ARN", "KafkaTlsCaSecretArn", "HasTlsCaSecret"),
+        (
+            "KAFKA_SASL_SECRET_ARN",
+            "KafkaSaslSecretArn",
+            "HasSaslSecret",
+        ),
+        (
+            "KAFKA_TLS_CA_SECRET_ARN",
+            "KafkaTlsCaSecretArn",
+            "HasTlsCaSecret",
+        ),
         (
             "KAFKA_TLS_CLIENT_SECRET_ARN",
             "KafkaTlsClientSecretArn",
@@ -1605,7 +1620,11 @@ fn direct_writers_get_a_managed_policy_with_the_writers_actions() {
     assert_eq!(granted, writer_dynamodb_operations());
     let enqueue = resource(&t, "EnqueueFunction");
     assert_eq!(
-        actions(&statement(&enqueue, "OutboxTable").lines().collect::<Vec<_>>()),
+        actions(
+            &statement(&enqueue, "OutboxTable")
+                .lines()
+                .collect::<Vec<_>>()
+        ),
         granted
     );
     // Every item grant of the stack is limited to the outbox's partition keys.
