@@ -30,6 +30,13 @@ https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-configuring.html; 
 SAM property, "EventInvokeConfiguration",
 https://docs.aws.amazon.com/serverless-application-model/latest/developerguide/sam-property-function-eventinvokeconfiguration.html).
 
+For scripts/template_test.py, the same resolver over any template document
+(Template.from_doc, e.g. SAM's translation): keep_refs=True keeps a !Ref or !GetAtt of a
+resource as the intrinsic (and a !Sub or !Join that contains one as a !Sub or !Join of
+the resolved rest), so that resolved() is a deployable template for one set of parameter
+values (Conditions evaluated, resources and outputs whose condition is false left out,
+AWS::NoValue removed); failed_rules() evaluates the Rules section (Fn::Contains too).
+
 Needs PyYAML (in the stack's venv).  Exit codes: 0 ok, 2 usage or an unreadable
 template.
 """
@@ -74,15 +81,23 @@ _Loader.add_multi_constructor("!", _short_form)
 _NOVALUE = object()
 
 
+def load_yaml(path: str) -> dict:
+    """A CloudFormation YAML template as a document, short forms as their long forms."""
+    try:
+        with open(path) as f:
+            doc = yaml.load(f, _Loader)  # noqa: S506 (a SafeLoader subclass)
+    except (OSError, yaml.YAMLError) as e:
+        raise TemplateError(f"cannot read {path}: {e}") from e
+    if not isinstance(doc, dict) or "Resources" not in doc:
+        raise TemplateError(f"{path} is not a CloudFormation template")
+    return doc
+
+
 class Template:
-    def __init__(self, path: str, params: dict[str, str] | None = None):
-        try:
-            with open(path) as f:
-                self.doc = yaml.load(f, _Loader)  # noqa: S506 (a SafeLoader subclass)
-        except (OSError, yaml.YAMLError) as e:
-            raise TemplateError(f"cannot read {path}: {e}") from e
-        if not isinstance(self.doc, dict) or "Resources" not in self.doc:
-            raise TemplateError(f"{path} is not a CloudFormation template")
+    def __init__(self, path: str, params: dict[str, str] | None = None, *,
+                 doc: dict | None = None, keep_refs: bool = False):
+        self.doc = doc if doc is not None else load_yaml(path)
+        self.keep_refs = keep_refs
         self.path = path
         declared = self.doc.get("Parameters") or {}
         self.params: dict[str, object] = {}
@@ -104,6 +119,11 @@ class Template:
         self.resources: dict = self.doc["Resources"]
         self._conditions: dict[str, bool] = {}
 
+    @classmethod
+    def from_doc(cls, doc: dict, params: dict | None = None, name: str = "<document>",
+                 keep_refs: bool = True) -> "Template":
+        return cls(name, params, doc=doc, keep_refs=keep_refs)
+
     # ---------------------------------------------------------------- resolve
 
     def ref(self, name: str):
@@ -121,7 +141,7 @@ class Template:
                     x.strip() for x in str(value).split(",")]
             return value
         if name in self.resources:
-            return f"<{name}>"
+            return {"Ref": name} if self.keep_refs else f"<{name}>"
         raise TemplateError(f"!Ref {name}: neither a parameter nor a resource")
 
     def condition(self, name: str) -> bool:
@@ -132,17 +152,26 @@ class Template:
             self._conditions[name] = bool(self.resolve(conditions[name]))
         return self._conditions[name]
 
-    def sub(self, text: str, extra: dict) -> str:
+    def sub(self, text: str, extra: dict):
+        kept = []
+
         def one(m):
             inner = m.group(1)
             if inner.startswith("!"):
                 return "${" + inner[1:] + "}"
             if inner in extra:
-                return str(self.resolve(extra[inner]))
-            if "." in inner and inner.split(".", 1)[0] in self.resources:
+                value = self.resolve(extra[inner])
+                if isinstance(value, dict):  # a kept reference inside a variable
+                    raise TemplateError(f"!Sub variable {inner} holds a resource reference")
+                return str(value)
+            if inner.split(".", 1)[0] in self.resources:
+                if self.keep_refs:
+                    kept.append(inner)
+                    return m.group(0)
                 return f"<{inner}>"
             return str(self.ref(inner))
-        return re.sub(r"\$\{([^}]+)\}", one, text)
+        out = re.sub(r"\$\{([^}]+)\}", one, text)
+        return {"Fn::Sub": out} if kept else out
 
     def resolve(self, v):
         if isinstance(v, list):
@@ -175,7 +204,12 @@ class Template:
             if k == "Fn::Join":
                 sep, items = arg
                 items = self.resolve(items)
+                if any(isinstance(x, dict) for x in items):
+                    return {"Fn::Join": [sep, items]}
                 return str(sep).join(str(x) for x in items)
+            if k == "Fn::Contains":
+                items, value = (self.resolve(x) for x in arg)
+                return value in items
             if k == "Fn::Select":
                 i, items = arg
                 return self.resolve(items)[int(self.resolve(i))]
@@ -183,6 +217,10 @@ class Template:
                 sep, text = arg
                 return str(self.resolve(text)).split(sep)
             if k == "Fn::GetAtt":
+                if isinstance(arg, str):
+                    arg = arg.split(".", 1)
+                if self.keep_refs:
+                    return {"Fn::GetAtt": list(arg)}
                 return f"<{'.'.join(str(x) for x in arg)}>"
         out = {}
         for k, x in v.items():
@@ -190,6 +228,42 @@ class Template:
             if r is not _NOVALUE:
                 out[k] = r
         return out
+
+    # ---------------------------------------------------------------- whole template
+
+    def resolved(self) -> dict:
+        """The template for these parameter values: resources and outputs whose Condition
+        holds, their properties resolved; no Parameters, Conditions or Rules left."""
+        out: dict = {"AWSTemplateFormatVersion": "2010-09-09", "Resources": {}}
+        for name, res in self.resources.items():
+            if not self._enabled(res):
+                continue
+            r = {k: v for k, v in res.items() if k != "Condition"}
+            for key in ("Properties", "Metadata"):
+                if key in r:
+                    r[key] = self.resolve(r[key])
+            out["Resources"][name] = r
+        outputs = {}
+        for name, o in (self.doc.get("Outputs") or {}).items():
+            if "Condition" in o and not self.condition(o["Condition"]):
+                continue
+            outputs[name] = self.resolve({k: v for k, v in o.items() if k != "Condition"})
+        if outputs:
+            out["Outputs"] = outputs
+        return out
+
+    def failed_rules(self) -> list[tuple[str, str]]:
+        """(rule, AssertDescription) of each assertion of the Rules section that fails for
+        these parameter values, as CloudFormation would refuse the stack."""
+        failed = []
+        for name, rule in (self.doc.get("Rules") or {}).items():
+            cond = rule.get("RuleCondition")
+            if cond is not None and not self.resolve(cond):
+                continue
+            for a in rule.get("Assertions") or []:
+                if not self.resolve(a["Assert"]):
+                    failed.append((name, " ".join(str(a.get("AssertDescription", "")).split())))
+        return failed
 
     # ---------------------------------------------------------------- lookups
 

@@ -955,11 +955,11 @@ def bill(cell: dict, message_bytes: int | None = None, memory_mb: int = 256,
 
 
 def your_vpc_adds(azs: int = 2, secret: bool = False, cold_starts_month: float = 730) -> dict:
-    """What the user's network adds around the relay (VpcConfig: SubnetIds are required),
-    not the stack's: the relay reaches DynamoDB (a gateway endpoint, free), the brokers
-    (in the VPC), and with successors the Lambda API (Invoke), with SCRAM Secrets
-    Manager (once per execution environment): an interface endpoint for each, per AZ,
-    or one NAT gateway."""
+    """What the user's network adds around a relay in a VPC (SubnetIds given; without
+    them it runs outside any VPC and needs none of this), not the stack's: the relay
+    reaches DynamoDB (a gateway endpoint, free), the brokers (in the VPC), and with
+    successors the Lambda API (Invoke), with SCRAM Secrets Manager (once per execution
+    environment): an interface endpoint for each, per AZ, or one NAT gateway."""
     month = HOURS_PER_MONTH
     out = {
         "lambda_endpoint": azs * month * PRICES["vpce_interface_hour"],
@@ -1407,6 +1407,10 @@ def main() -> int:
             with open(path) as f:
                 result = json.load(f)
             print(f"{os.path.basename(path)} (commit {result.get('commit')}):")
+            # Priced again from the counts, with today's template (its alarm count) and
+            # prices, not the bill stored with the result.
+            for cell in result["cells"]:
+                cell.pop("bill", None)
             print(bill_markdown(result["cells"]))
             print()
         print("Your VPC adds (2 AZs): " + ", ".join(

@@ -9,6 +9,9 @@
 #                      aws-sam-cli, cfn-lint, cargo-lambda, ziglang (the zig that
 #                      cargo-lambda cross-compiles arm64 with), moto[server]
 #                      (the EventBridge/SQS stand-in of the local stack)
+#   $CACHE/checkov-venv  Checkov, the policy scan of the template
+#                      (scripts/template_test.py), in a venv of its own so that its
+#                      dependencies never move the pins of the one above
 #   rustup target      aarch64-unknown-linux-gnu (cargo lambda arm64 builds)
 #   apt (arm64)        qemu-user-static and libc6:arm64 (after dpkg --add-architecture
 #                      arm64): scripts/test.sh runs sam build's arm64 bootstraps with
@@ -262,6 +265,23 @@ install_tansu() {
     installed "tansu $TANSU_VERSION in $((SECONDS - start))s ($root/bin/tansu)"
 }
 
+# ------------------------------------------------------------------- checkov
+# The policy scan of scripts/template_test.py (Checkov, --framework cloudformation).
+CHECKOV_VERSION=3.3.30
+install_checkov() {
+    local venv=$CACHE/checkov-venv log=$LOGS/checkov-install.log
+    if "$venv/bin/checkov" --version 2>/dev/null | grep -qx "$CHECKOV_VERSION"; then
+        skipped "checkov $CHECKOV_VERSION ($venv/bin/checkov)"
+        return
+    fi
+    rm -rf "$venv"
+    python3 -m venv "$venv" || die "python3 -m venv failed for checkov"
+    say "pip installing checkov==$CHECKOV_VERSION into $venv (a minute or two; log $log)"
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q "checkov==$CHECKOV_VERSION" \
+        >"$log" 2>&1 || { tail -n 30 "$log" >&2; die "pip install checkov failed (log $log)"; }
+    installed "checkov $CHECKOV_VERSION ($venv/bin/checkov)"
+}
+
 # ---------------------------------------------------------------- cargo-deny
 # `cargo deny check licenses bans` in the test command (deny.toml).
 CARGO_DENY_VERSION=0.20.2
@@ -283,6 +303,7 @@ install_cargo_deny() {
 prerequisites
 install_dynamodb_local
 install_venv
+install_checkov
 install_rust_targets
 install_arm64_emulation
 install_tansu

@@ -8,6 +8,9 @@
 #        cargo clippy --workspace --all-targets --all-features -- -D warnings
 #        cargo doc -p dynamo-outbox --no-deps --all-features, warnings denied
 #        cfn-lint template.yaml, sam validate --lint
+#        scripts/template_test.py (the template as SAM translates it for each named
+#          setup: grants, network, variables, table, alarms, outputs, rules; cfn-lint on
+#          each setup and Checkov over the template and each setup)
 #        scripts/test_alarms.py (the self-test of the CloudWatch alarm evaluator)
 #        scripts/continuity_e2e.py --scenario bus (one wake-up per commit in stream mode)
 #        scripts/continuity_e2e.py --scenario stuck (a poison head in a quiet period puts
@@ -72,6 +75,15 @@ if [[ ${1:-} == --inside-stack ]]; then
 
     step "sam validate --lint"
     SAM_CLI_TELEMETRY=0 sam validate --lint --template template.yaml
+
+    # The template as each kind of user deploys it (MSK IAM, SCRAM, Serverless, SASL over
+    # the internet, mTLS, schedule mode, an existing table, the options): translated by
+    # SAM, resolved per setup and checked for its grants, network, variables, table,
+    # alarms and outputs; the Rules refuse the broken combinations; cfn-lint on each
+    # setup and the policy scan (Checkov, every suppression with its reason in the
+    # template). scripts/template_test.py says what it checks; about 25 s.
+    step "the template per setup: translated, linted, policy-scanned (scripts/template_test.py)"
+    "$CACHE/venv/bin/python" scripts/template_test.py
 
     # The local model of Lambda the end-to-end steps below rely on: the emulator, the
     # stream event source mapping and the template reader, against a fake function

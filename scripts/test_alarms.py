@@ -346,8 +346,9 @@ def template_alarms(**params):
     return A.resolve_alarms(A.load_template(TEMPLATE), {"AlarmTopicArn": TOPIC, **params})
 
 
-ALARMS = ["OutboxStuckAlarm", "PoisonItemsAlarm", "PublishFailuresAlarm", "RefusedWritesAlarm",
-          "RelayErrorsAlarm", "RelayQuietAlarm"]
+ALARMS = ["EnqueueErrorsAlarm", "EnqueueThrottlesAlarm", "OutboxStuckAlarm", "PoisonItemsAlarm",
+          "PublishFailuresAlarm", "RefusedWritesAlarm", "RelayErrorsAlarm", "RelayQuietAlarm",
+          "RelayThrottlesAlarm"]
 
 
 @check("template with its defaults: every alarm exists (AlarmTopicArn only adds actions)")
@@ -355,7 +356,7 @@ def _():
     eq(sorted(A.resolve_alarms(A.load_template(TEMPLATE))), ALARMS)
 
 
-@check("template with AlarmTopicArn: six alarms, fields resolved from the defaults")
+@check("template with AlarmTopicArn: nine alarms, fields resolved from the defaults")
 def _():
     al = template_alarms()
     eq(sorted(al), ALARMS)

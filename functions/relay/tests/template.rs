@@ -156,8 +156,10 @@ fn the_action_reader_sees_every_form() {
 fn the_relay_gets_exactly_its_actions() {
     let t = template();
     assert_eq!(
-        actions(&resource(&t, "RelayFunction")),
+        actions(&resource(&t, "RelayFunctionRole")),
         set(&[
+            // The trust policy: Lambda assumes the role.
+            "sts:AssumeRole",
             "dynamodb:BatchWriteItem",
             "dynamodb:DeleteItem",
             "dynamodb:Query",
@@ -166,9 +168,13 @@ fn the_relay_gets_exactly_its_actions() {
             "kafka-cluster:DescribeCluster",
             "kafka-cluster:DescribeTopic",
             "kafka-cluster:WriteData",
-            // Only with a SASL secret (and its key), on them only (see below).
+            // Only with named Kafka secrets (and their key), on them only
+            // (scripts/template_test.py checks each setup).
             "secretsmanager:GetSecretValue",
             "kms:Decrypt",
+            // Only with TableKmsKeyArn, through DynamoDB.
+            "kms:Encrypt",
+            "kms:GenerateDataKey",
             // Only with the stream doorbell, on its stream only (see below).
             "dynamodb:DescribeStream",
             "dynamodb:GetRecords",
@@ -186,7 +192,11 @@ fn the_enqueue_function_gets_exactly_its_actions() {
         set(&[
             "dynamodb:PutItem",
             "dynamodb:UpdateItem",
-            "events:PutEvents"
+            "events:PutEvents",
+            // Only with TableKmsKeyArn, through DynamoDB (scripts/template_test.py).
+            "kms:Decrypt",
+            "kms:Encrypt",
+            "kms:GenerateDataKey",
         ])
     );
     // events:PutEvents only when commits are notified over a bus (an event bus is
@@ -483,6 +493,8 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
         // A doorbell is a hint: never retried, dropped when stale.
         "MaximumRetryAttempts: 0",
         "MaximumRecordAgeInSeconds: 60",
+        // The mapping's event counts (polled, filtered out, invoked, dropped) in CloudWatch.
+        "MetricsConfig:\n        Metrics:\n          - EventCount",
     ] {
         assert!(
             mapping.contains(expected),
@@ -619,17 +631,16 @@ fn regex_lite_match(pattern: &str) -> impl Fn(&str) -> bool {
 #[test]
 fn the_relay_reads_the_doorbell_stream_only() {
     let t = template();
-    let lines = resource(&t, "RelayFunction");
-    let text = lines.join("\n");
+    let lines = resource(&t, "RelayFunctionRole");
     // Both statements only with the doorbell.
-    let at = text.find("- Sid: OutboxTableStream\n").unwrap();
-    let policy = &text[text[..at].rfind("- !If\n").unwrap()..];
-    let mut policy_lines = policy.lines().map(str::trim);
-    assert_eq!(policy_lines.nth(1), Some("- Doorbell"));
-    assert!(
-        policy.contains("          - !Ref AWS::NoValue"),
-        "the stream policy is conditional"
-    );
+    for sid in ["OutboxTableStream", "OutboxTableStreams"] {
+        let policy = conditional_policy(&lines, sid);
+        assert_eq!(
+            policy.lines().nth(1).map(str::trim),
+            Some("- Doorbell"),
+            "{sid}"
+        );
+    }
 
     let read = statement(&lines, "OutboxTableStream");
     assert_eq!(
@@ -866,7 +877,7 @@ fn relay_dynamodb_operations() -> BTreeSet<String> {
 #[test]
 fn the_relay_is_granted_the_table_operations_its_code_calls_and_no_put_item() {
     let t = template();
-    let lines = resource(&t, "RelayFunction");
+    let lines = resource(&t, "RelayFunctionRole");
     let table = statement(&lines, "OutboxTable");
     let granted = actions(&table.lines().collect::<Vec<_>>());
     assert_eq!(granted, relay_dynamodb_operations());
@@ -945,7 +956,7 @@ fn every_kafka_topics_entry_is_one_topic_arn_in_the_clusters_region_and_account(
         "CommaDelimitedList",
         "{parameter}"
     );
-    let relay = resource(&t, "RelayFunction");
+    let relay = resource(&t, "RelayFunctionRole");
     let topics = statement(&relay, "MskTopics");
     assert_eq!(
         actions(&topics.lines().collect::<Vec<_>>()),
@@ -1021,12 +1032,20 @@ fn assert_contains_all(text: &str, expected: &[&str]) {
     }
 }
 
-/// The alarm named `name`: its lines joined. Every alarm exists whatever the parameters;
-/// `AlarmTopicArn` only adds its actions.
+/// The alarm named `name`: its lines joined. Every alarm exists whatever the parameters
+/// (the enqueue function's with the function); `AlarmTopicArn` only adds its actions.
 fn alarm(t: &str, name: &str) -> String {
     let a = resource(t, name).join("\n");
     assert!(a.contains("Type: AWS::CloudWatch::Alarm"), "{a}");
-    assert!(!a.contains("Condition:"), "{name}: always created\n{a}");
+    if name.starts_with("Enqueue") {
+        assert!(
+            a.contains("    Condition: EnqueueApi\n"),
+            "{name}: with the function\n{a}"
+        );
+        assert_eq!(a.matches("Condition:").count(), 1, "{name}\n{a}");
+    } else {
+        assert!(!a.contains("Condition:"), "{name}: always created\n{a}");
+    }
     for actions in ["AlarmActions", "OKActions"] {
         assert!(
             a.contains(&format!(
@@ -1038,8 +1057,9 @@ fn alarm(t: &str, name: &str) -> String {
     a
 }
 
-/// Alarms, always created: relay errors, a stuck outbox, a poison item, sustained publish
-/// failures, sustained refused writes, no invocation. Built on metrics the relay emits,
+/// Alarms, always created: relay errors and throttles, a stuck outbox, a poison item,
+/// sustained publish failures, sustained refused writes, no invocation; and the enqueue
+/// function's errors and throttles with the function. Built on metrics the relay emits,
 /// each with a missing-data treatment chosen for how its metric is emitted.
 #[test]
 fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and_a_quiet_relay() {
@@ -1053,16 +1073,35 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
         value(&entry(&parameters, "AlarmTopicArn"), "Default"),
         "\"\""
     );
-    assert_eq!(t.matches("Type: AWS::CloudWatch::Alarm").count(), 6);
+    assert_eq!(t.matches("Type: AWS::CloudWatch::Alarm").count(), 9);
 
     assert_lambda_alarms(&t);
     assert_relay_metric_alarms(&t);
     assert_relay_metric_alarm_thresholds(&t);
 }
 
-/// The alarms on Lambda's own metrics: relay errors, and no invocation (which writes no
-/// Invocations data point: missing counts as breaching).
+/// The alarms on Lambda's own metrics: relay errors and throttles, the enqueue function's
+/// errors and throttles, and no invocation (which writes no Invocations data point:
+/// missing counts as breaching).
 fn assert_lambda_alarms(t: &str) {
+    for (name, metric, function) in [
+        ("RelayThrottlesAlarm", "Throttles", "RelayFunction"),
+        ("EnqueueErrorsAlarm", "Errors", "EnqueueFunction"),
+        ("EnqueueThrottlesAlarm", "Throttles", "EnqueueFunction"),
+    ] {
+        assert_contains_all(
+            &alarm(t, name),
+            &[
+                "Namespace: AWS/Lambda",
+                &format!("MetricName: {metric}"),
+                &format!("Value: !Ref {function}"),
+                "Statistic: Sum",
+                "Threshold: 1",
+                "ComparisonOperator: GreaterThanOrEqualToThreshold",
+                "TreatMissingData: notBreaching",
+            ],
+        );
+    }
     let errors = alarm(t, "RelayErrorsAlarm");
     assert_contains_all(
         &errors,
@@ -1276,7 +1315,7 @@ fn kafka_topics_has_no_default_and_is_both_allow_lists_and_the_relays_topic_arns
     assert_eq!(t.matches("OUTBOX_ALLOWED_TOPICS:").count(), 1);
 
     // The relay's topic ARNs: every topic in them is an entry of KafkaTopics.
-    let relay = resource(&t, "RelayFunction");
+    let relay = resource(&t, "RelayFunctionRole");
     let topics = statement(&relay, "MskTopics");
     let entries: Vec<&str> = topics
         .lines()
@@ -1340,7 +1379,7 @@ fn kafka_topics_has_no_default_and_is_both_allow_lists_and_the_relays_topic_arns
     assert!(!kafka_topics_pattern_matches(" orders"));
 }
 
-/// The policy entry of `RelayFunction` that holds the statement `sid`: from the `- !If`
+/// The statement entry of the relay's role that holds the statement `sid`: from the `- !If`
 /// before it to the `- !Ref AWS::NoValue` that closes it.
 fn conditional_policy(lines: &[&str], sid: &str) -> String {
     let text = lines.join("\n");
@@ -1352,38 +1391,73 @@ fn conditional_policy(lines: &[&str], sid: &str) -> String {
     text[start..end].to_owned()
 }
 
+/// The relay is told the mechanism and each Kafka secret, a secret only when it is named.
+/// Which secrets it may read, per setup, is checked over the SAM-translated template
+/// (scripts/template_test.py).
 #[test]
-fn sasl_auth_reads_its_secret_and_key_only_when_they_are_named() {
+fn the_relay_is_told_each_kafka_secret_only_when_it_is_named() {
     let t = template();
-    let parameters = section(&t, "Parameters");
-    assert_kafka_auth_parameters(&parameters);
-
-    // The relay is told the mechanism and the secret, the secret only when named.
-    let relay = resource(&t, "RelayFunction");
-    let text = relay.join("\n");
-    assert_eq!(value(&text, "KAFKA_AUTH"), "!Ref KafkaAuth");
-    assert_eq!(
-        value(&text, "KAFKA_SASL_SECRET_ARN"),
-        "!If [HasSaslSecret, !Ref KafkaSaslSecretArn, !Ref AWS::NoValue]"
-    );
+    let relay = resource(&t, "RelayFunction").join("\n");
+    assert_eq!(value(&relay, "KAFKA_AUTH"), "!Ref KafkaAuth");
     let conditions = section(&t, "Conditions");
-    assert_eq!(
-        entry(&conditions, "HasSaslSecret"),
-        "!Not [!Equals [!Ref KafkaSaslSecretArn, \"\"]]"
-    );
-    assert_eq!(
-        entry(&conditions, "HasSaslSecretKmsKey"),
-        "!And\n- !Condition HasSaslSecret\n- !Not [!Equals [!Ref KafkaSaslSecretKmsKeyArn, \"\"]]"
-    );
-
-    assert_sasl_secret_permissions(&t, &relay);
-    assert_sasl_secret_rules(&t);
+    for (variable, parameter, condition) in [
+        (
+            "KAFKA_SASL_SECRET_ARN",
+            "KafkaSaslSecretArn",
+            "HasSaslSecret",
+        ),
+        (
+            "KAFKA_TLS_CA_SECRET_ARN",
+            "KafkaTlsCaSecretArn",
+            "HasTlsCaSecret",
+        ),
+        (
+            "KAFKA_TLS_CLIENT_SECRET_ARN",
+            "KafkaTlsClientSecretArn",
+            "HasTlsClientSecret",
+        ),
+    ] {
+        assert_eq!(
+            value(&relay, variable),
+            format!("!If [{condition}, !Ref {parameter}, !Ref AWS::NoValue]")
+        );
+        assert_eq!(
+            entry(&conditions, condition),
+            format!("!Not [!Equals [!Ref {parameter}, \"\"]]")
+        );
+    }
+    let parameters = section(&t, "Parameters");
+    for (name, pattern) in [
+        (
+            "KafkaSaslSecretArn",
+            r#""^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[^\\s]+)?$""#,
+        ),
+        (
+            "KafkaTlsCaSecretArn",
+            r#""^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[^\\s]+)?$""#,
+        ),
+        (
+            "KafkaTlsClientSecretArn",
+            r#""^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[^\\s]+)?$""#,
+        ),
+        (
+            "KafkaSecretsKmsKeyArn",
+            r#""^(arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/[^\\s]+)?$""#,
+        ),
+    ] {
+        let p = entry(&parameters, name);
+        assert_eq!(value(&p, "Default"), "\"\"", "{name}");
+        assert_eq!(value(&p, "AllowedPattern"), pattern, "{name}");
+    }
 }
 
-/// KafkaAuth defaults to MSK IAM and allows only mechanisms the relay reads (each over
-/// TLS); the secret and key parameters default to empty and accept only ARNs.
-fn assert_kafka_auth_parameters(parameters: &[&str]) {
-    let auth = entry(parameters, "KafkaAuth");
+/// KafkaAuth defaults to MSK IAM and allows only mechanisms the relay reads, each over
+/// TLS, with the variables the template passes for it (a SASL mechanism its secret, mtls
+/// its client certificate's secret).
+#[test]
+fn every_kafka_auth_value_is_one_the_relay_reads() {
+    let t = template();
+    let auth = entry(&section(&t, "Parameters"), "KafkaAuth");
     assert_eq!(value(&auth, "Default"), "msk-iam");
     let allowed = value(&auth, "AllowedValues");
     let values: Vec<&str> = allowed
@@ -1393,98 +1467,30 @@ fn assert_kafka_auth_parameters(parameters: &[&str]) {
         .collect();
     assert_eq!(
         values,
-        ["msk-iam", "scram-sha-512", "scram-sha-256", "plain"]
+        ["msk-iam", "scram-sha-512", "scram-sha-256", "plain", "mtls"]
     );
-    // every allowed value is one the relay reads, with what the template passes it
     let secret = "arn:aws:secretsmanager:eu-west-1:111122223333:secret:AmazonMSK_outbox-AbCdEf";
     for v in &values {
+        let sasl = !matches!(*v, "msk-iam" | "mtls");
         let vars = [
             ("KAFKA_BOOTSTRAP_SERVERS", "b-1.example:9096"),
             ("KAFKA_AUTH", v),
             ("AWS_REGION", "eu-west-1"),
+            ("KAFKA_SASL_SECRET_ARN", if sasl { secret } else { "" }),
             (
-                "KAFKA_SASL_SECRET_ARN",
-                if *v == "msk-iam" { "" } else { secret },
+                "KAFKA_TLS_CLIENT_SECRET_ARN",
+                if *v == "mtls" { secret } else { "" },
             ),
         ];
         let config = dynamo_outbox::publish::KafkaConfig::from_lookup(|name| {
             vars.iter()
-                .find(|(k, _)| *k == name)
+                .find(|(k, v)| *k == name && !v.is_empty())
                 .map(|(_, v)| v.to_string())
         })
         .unwrap_or_else(|e| panic!("KafkaAuth={v}: {e}"));
         assert_eq!(config.auth.name(), *v);
         assert!(config.tls, "KafkaAuth={v} is over TLS");
     }
-    for (name, pattern) in [
-        (
-            "KafkaSaslSecretArn",
-            r#""^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[^\\s]+)?$""#,
-        ),
-        (
-            "KafkaSaslSecretKmsKeyArn",
-            r#""^(arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/[^\\s]+)?$""#,
-        ),
-    ] {
-        let p = entry(parameters, name);
-        assert_eq!(value(&p, "Default"), "\"\"", "{name}");
-        assert_eq!(value(&p, "AllowedPattern"), pattern, "{name}");
-    }
-}
-
-/// GetSecretValue on the named secret, under HasSaslSecret only; kms:Decrypt on the named
-/// key, through Secrets Manager, under HasSaslSecretKmsKey only; neither anywhere else.
-fn assert_sasl_secret_permissions(t: &str, relay: &[&str]) {
-    // GetSecretValue on that secret, under HasSaslSecret only.
-    let policy = conditional_policy(relay, "KafkaSaslSecret");
-    assert_eq!(
-        policy.lines().nth(1).map(str::trim),
-        Some("- HasSaslSecret")
-    );
-    let read = statement(relay, "KafkaSaslSecret");
-    assert_eq!(
-        actions(&read.lines().collect::<Vec<_>>()),
-        set(&["secretsmanager:GetSecretValue"])
-    );
-    assert_eq!(value(&read, "Resource"), "!Ref KafkaSaslSecretArn");
-    // kms:Decrypt on that key, through Secrets Manager, under HasSaslSecretKmsKey only.
-    let policy = conditional_policy(relay, "KafkaSaslSecretKey");
-    assert_eq!(
-        policy.lines().nth(1).map(str::trim),
-        Some("- HasSaslSecretKmsKey")
-    );
-    let decrypt = statement(relay, "KafkaSaslSecretKey");
-    assert_eq!(
-        actions(&decrypt.lines().collect::<Vec<_>>()),
-        set(&["kms:Decrypt"])
-    );
-    assert_eq!(value(&decrypt, "Resource"), "!Ref KafkaSaslSecretKmsKeyArn");
-    assert_eq!(
-        value(&decrypt, "kms:ViaService"),
-        "!Sub \"secretsmanager.${AWS::Region}.amazonaws.com\""
-    );
-    // Neither action appears anywhere else.
-    assert_eq!(t.matches("secretsmanager:GetSecretValue").count(), 1);
-    assert_eq!(t.matches("kms:Decrypt").count(), 1);
-}
-
-/// A SASL mechanism needs the secret; MSK IAM takes neither the secret nor the key.
-fn assert_sasl_secret_rules(t: &str) {
-    // A SASL mechanism needs the secret; MSK IAM takes neither.
-    let rules = section(t, "Rules");
-    let needs = entry(&rules, "SaslAuthNeedsASecret");
-    assert!(
-        needs.contains("RuleCondition: !Not [!Equals [!Ref KafkaAuth, msk-iam]]")
-            && needs.contains("- Assert: !Not [!Equals [!Ref KafkaSaslSecretArn, \"\"]]"),
-        "{needs}"
-    );
-    let none = entry(&rules, "MskIamTakesNoSecret");
-    assert!(
-        none.contains("RuleCondition: !Equals [!Ref KafkaAuth, msk-iam]")
-            && none.contains("- !Equals [!Ref KafkaSaslSecretArn, \"\"]")
-            && none.contains("- !Equals [!Ref KafkaSaslSecretKmsKeyArn, \"\"]"),
-        "{none}"
-    );
 }
 
 /// Every output is exported as `{stack name}-{output}`, and the table's ARN is one of them
@@ -1571,4 +1577,84 @@ fn the_enqueue_api_and_point_in_time_recovery_are_options() {
         ),
         "{table}"
     );
+}
+
+/// The DynamoDB item actions the library's writer needs (`lib/src/writer.rs`, and the
+/// enqueue service on top of it, `lib/src/enqueue.rs`), read from the sources as SDK
+/// calls; a transaction's items are authorized as the action of each (a `Put` as a
+/// PutItem, ...).
+fn writer_dynamodb_operations() -> BTreeSet<String> {
+    let calls = [
+        (".put_item()", "PutItem"),
+        (".update_item()", "UpdateItem"),
+        (".delete_item()", "DeleteItem"),
+        (".get_item()", "GetItem"),
+        (".query()", "Query"),
+        (".batch_write_item()", "BatchWriteItem"),
+        ("Put::builder()", "PutItem"),
+        ("Update::builder()", "UpdateItem"),
+        ("Delete::builder()", "DeleteItem"),
+        ("ConditionCheck::builder()", "ConditionCheckItem"),
+    ];
+    let mut found = BTreeSet::new();
+    for file in ["lib/src/writer.rs", "lib/src/enqueue.rs"] {
+        let text = std::fs::read_to_string(root().join(file)).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        for (call, operation) in calls {
+            if code.contains(call) {
+                found.insert(format!("dynamodb:{operation}"));
+            }
+        }
+    }
+    found
+}
+
+/// Direct writers (the main path) get a managed policy with exactly the item actions the
+/// library's writer calls, the same as the enqueue function's (which runs that writer),
+/// on the outbox's items only; it is an exported output.
+#[test]
+fn direct_writers_get_a_managed_policy_with_the_writers_actions() {
+    let t = template();
+    let policy = resource(&t, "OutboxWriterPolicy");
+    let text = policy.join("\n");
+    assert!(text.contains("Type: AWS::IAM::ManagedPolicy"), "{text}");
+    let table = statement(&policy, "OutboxTable");
+    let granted = actions(&table.lines().collect::<Vec<_>>());
+    assert_eq!(granted, writer_dynamodb_operations());
+    let enqueue = resource(&t, "EnqueueFunction");
+    assert_eq!(
+        actions(
+            &statement(&enqueue, "OutboxTable")
+                .lines()
+                .collect::<Vec<_>>()
+        ),
+        granted
+    );
+    // Every item grant of the stack is limited to the outbox's partition keys.
+    for (name, sid) in [
+        ("OutboxWriterPolicy", "OutboxTable"),
+        ("EnqueueFunction", "OutboxTable"),
+        ("RelayFunctionRole", "OutboxTable"),
+    ] {
+        let s = statement(&resource(&t, name), sid);
+        assert!(
+            s.contains("ForAllValues:StringLike:")
+                && s.contains("dynamodb:LeadingKeys:")
+                && s.contains("- !Sub \"${KeyPrefix}#*\""),
+            "{name}: {s}"
+        );
+    }
+    // Every partition key the library writes starts with the prefix and '#'.
+    let options = dynamo_outbox::OutboxOptions::new("t");
+    let keys = dynamo_outbox::protocol::schema::Keys::new(&options);
+    for pk in [
+        keys.message_pk(3),
+        keys.sequence_pk(3),
+        keys.coordination_pk(),
+        keys.idempotency_pk("k"),
+        keys.dead_letter_pk(),
+    ] {
+        assert!(pk.starts_with(&format!("{}#", keys.prefix)), "{pk}");
+    }
+    assert!(t.contains("\n  OutboxWriterPolicyArn:\n"));
 }

@@ -1,0 +1,513 @@
+#!/usr/bin/env python3
+"""The SAM template (template.yaml) as each kind of user deploys it: for every named setup
+(below) the template is translated by SAM's own translator (samtranslator, in the venv,
+as `sam deploy` would), resolved for the setup's parameter values (scripts/cfn_template.py:
+Conditions evaluated, what they leave out removed), and checked for what the user would
+see in the deployed stack:
+
+  - the relay's grants: kafka-cluster only with MskClusterArn, on that cluster and its
+    KafkaTopics topics; secretsmanager:GetSecretValue on exactly the named Kafka secrets;
+    their KMS key only with a secret; every DynamoDB item grant of the stack (relay,
+    enqueue function, OutboxWriterPolicy) limited to dynamodb:LeadingKeys {KeyPrefix}#*;
+    the table key through DynamoDB only with TableKmsKeyArn;
+  - VpcConfig and the VPC execution policy together, only with SubnetIds;
+  - the functions' Kafka and table variables;
+  - the table: created or not, its stream, SSE with the customer managed key, PITR;
+  - the alarms: always there (the enqueue function's with it), actions only with
+    AlarmTopicArn;
+  - the outputs and their exports; the cross-account enqueue permissions.
+
+The Rules section is evaluated too: each setup passes them, and each refused combination
+(msk-iam without a cluster, mtls without a client secret, subnets without security
+groups, ...) fails with its message.
+
+Then, unless --no-lint: cfn-lint on template.yaml and on every resolved setup,
+`sam validate --lint` on template.yaml, and the policy scan: Checkov
+(--framework cloudformation) over template.yaml and every resolved setup, from its own
+venv (--checkov, default ~/.cache/dynamo-outbox/checkov-venv/bin/checkov, installed by
+scripts/install.sh). Every check Checkov would fail is suppressed in the template, on the
+resource, with its reason (Metadata: checkov: skip); a failed check here is a new finding.
+
+  scripts/template_test.py [--no-lint] [--keep DIR] [--setup NAME ...]
+
+What template.rs (functions/relay/tests/template.rs) checks of the template's text, or
+against the library's code, is not repeated here.  Exit codes: 0 all passed, 1 a check
+failed, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cfn_template  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATE = os.path.join(ROOT, "template.yaml")
+CACHE = os.environ.get("DYNAMO_OUTBOX_CACHE", os.path.expanduser("~/.cache/dynamo-outbox"))
+
+ACCOUNT, REGION, STACK = "123456789012", "eu-west-1", "orders-outbox"
+MSK = f"arn:aws:kafka:{REGION}:{ACCOUNT}:cluster/orders/0a1b2c3d-1111-2222-3333-444455556666-2"
+# MSK Serverless clusters have ARNs of the same form (cluster/NAME/UUID), and their topics
+# topic/NAME/UUID/TOPIC as provisioned ones.
+MSK_SERVERLESS = f"arn:aws:kafka:{REGION}:{ACCOUNT}:cluster/orders-sls/9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff-s1"
+SECRET = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:"
+SASL = SECRET + "AmazonMSK_orders-AbCdEf"
+CONFLUENT = SECRET + "confluent-orders-Zy12Xw"
+CA = SECRET + "kafka-ca-QwErTy"
+CLIENT = SECRET + "kafka-client-AsDfGh"
+KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+TABLE_KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/abcd1234-ab12-cd34-ef56-0987654321ab"
+TOPIC = f"arn:aws:sns:{REGION}:{ACCOUNT}:outbox-alarms"
+VPC = {"SubnetIds": "subnet-0123456789abcdef0,subnet-0123456789abcdef1",
+       "SecurityGroupIds": "sg-0123456789abcdef0"}
+TOPICS = "orders,payments-*"
+
+BASE = {"KafkaTopics": TOPICS}
+
+# The setups a user deploys (docs/deploy.md has the prerequisites of the first five).
+SETUPS: dict[str, dict] = {
+    "msk-iam-vpc": {**VPC, "MskClusterArn": MSK,
+                    "KafkaBootstrapServers": "b-1.orders.kafka.eu-west-1.amazonaws.com:9098"},
+    "msk-scram-vpc": {**VPC, "MskClusterArn": MSK, "KafkaAuth": "scram-sha-512",
+                      "KafkaSaslSecretArn": SASL, "KafkaSecretsKmsKeyArn": KEY,
+                      "KafkaBootstrapServers": "b-1.orders.kafka.eu-west-1.amazonaws.com:9096"},
+    "msk-serverless-iam": {**VPC, "MskClusterArn": MSK_SERVERLESS,
+                           "KafkaBootstrapServers":
+                               "boot-abc.c1.kafka-serverless.eu-west-1.amazonaws.com:9098"},
+    "confluent-plain-internet": {"KafkaAuth": "plain", "KafkaSaslSecretArn": CONFLUENT,
+                                 "KafkaBootstrapServers":
+                                     "pkc-abc12.eu-west-1.aws.confluent.cloud:9092"},
+    "self-managed-mtls-vpc": {**VPC, "KafkaAuth": "mtls", "KafkaTlsCaSecretArn": CA,
+                              "KafkaTlsClientSecretArn": CLIENT, "KafkaSecretsKmsKeyArn": KEY,
+                              "KafkaBootstrapServers": "kafka-1.internal:9093,kafka-2.internal:9093"},
+    "scram-with-ca-internet": {"KafkaAuth": "scram-sha-256", "KafkaSaslSecretArn": CONFLUENT,
+                               "KafkaTlsCaSecretArn": CA,
+                               "KafkaBootstrapServers": "kafka.example.com:9094"},
+    "schedule-mode": {**VPC, "MskClusterArn": MSK, "WakeOn": "schedule", "EventBusName": "default",
+                      "KafkaBootstrapServers": "b-1:9098"},
+    "existing-table": {**VPC, "MskClusterArn": MSK, "UseExistingTable": "true",
+                       "TableName": "shared-table", "KeyPrefix": "orders.v1",
+                       "TableStreamArn": f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/shared-table"
+                                         "/stream/2026-01-01T00:00:00.000",
+                       "TableKmsKeyArn": TABLE_KEY, "KafkaBootstrapServers": "b-1:9098"},
+    "no-enqueue-api": {**VPC, "MskClusterArn": MSK, "EnableEnqueueApi": "false",
+                       "EnqueueCallerAccountIds": "111122223333",
+                       "KafkaBootstrapServers": "b-1:9098"},
+    "point-in-time-recovery": {**VPC, "MskClusterArn": MSK, "PointInTimeRecovery": "true",
+                               "KafkaBootstrapServers": "b-1:9098"},
+    "table-kms-key": {**VPC, "MskClusterArn": MSK, "TableKmsKeyArn": TABLE_KEY,
+                      "KafkaBootstrapServers": "b-1:9098"},
+    "alarm-topic": {**VPC, "MskClusterArn": MSK, "AlarmTopicArn": TOPIC,
+                    "KafkaBootstrapServers": "b-1:9098"},
+    "enqueue-callers-in-other-accounts": {**VPC, "MskClusterArn": MSK,
+                                          "EnqueueCallerAccountIds": "111122223333,444455556666",
+                                          "KafkaBootstrapServers": "b-1:9098"},
+}
+
+# Combinations the Rules refuse, with a word of the message the user gets.
+REFUSED: dict[str, tuple[dict, str]] = {
+    "msk-iam without a cluster": ({"KafkaBootstrapServers": "b:9098"}, "needs MskClusterArn"),
+    "mtls without a client secret": ({"KafkaAuth": "mtls", "KafkaBootstrapServers": "k:9093"},
+                                     "needs KafkaTlsClientSecretArn"),
+    "mtls with a SASL secret": ({"KafkaAuth": "mtls", "KafkaTlsClientSecretArn": CLIENT,
+                                 "KafkaSaslSecretArn": SASL, "KafkaBootstrapServers": "k:9093"},
+                                "uses no SASL"),
+    "plain without a secret": ({"KafkaAuth": "plain", "KafkaBootstrapServers": "k:9092"},
+                               "need KafkaSaslSecretArn"),
+    "msk-iam with a client certificate": ({"MskClusterArn": MSK, "KafkaTlsClientSecretArn": CLIENT,
+                                           "KafkaBootstrapServers": "b:9098"},
+                                          "leave them empty with msk-iam"),
+    "a secrets key without a secret": ({"MskClusterArn": MSK, "KafkaSecretsKmsKeyArn": KEY,
+                                        "KafkaBootstrapServers": "b:9098"},
+                                       "name the secrets"),
+    "subnets without security groups": ({"MskClusterArn": MSK, "SubnetIds": "subnet-0123456789abcdef0",
+                                         "KafkaBootstrapServers": "b:9098"},
+                                        "needs SecurityGroupIds"),
+    "security groups without subnets": ({"MskClusterArn": MSK, "SecurityGroupIds": "sg-0123456789abcdef0",
+                                         "KafkaBootstrapServers": "b:9098"},
+                                        "give SubnetIds too"),
+    "an empty topic entry": ({"MskClusterArn": MSK, "KafkaTopics": "orders,",
+                              "KafkaBootstrapServers": "b:9098"}, "none empty"),
+}
+
+ALARMS = {"RelayErrorsAlarm", "RelayThrottlesAlarm", "RelayQuietAlarm", "OutboxStuckAlarm",
+          "RefusedWritesAlarm", "PoisonItemsAlarm", "PublishFailuresAlarm"}
+ENQUEUE_ALARMS = {"EnqueueErrorsAlarm", "EnqueueThrottlesAlarm"}
+ITEM_ACTIONS = {"dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:PutItem",
+                "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem",
+                "dynamodb:ConditionCheckItem"}
+VPC_POLICY = "arn:aws:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"
+
+
+class Failed(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failed(what)
+
+
+def eq(got, want, what):
+    if got != want:
+        raise Failed(f"{what}: got {got!r}, want {want!r}")
+
+
+class _NoManagedPolicies:
+    """The translator's loader of managed policy names: the template names none (its
+    Policies are statements), so it never needs IAM."""
+
+    def load(self):
+        return {}
+
+
+def translate(params: dict) -> dict:
+    """template.yaml as SAM translates it for these parameter values (CodeUri as `sam
+    package` leaves it: an S3 location)."""
+    from samtranslator.translator.transform import transform
+    # The translator's usage metrics, never published here, warn at exit otherwise.
+    logging.getLogger("samtranslator").setLevel(logging.ERROR)
+    doc = cfn_template.load_yaml(TEMPLATE)
+    for res in doc["Resources"].values():
+        if res.get("Type") == "AWS::Serverless::Function":
+            res["Properties"]["CodeUri"] = "s3://bucket/outbox.zip"
+    os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
+    return transform(copy.deepcopy(doc), dict(params), _NoManagedPolicies())
+
+
+def deployed(params: dict) -> tuple[dict, cfn_template.Template]:
+    tpl = cfn_template.Template.from_doc(translate(params), params, name="translated")
+    tpl.pseudo.update({"AWS::Region": REGION, "AWS::AccountId": ACCOUNT,
+                       "AWS::StackName": STACK})
+    return tpl.resolved(), tpl
+
+
+def statements(role: dict) -> list[dict]:
+    out = []
+    for policy in role["Properties"].get("Policies", []):
+        out.extend(policy["PolicyDocument"]["Statement"])
+    return out
+
+
+def actions(stmt: dict) -> set[str]:
+    a = stmt["Action"]
+    return {a} if isinstance(a, str) else set(a)
+
+
+def granted(stmts: list[dict], prefix: str) -> list[dict]:
+    return [s for s in stmts if any(a.startswith(prefix) for a in actions(s))]
+
+
+def as_list(v):
+    return v if isinstance(v, list) else [v]
+
+
+# ------------------------------------------------------------------------ the checks
+
+def check_setup(name: str, p: dict, t: dict) -> None:
+    res, out = t["Resources"], t.get("Outputs", {})
+    get = lambda k, d="": p.get(k, d)  # noqa: E731
+    msk, vpc = get("MskClusterArn"), bool(get("SubnetIds"))
+    enqueue = get("EnableEnqueueApi", "true") == "true"
+    created = get("UseExistingTable", "false") == "false"
+    prefix = get("KeyPrefix", "OUTBOX")
+    stream = get("WakeOn", "stream") == "stream"
+
+    relay_role = res["RelayFunctionRole"]
+    relay = statements(relay_role)
+
+    # kafka-cluster: only with MskClusterArn, on that cluster and its topics.
+    kafka = granted(relay, "kafka-cluster:")
+    if msk:
+        eq(sorted(a for s in kafka for a in actions(s)),
+           ["kafka-cluster:Connect", "kafka-cluster:DescribeCluster",
+            "kafka-cluster:DescribeTopic", "kafka-cluster:WriteData"], "kafka-cluster actions")
+        cluster = [s for s in kafka if "kafka-cluster:Connect" in actions(s)][0]
+        eq(cluster["Resource"], msk, "the cluster")
+        topics = [s for s in kafka if "kafka-cluster:WriteData" in actions(s)][0]
+        base = msk.replace(":cluster/", ":topic/")
+        eq(as_list(topics["Resource"]), [f"{base}/{x}" for x in TOPICS.split(",")],
+           "one topic ARN per KafkaTopics entry")
+    else:
+        eq(kafka, [], "no kafka-cluster permission without MskClusterArn")
+
+    # Secrets: exactly the named ones; their key via Secrets Manager only with one.
+    named = [get(k) for k in ("KafkaSaslSecretArn", "KafkaTlsCaSecretArn",
+                              "KafkaTlsClientSecretArn") if get(k)]
+    reads = granted(relay, "secretsmanager:")
+    eq(sorted(r for s in reads for r in as_list(s["Resource"])), sorted(named),
+       "GetSecretValue on exactly the named secrets")
+    for s in reads:
+        eq(actions(s), {"secretsmanager:GetSecretValue"}, "secret actions")
+    secret_keys = [s for s in granted(relay, "kms:")
+                   if "secretsmanager" in json.dumps(s.get("Condition", {}))]
+    if named and get("KafkaSecretsKmsKeyArn"):
+        eq(len(secret_keys), 1, "the secrets' key")
+        eq((actions(secret_keys[0]), secret_keys[0]["Resource"]),
+           ({"kms:Decrypt"}, get("KafkaSecretsKmsKeyArn")), "kms:Decrypt on the secrets' key")
+        eq(secret_keys[0]["Condition"], {"StringEquals": {
+            "kms:ViaService": f"secretsmanager.{REGION}.amazonaws.com"}}, "through Secrets Manager")
+    else:
+        eq(secret_keys, [], "no secrets key grant")
+
+    # Item grants: every DynamoDB item action of the stack under LeadingKeys {prefix}#*.
+    roles = [("relay", relay)]
+    if enqueue:
+        roles.append(("enqueue", statements(res["EnqueueFunctionRole"])))
+    roles.append(("writer policy",
+                  res["OutboxWriterPolicy"]["Properties"]["PolicyDocument"]["Statement"]))
+    table_arn = ({"Fn::GetAtt": ["OutboxTable", "Arn"]} if created else
+                 f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{get('TableName')}")
+    for who, stmts in roles:
+        items = [s for s in stmts if actions(s) & ITEM_ACTIONS]
+        check(items, f"{who}: has item grants")
+        for s in items:
+            eq(s.get("Condition"), {"ForAllValues:StringLike":
+                                    {"dynamodb:LeadingKeys": [f"{prefix}#*"]}},
+               f"{who}: {sorted(actions(s))} limited to the outbox's keys")
+            eq(s["Resource"], table_arn, f"{who}: on the table")
+        for s in granted(stmts, "dynamodb:"):
+            check(not (actions(s) & {"dynamodb:Scan", "dynamodb:*"}), f"{who}: no Scan")
+            if not actions(s) & ITEM_ACTIONS:
+                check(stream and all(a.startswith("dynamodb:") and "Stream" in a
+                                     or a in ("dynamodb:GetRecords", "dynamodb:GetShardIterator")
+                                     for a in actions(s)),
+                      f"{who}: only stream actions go without LeadingKeys: {actions(s)}")
+        table_keys = [s for s in stmts if "dynamodb." in json.dumps(s.get("Condition", {}))]
+        if get("TableKmsKeyArn"):
+            eq(len(table_keys), 1, f"{who}: the table's key")
+            eq((actions(table_keys[0]), table_keys[0]["Resource"], table_keys[0]["Condition"]),
+               ({"kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"}, get("TableKmsKeyArn"),
+                {"StringEquals": {"kms:ViaService": f"dynamodb.{REGION}.amazonaws.com"}}),
+               f"{who}: the table's key through DynamoDB")
+        else:
+            eq(table_keys, [], f"{who}: no table key grant")
+
+    # The network: VpcConfig, and the ENI permissions with it, only in a VPC.
+    fn = res["RelayFunction"]["Properties"]
+    if vpc:
+        eq(fn.get("VpcConfig"), {"SubnetIds": p["SubnetIds"].split(","),
+                                 "SecurityGroupIds": p["SecurityGroupIds"].split(",")}, "VpcConfig")
+    else:
+        check("VpcConfig" not in fn, "no VpcConfig without SubnetIds")
+    managed = relay_role["Properties"]["ManagedPolicyArns"]
+    eq(VPC_POLICY in managed, vpc, "AWSLambdaVPCAccessExecutionRole only in a VPC")
+    for r in res.values():
+        if r["Type"] == "AWS::IAM::Role":
+            eq(VPC_POLICY in r["Properties"].get("ManagedPolicyArns", []),
+               vpc and r is relay_role, "no other role has the VPC policy")
+    if enqueue:
+        check("VpcConfig" not in res["EnqueueFunction"]["Properties"],
+              "the enqueue function runs outside a VPC")
+
+    # The relay's variables: the mechanism and each named secret, nothing else secret.
+    env = fn["Environment"]["Variables"]
+    eq(env["KAFKA_AUTH"], get("KafkaAuth", "msk-iam"), "KAFKA_AUTH")
+    eq(env["KAFKA_BOOTSTRAP_SERVERS"], get("KafkaBootstrapServers"), "KAFKA_BOOTSTRAP_SERVERS")
+    for var, param in (("KAFKA_SASL_SECRET_ARN", "KafkaSaslSecretArn"),
+                       ("KAFKA_TLS_CA_SECRET_ARN", "KafkaTlsCaSecretArn"),
+                       ("KAFKA_TLS_CLIENT_SECRET_ARN", "KafkaTlsClientSecretArn")):
+        eq(env.get(var), get(param) or None, var)
+    eq(env["OUTBOX_KEY_PREFIX"], prefix, "OUTBOX_KEY_PREFIX")
+    if enqueue:
+        envq = res["EnqueueFunction"]["Properties"]["Environment"]["Variables"]
+        check(not any(k.startswith("KAFKA_") for k in envq), "the enqueue function has no Kafka")
+
+    # The table.
+    if created:
+        props = res["OutboxTable"]["Properties"]
+        eq(props.get("SSESpecification"),
+           {"SSEEnabled": True, "SSEType": "KMS", "KMSMasterKeyId": get("TableKmsKeyArn")}
+           if get("TableKmsKeyArn") else None, "SSE with the customer managed key")
+        eq(props.get("PointInTimeRecoverySpecification"),
+           {"PointInTimeRecoveryEnabled": True}
+           if get("PointInTimeRecovery") == "true" else None, "PITR")
+        eq(props.get("StreamSpecification"), {"StreamViewType": "KEYS_ONLY"} if stream else None,
+           "the stream")
+    else:
+        check("OutboxTable" not in res, "no table created with UseExistingTable")
+    doorbell = res.get("RelayDoorbell")
+    eq(bool(doorbell), stream, "the doorbell with WakeOn=stream")
+    if doorbell:
+        eq(doorbell["Properties"]["MetricsConfig"], {"Metrics": ["EventCount"]}, "MetricsConfig")
+    eq("CommitNotificationRule" in res, bool(get("EventBusName")) and not stream,
+       "commit notifications only in schedule mode with a bus")
+
+    # Alarms: always, the enqueue function's with it; actions only with a topic.
+    alarms = {k for k, r in res.items() if r["Type"] == "AWS::CloudWatch::Alarm"}
+    eq(alarms, ALARMS | (ENQUEUE_ALARMS if enqueue else set()), "alarms")
+    for a in alarms:
+        props = res[a]["Properties"]
+        want = [get("AlarmTopicArn")] if get("AlarmTopicArn") else None
+        eq((props.get("AlarmActions"), props.get("OKActions")), (want, want), f"{a} actions")
+
+    # Enqueue callers: the caller policy here, a permission per other account.
+    accounts = [x for x in get("EnqueueCallerAccountIds").split(",") if x] if enqueue else []
+    perms = sorted(r["Properties"]["Principal"] for k, r in res.items()
+                   if k.startswith("EnqueueCallerAccount"))
+    eq(perms, sorted(accounts), "one permission per caller account")
+    eq("EnqueueFunction" in res, enqueue, "the enqueue function")
+
+    # Outputs, each exported as {stack}-{name}.
+    want = {"RelayFunctionArn", "RelayLogGroupName", "OutboxTableName", "OutboxTableArn",
+            "OutboxWriterPolicyArn"}
+    if enqueue:
+        want |= {"EnqueueFunctionArn", "EnqueueCallerPolicyArn"}
+    if stream:
+        want |= {"DoorbellStreamArn"}
+    eq(set(out), want, "outputs")
+    for k, o in out.items():
+        eq(o["Export"]["Name"], f"{STACK}-{k}", f"{k} exported")
+
+
+def check_rules(name: str, params: dict, tpl: cfn_template.Template) -> None:
+    failed = tpl.failed_rules()
+    eq(failed, [], f"{name}: the Rules pass")
+
+
+def check_refused(label: str, params: dict, word: str) -> None:
+    tpl = cfn_template.Template(TEMPLATE, {**BASE, **params})
+    failed = tpl.failed_rules()
+    check(failed, f"{label}: refused by a rule")
+    check(any(word in msg for _, msg in failed), f"{label}: message with {word!r}: {failed}")
+
+
+# ------------------------------------------------------------------------ lint and scan
+
+def tool(name: str) -> str:
+    """A tool of this Python's venv (cfn-lint, sam) when there, else from PATH."""
+    own = os.path.join(os.path.dirname(sys.executable), name)
+    return own if os.access(own, os.X_OK) else name
+
+
+def run(cmd: list[str], what: str) -> tuple[int, str]:
+    cmd = [tool(cmd[0]), *cmd[1:]]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    return p.returncode, (p.stdout + p.stderr).strip()
+
+
+def lint(files: list[str]) -> list[str]:
+    problems = []
+    rc, out = run(["cfn-lint", "--", *files], "cfn-lint setups")
+    if rc:
+        problems.append(f"cfn-lint on the resolved setups:\n{out}")
+    rc, out = run(["cfn-lint", TEMPLATE], "cfn-lint")
+    if rc:
+        problems.append(f"cfn-lint template.yaml:\n{out}")
+    env = dict(os.environ, SAM_CLI_TELEMETRY="0")
+    p = subprocess.run([tool("sam"), "validate", "--lint", "--template", TEMPLATE],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+    if p.returncode:
+        problems.append(f"sam validate --lint:\n{p.stdout}{p.stderr}")
+    return problems
+
+
+def checkov(checkov_bin: str, files: list[str]) -> tuple[list[str], dict]:
+    """Checkov over template.yaml and the resolved setups (one run): the failed checks
+    (none expected) and the skipped ones (each with the template's reason)."""
+    problems, skipped = [], {}
+    targets = [TEMPLATE, *files]
+    cmd = [checkov_bin, "--framework", "cloudformation", "--output", "json", "--compact",
+           # No Prisma Cloud API call (guidelines, severities): offline, and quicker.
+           "--skip-download"]
+    for target in targets:
+        cmd += ["-f", target]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    try:
+        reports = json.loads(p.stdout)
+    except json.JSONDecodeError:
+        return [f"checkov: unreadable output (exit {p.returncode})\n{p.stdout[-2000:]}"
+                f"{p.stderr[-2000:]}"], {}
+    reports = reports if isinstance(reports, list) else [reports]
+    scanned = {}
+    for report in reports:
+        results = report.get("results", {})
+        for kind in ("passed_checks", "failed_checks", "skipped_checks"):
+            for r in results.get(kind, []):
+                scanned.setdefault(os.path.basename(r["file_path"]), set()).add(kind)
+        for f in results.get("failed_checks", []):
+            problems.append(f"checkov {os.path.basename(f['file_path'])}: {f['check_id']} "
+                            f"{f['check_name']} on {f['resource']}")
+        for s in results.get("skipped_checks", []):
+            key = (s["check_id"], s["resource"].split(".")[-1])
+            skipped.setdefault(key, (s.get("check_result") or {}).get("suppress_comment", ""))
+    for (cid, resource), why in skipped.items():
+        if not why.strip():
+            problems.append(f"checkov: {cid} on {resource} is skipped without a reason")
+    for target in targets:
+        if "passed_checks" not in scanned.get(os.path.basename(target), set()):
+            problems.append(f"checkov: {os.path.basename(target)} not scanned (no check passed)")
+    return problems, skipped
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-lint", action="store_true",
+                    help="only the translated-template checks and the rules")
+    ap.add_argument("--keep", metavar="DIR", help="write the resolved setups here and keep them")
+    ap.add_argument("--setup", action="append", choices=sorted(SETUPS),
+                    help="only these setups (default: all)")
+    ap.add_argument("--checkov", default=os.path.join(CACHE, "checkov-venv", "bin", "checkov"))
+    args = ap.parse_args()
+
+    out_dir = args.keep or tempfile.mkdtemp(prefix="outbox-template-")
+    os.makedirs(out_dir, exist_ok=True)
+    failures, files = [], []
+    for name in args.setup or SETUPS:
+        params = {**BASE, **SETUPS[name]}
+        try:
+            t, tpl = deployed(params)
+            check_rules(name, params, tpl)
+            check_setup(name, params, t)
+            print(f"ok - {name}")
+        except (Failed, cfn_template.TemplateError, KeyError, IndexError) as e:
+            failures.append(f"{name}: {type(e).__name__}: {e}")
+            print(f"FAILED - {name}: {e}")
+            continue
+        path = os.path.join(out_dir, f"{name}.json")
+        with open(path, "w") as f:
+            json.dump(t, f, indent=1)
+        files.append(path)
+    for label, (params, word) in REFUSED.items():
+        try:
+            check_refused(label, params, word)
+            print(f"ok - refused: {label}")
+        except Failed as e:
+            failures.append(str(e))
+            print(f"FAILED - refused: {label}: {e}")
+
+    if not args.no_lint:
+        for problem in lint(files):
+            failures.append(problem)
+            print(f"FAILED - {problem}")
+        if not os.access(args.checkov, os.X_OK):
+            failures.append(f"checkov not found at {args.checkov} (scripts/install.sh)")
+        else:
+            problems, skipped = checkov(args.checkov, files)
+            for problem in problems:
+                failures.append(problem)
+                print(f"FAILED - {problem}")
+            if not problems:
+                print(f"ok - checkov: template.yaml and {len(files)} setups, no failed check")
+            for (cid, resource), why in sorted(skipped.items()):
+                print(f"  skipped {cid} on {resource}: {' '.join(why.split())}")
+        if not failures:
+            print(f"ok - cfn-lint (template.yaml and {len(files)} setups), sam validate --lint")
+    if not args.keep:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    print(f"{len(SETUPS if not args.setup else args.setup)} setups, {len(REFUSED)} refused "
+          f"combinations: {len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
