@@ -6,9 +6,10 @@ scripts/lambda_runtime.py run with the template's own values.
 
   scripts/cfn_template.py template.yaml --function RelayFunction [--param K=V ...]
 
-prints {"mapping": {...}, "event_invoke_config": {...}} as JSON (the resolved
-properties; "mapping" is null when the function has no stream mapping under these
-parameters).
+prints {"mapping": {...}, "event_invoke_config": {...}, "environment": {...}} as JSON
+(the resolved properties; "mapping" is null when the function has no stream mapping
+under these parameters; "environment" is the function's variables, the Globals' merged
+with its own).
 
 A small resolver, not CloudFormation: the YAML short forms (!Ref, !If, !Sub, !Join,
 !Select, !Split, !Equals, !Not, !And, !Or, !Condition, !GetAtt) are read with
@@ -238,6 +239,19 @@ class Template:
                                 f"{[m['LogicalId'] for m in found]}")
         return found[0] if found else None
 
+    def environment(self, function: str) -> dict[str, str]:
+        """The function's environment variables as Lambda would set them: the Globals'
+        Environment.Variables, then the function's own (SAM merges the two, the
+        function's winning), resolved; a variable resolving to AWS::NoValue is absent."""
+        fn = self._check_function(function)
+        out: dict[str, str] = {}
+        glob = ((self.doc.get("Globals") or {}).get("Function") or {}).get("Environment")
+        own = (fn.get("Properties") or {}).get("Environment")
+        for env in (glob, own):
+            variables = self.resolve((env or {}).get("Variables") or {})
+            out.update({k: str(v) for k, v in variables.items()})
+        return out
+
     def event_invoke_config(self, function: str) -> dict:
         """MaximumRetryAttempts and MaximumEventAgeInSeconds of the function's
         asynchronous invocations, with "Source" (where they came from)."""
@@ -282,7 +296,8 @@ def main() -> int:
     try:
         tpl = Template(args.template, parse_params(args.param))
         out = {"mapping": tpl.stream_mapping(args.function),
-               "event_invoke_config": tpl.event_invoke_config(args.function)}
+               "event_invoke_config": tpl.event_invoke_config(args.function),
+               "environment": tpl.environment(args.function)}
     except TemplateError as e:
         print(f"[cfn_template] error: {e}", file=sys.stderr)
         return 2
