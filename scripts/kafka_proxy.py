@@ -328,6 +328,8 @@ class Proxy:
         self.region, self.access_key, self.secret_key = region, access_key, secret_key
         self.session_token = session_token
         self.events: list[dict] = []
+        # the MSK IAM tokens accepted (kept for the caller's own checks, never printed)
+        self.tokens: list[str] = []
         self.port = 0
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -470,10 +472,14 @@ class Proxy:
             prefix, suffix = "n,,\x01auth=Bearer ", "\x01\x01"
             if not (text.startswith(prefix) and text.endswith(suffix)):
                 return "refuse", b"", "not n,,\\x01auth=Bearer <token>\\x01\\x01"
-            why = check_msk_iam_token(text[len(prefix):-len(suffix)], self.region,
-                                      self.access_key, self.secret_key, self.session_token,
-                                      time.time())
-            return ("refuse", b"", why) if why else ("done", b"", "")
+            token = text[len(prefix):-len(suffix)]
+            why = check_msk_iam_token(token, self.region, self.access_key, self.secret_key,
+                                      self.session_token, time.time())
+            if why:
+                return "refuse", b"", why
+            with self._lock:
+                self.tokens.append(token)
+            return "done", b"", ""
         scram = state.get("scram")
         if scram is None:
             return "refuse", b"", "SaslAuthenticate before SaslHandshake"

@@ -84,7 +84,7 @@ sys.path.insert(0, SCRIPTS)
 
 import cfn_template  # noqa: E402
 import serverless_e2e as sls  # noqa: E402
-from kafka_proxy import Proxy  # noqa: E402
+from kafka_proxy import Proxy, check_msk_iam_token  # noqa: E402
 
 NAME = "kafka-setups-e2e"
 sls.NAME = NAME  # the shared helpers print under this script's name
@@ -425,8 +425,25 @@ def setup_msk_iam(run: Run, pki: Pki) -> None:
     log = log_of(relay)
     check(creds["AWS_SECRET_ACCESS_KEY"] not in log and creds["AWS_SESSION_TOKEN"] not in log,
           f"{name}: the credentials are in the relay's log")
+    # the check has teeth: the same token fails with another secret key, region, session
+    # token, or later than its expiry
+    token, now = proxy.tokens[0], time.time()
+    for why, args in [
+        ("the SigV4 signature does not verify",
+         (region, creds["AWS_ACCESS_KEY_ID"], "another-secret", creds["AWS_SESSION_TOKEN"], now)),
+        ("not https://kafka.eu-west-1.amazonaws.com",
+         ("eu-west-1", creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], None, now)),
+        ("the session token is not the caller's",
+         (region, creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], "other", now)),
+        ("not valid now",
+         (region, creds["AWS_ACCESS_KEY_ID"], creds["AWS_SECRET_ACCESS_KEY"], None, now + 901)),
+    ]:
+        got = check_msk_iam_token(token, *args)
+        check(got is not None and why in got, f"{name}: a token checked with "
+              f"{args[0]}/another key, token or time: {got!r}, wanted {why!r}")
     step(f"{name}: ok: {len(verdicts)} OAUTHBEARER token(s) verified (SigV4, scope, expiry, "
-         f"session token); no credential in the relay's log")
+         f"session token; the same token fails with another secret key, region, session "
+         f"token or after its expiry); no credential in the relay's log")
 
 
 def setup_no_vpc(run: Run, pki: Pki) -> None:
