@@ -42,7 +42,8 @@ per-key order, default partitions, headers), and what the proxy saw:
      the proxy refused the proof, the relay's log names the secret and says to check
      the password (and holds neither password); then the secret is rotated to the right
      password and the next invocation (same warm environment: the refused credentials
-     were forgotten) publishes the messages that waited.
+     were forgotten, at the latest when they are refused once more) publishes the
+     messages that waited.
   c. msk-iam: KafkaAuth=msk-iam with MskClusterArn, fake AWS credentials with a session
      token; the proxy verifies the OAUTHBEARER token's presigned URL (host
      kafka.{region}.amazonaws.com, Action kafka-cluster:Connect, SigV4 signature
@@ -363,11 +364,14 @@ def setup_scram(run: Run, pki: Pki) -> None:
     step(f"{name}: listener {proxy.address}, SASL/SCRAM-SHA-512 for {username}; the SASL "
          f"secret holds a wrong password first")
     # A refused password is retried for rskafka's budget (KafkaConfig::retry_budget, 5 s)
-    # before the connect reports it: the run must outlast that to log the diagnosis.
+    # before the connect reports it (and forgets the credentials): each run must outlast
+    # that to log the diagnosis, and the run after the rotation must also have time for
+    # a second connect. A connect cut by the run's deadline after it read the secret keeps
+    # what it read, so the first connect of the next run may still use the old password.
     relay, _ = run.relay(name, dict(WITH_VPC, MskClusterArn="", KafkaAuth="scram-sha-512",
                                     KafkaBootstrapServers=proxy.address,
                                     KafkaSaslSecretArn=sasl, KafkaTlsCaSecretArn=ca),
-                         timeout=12.0)
+                         timeout=16.0)
     topic = run.topic(name)
     sent, _ = sls.enqueue_batch(run.enqueue, topic, name)
     s = run.invoke_relay(relay, f"{name} (wrong password)")
