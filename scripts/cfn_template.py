@@ -5,11 +5,12 @@ asynchronous invocations (EventInvokeConfig), so that scripts/streams.py poll an
 scripts/lambda_runtime.py run with the template's own values.
 
   scripts/cfn_template.py template.yaml --function RelayFunction [--param K=V ...]
+                          [--environment]
 
-prints {"mapping": {...}, "event_invoke_config": {...}, "environment": {...}} as JSON
-(the resolved properties; "mapping" is null when the function has no stream mapping
-under these parameters; "environment" is the function's variables, the Globals' merged
-with its own).
+prints {"mapping": {...}, "event_invoke_config": {...}} as JSON (the resolved
+properties; "mapping" is null when the function has no stream mapping under these
+parameters); with --environment also "environment", the function's variables (the
+Globals' merged with its own; every parameter they name needs a Default or a --param).
 
 A small resolver, not CloudFormation: the YAML short forms (!Ref, !If, !Sub, !Join,
 !Select, !Split, !Equals, !Not, !And, !Or, !Condition, !GetAtt) are read with
@@ -292,12 +293,15 @@ def main() -> int:
     p.add_argument("template")
     p.add_argument("--function", required=True, help="the function's logical id")
     p.add_argument("--param", action="append", default=[], metavar="K=V")
+    p.add_argument("--environment", action="store_true",
+                   help="also print the function's environment variables")
     args = p.parse_args()
     try:
         tpl = Template(args.template, parse_params(args.param))
         out = {"mapping": tpl.stream_mapping(args.function),
-               "event_invoke_config": tpl.event_invoke_config(args.function),
-               "environment": tpl.environment(args.function)}
+               "event_invoke_config": tpl.event_invoke_config(args.function)}
+        if args.environment:
+            out["environment"] = tpl.environment(args.function)
     except TemplateError as e:
         print(f"[cfn_template] error: {e}", file=sys.stderr)
         return 2

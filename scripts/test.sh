@@ -115,7 +115,7 @@ if [[ ${1:-} == --inside-stack ]]; then
     # The relay against Kafka set up as deployments find it, each over TLS with a private
     # CA and its material in moto's Secrets Manager, the functions' environment resolved
     # from template.yaml for the setup (scripts/kafka_setups_e2e.py says what it checks;
-    # about 35 s with the binaries lambda_e2e.py built). A failure is reported after the
+    # about 45 s with the binaries lambda_e2e.py built). A failure is reported after the
     # tests, which run either way.
     step "Kafka setups end-to-end: mTLS, SCRAM, MSK IAM, no VPC (scripts/kafka_setups_e2e.py)"
     setups=0
