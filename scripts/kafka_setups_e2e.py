@@ -4,7 +4,7 @@ would find it: mutual TLS, SCRAM, MSK IAM and SASL/PLAIN, each over TLS with a p
 CA, with the certificates, keys and passwords in Secrets Manager (moto's), and with the
 functions' environment taken from the SAM template for that setup's parameter values.
 
-  scripts/kafka_setups_e2e.py [--keep]
+  scripts/kafka_setups_e2e.py [--setup NAME ...] [--template FILE] [--keep]
 
 Runs inside `scripts/stack.sh run` (DynamoDB Local, tansu, moto) with the stack's venv
 python, from any directory; builds the debug binaries of both functions (cargo build,
@@ -41,9 +41,10 @@ per-key order, default partitions, headers), and what the proxy saw:
      {"username","password"} first with a WRONG password: the relay publishes nothing,
      the proxy refused the proof, the relay's log names the secret and says to check
      the password (and holds neither password); then the secret is rotated to the right
-     password and the next invocation (same warm environment: the refused credentials
-     were forgotten, at the latest when they are refused once more) publishes the
-     messages that waited.
+     password and the same warm environment publishes the messages that waited within
+     at most 3 invocations (the refused credentials are forgotten; a connect cut by a
+     run's deadline keeps what it read, so the next run may meet one more refusal, which
+     rskafka retries for its 5 s budget before the relay reads the secret again).
   c. msk-iam: KafkaAuth=msk-iam with MskClusterArn, fake AWS credentials with a session
      token; the proxy verifies the OAUTHBEARER token's presigned URL (host
      kafka.{region}.amazonaws.com, Action kafka-cluster:Connect, SigV4 signature
@@ -391,16 +392,23 @@ def setup_scram(run: Run, pki: Pki) -> None:
          f"proxy, the relay's log names the secret (and no password)")
     run.sm.put_secret_value(SecretId=sasl, SecretString=json.dumps(
         {"username": username, "password": password}))
-    s = run.invoke_relay(relay, f"{name} (rotated secret)")
-    check(s["published"] == 20, f"{name}: published {s['published']} after the rotation: {s}")
+    # Within a few runs of the same environment: the first connect after the rotation may
+    # still use the password a connect cut by the last run's deadline had read; refused,
+    # it is forgotten, and rskafka spends its 5 s budget on that refusal first.
+    published, runs = 0, 0
+    while published < 20 and runs < 3:
+        runs += 1
+        published += run.invoke_relay(relay, f"{name} (rotated secret, run {runs})")["published"]
+    check(published == 20, f"{name}: {published} of 20 published in {runs} runs after the "
+                           f"rotation")
     records, nkeys = sls.check_topic(topic, sent, 15)
     accepted = [e for e in proxy.events_of("sasl") if e["accepted"]]
     check(accepted, f"{name}: no accepted exchange")
     check(relay.stats()["totals"]["cold_starts"] == 1,
           f"{name}: the second invocation was not the warm environment")
-    step(f"{name}: ok: after the rotation the warm environment read the secret again, "
-         f"{len(accepted)} SCRAM-SHA-512 exchange(s) accepted, {len(records)} ids read back "
-         f"once each over {nkeys} keys")
+    step(f"{name}: ok: after the rotation the warm environment read the secret again and "
+         f"published in {runs} run(s), {len(accepted)} SCRAM-SHA-512 exchange(s) accepted, "
+         f"{len(records)} ids read back once each over {nkeys} keys")
 
 
 def setup_msk_iam(run: Run, pki: Pki) -> None:
@@ -485,8 +493,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--setup", action="append", choices=list(SETUPS),
                    help="run only these setups (default: all)")
+    p.add_argument("--template", default=TEMPLATE,
+                   help="the SAM template the environments come from (default: template.yaml)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = p.parse_args()
+    globals()["TEMPLATE"] = os.path.abspath(args.template)
     for var in ("AWS_ENDPOINT_URL_DYNAMODB", "KAFKA_BOOTSTRAP_SERVERS",
                 "AWS_ENDPOINT_URL_SECRETS_MANAGER"):
         if not os.environ.get(var):
