@@ -44,7 +44,9 @@ per-key order, default partitions, headers), and what the proxy saw:
      password and the same warm environment publishes the messages that waited within
      at most 3 invocations (the refused credentials are forgotten; a connect cut by a
      run's deadline keeps what it read, so the next run may meet one more refusal, which
-     rskafka retries for its 5 s budget before the relay reads the secret again).
+     rskafka retries for its 5 s budget before the relay reads the secret again; and in
+     the debug build each new connection's SCRAM proof, PBKDF2 with 4096 rounds of
+     SHA-512, takes a noticeable part of a second on a loaded machine).
   c. msk-iam: KafkaAuth=msk-iam with MskClusterArn, fake AWS credentials with a session
      token; the proxy verifies the OAUTHBEARER token's presigned URL (host
      kafka.{region}.amazonaws.com, Action kafka-cluster:Connect, SigV4 signature
