@@ -364,13 +364,21 @@ class Proxy:
         self._loop.set_exception_handler(
             lambda _loop, ctx: self.record(kind="error", error=str(ctx.get("exception")
                                                                    or ctx.get("message"))))
+        # TLS is started on each accepted connection (not by the server), so that a failed
+        # handshake is an event with its reason: asyncio logs those only in debug mode.
         server = self._loop.run_until_complete(asyncio.start_server(
-            self._serve, "127.0.0.1", 0, ssl=self.ctx, ssl_handshake_timeout=10))
+            self._serve, "127.0.0.1", 0))
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter):
+        try:
+            await client_w.start_tls(self.ctx, ssl_handshake_timeout=10)
+        except (OSError, asyncio.TimeoutError) as e:
+            self.record(kind="tls-refused", error=f"{type(e).__name__}: {e}")
+            client_w.close()
+            return
         ssl_obj = client_w.get_extra_info("ssl_object")
         peer = ssl_obj.getpeercert() if ssl_obj else None
         subject = dict(x[0] for x in peer.get("subject", ())) if peer else {}

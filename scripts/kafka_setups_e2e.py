@@ -8,7 +8,10 @@ functions' environment taken from the SAM template for that setup's parameter va
 
 Runs inside `scripts/stack.sh run` (DynamoDB Local, tansu, moto) with the stack's venv
 python, from any directory; builds the debug binaries of both functions (cargo build,
-reused when lambda_e2e.py built them) and runs each under scripts/lambda_runtime.py
+reused when lambda_e2e.py built them), links them into its work directory at once (a
+shared CARGO_TARGET_DIR may receive another checkout's build of them meanwhile; the
+relay must be one that reads KAFKA_TLS_CLIENT_SECRET_ARN) and runs each under
+scripts/lambda_runtime.py
 (real deadlines; --clean-env: the environment is the template's plus what Lambda and the
 execution role provide, i.e. the stack's endpoints, region and credentials).
 
@@ -514,9 +517,23 @@ def main() -> int:
         print(out.stderr, file=sys.stderr)
         step("FAILED: cargo build")
         return 1
-    binaries = {"relay": os.path.join(TARGET, "debug", "outbox-relay-function"),
-                "enqueue": os.path.join(TARGET, "debug", "outbox-enqueue-function")}
     workdir = tempfile.mkdtemp(prefix="outbox-kafka-setups.")
+    # Taken at once: a shared CARGO_TARGET_DIR may get another checkout's build of the
+    # same binaries while this runs. The relay must be one that reads the TLS secrets.
+    binaries = {}
+    for fn, binary in (("relay", "outbox-relay-function"),
+                       ("enqueue", "outbox-enqueue-function")):
+        binaries[fn] = os.path.join(workdir, binary)
+        try:  # a hard link keeps this build's file (the linkers write a new one)
+            os.link(os.path.join(TARGET, "debug", binary), binaries[fn])
+        except OSError:
+            shutil.copy2(os.path.join(TARGET, "debug", binary), binaries[fn])
+    with open(binaries["relay"], "rb") as f:
+        if b"KAFKA_TLS_CLIENT_SECRET_ARN" not in f.read():
+            step(f"FAILED: {TARGET}/debug/outbox-relay-function does not read "
+                 f"KAFKA_TLS_CLIENT_SECRET_ARN: another checkout's build?")
+            shutil.rmtree(workdir, ignore_errors=True)
+            return 1
     started: list = []
     ok = False
     try:
