@@ -5,10 +5,12 @@ asynchronous invocations (EventInvokeConfig), so that scripts/streams.py poll an
 scripts/lambda_runtime.py run with the template's own values.
 
   scripts/cfn_template.py template.yaml --function RelayFunction [--param K=V ...]
+                          [--environment]
 
 prints {"mapping": {...}, "event_invoke_config": {...}} as JSON (the resolved
 properties; "mapping" is null when the function has no stream mapping under these
-parameters).
+parameters); with --environment also "environment", the function's variables (the
+Globals' merged with its own; every parameter they name needs a Default or a --param).
 
 A small resolver, not CloudFormation: the YAML short forms (!Ref, !If, !Sub, !Join,
 !Select, !Split, !Equals, !Not, !And, !Or, !Condition, !GetAtt) are read with
@@ -312,6 +314,19 @@ class Template:
                                 f"{[m['LogicalId'] for m in found]}")
         return found[0] if found else None
 
+    def environment(self, function: str) -> dict[str, str]:
+        """The function's environment variables as Lambda would set them: the Globals'
+        Environment.Variables, then the function's own (SAM merges the two, the
+        function's winning), resolved; a variable resolving to AWS::NoValue is absent."""
+        fn = self._check_function(function)
+        out: dict[str, str] = {}
+        glob = ((self.doc.get("Globals") or {}).get("Function") or {}).get("Environment")
+        own = (fn.get("Properties") or {}).get("Environment")
+        for env in (glob, own):
+            variables = self.resolve((env or {}).get("Variables") or {})
+            out.update({k: str(v) for k, v in variables.items()})
+        return out
+
     def event_invoke_config(self, function: str) -> dict:
         """MaximumRetryAttempts and MaximumEventAgeInSeconds of the function's
         asynchronous invocations, with "Source" (where they came from)."""
@@ -352,11 +367,15 @@ def main() -> int:
     p.add_argument("template")
     p.add_argument("--function", required=True, help="the function's logical id")
     p.add_argument("--param", action="append", default=[], metavar="K=V")
+    p.add_argument("--environment", action="store_true",
+                   help="also print the function's environment variables")
     args = p.parse_args()
     try:
         tpl = Template(args.template, parse_params(args.param))
         out = {"mapping": tpl.stream_mapping(args.function),
                "event_invoke_config": tpl.event_invoke_config(args.function)}
+        if args.environment:
+            out["environment"] = tpl.environment(args.function)
     except TemplateError as e:
         print(f"[cfn_template] error: {e}", file=sys.stderr)
         return 2

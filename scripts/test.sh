@@ -24,6 +24,10 @@
 #          artifact `sam build && sam deploy` ships), each checked for its ELF machine and
 #          its built template's literal architecture
 #        scripts/lambda_e2e.py (both functions under cargo lambda watch/invoke)
+#        scripts/kafka_setups_e2e.py (the debug binaries under scripts/lambda_runtime.py
+#          with the template's environment against Kafka behind a TLS/SASL proxy: mTLS,
+#          SCRAM (a wrong password, then rotated), MSK IAM, PLAIN without a VPC; the
+#          certificates, keys and passwords in moto's Secrets Manager)
 #        scripts/examples_e2e.py (the library's examples: place_orders, then
 #          embedded_relay publishing the orders and stopping on SIGTERM)
 #        scripts/serverless_e2e.py (sam build's x86_64 bootstraps under
@@ -121,6 +125,15 @@ if [[ ${1:-} == --inside-stack ]]; then
     e2e=0
     "$CACHE/venv/bin/python" scripts/lambda_e2e.py || e2e=$?
 
+    # The relay against Kafka set up as deployments find it, each over TLS with a private
+    # CA and its material in moto's Secrets Manager, the functions' environment resolved
+    # from template.yaml for the setup (scripts/kafka_setups_e2e.py says what it checks;
+    # about 45 s with the binaries lambda_e2e.py built). A failure is reported after the
+    # tests, which run either way.
+    step "Kafka setups end-to-end: mTLS, SCRAM, MSK IAM, no VPC (scripts/kafka_setups_e2e.py)"
+    setups=0
+    "$CACHE/venv/bin/python" scripts/kafka_setups_e2e.py || setups=$?
+
     # The library's examples (lib/examples/): place_orders writes orders and their
     # messages in one transaction each, embedded_relay publishes them and stops
     # gracefully on SIGTERM with its leases released, read back with confluent-kafka
@@ -205,6 +218,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     if ((examples != 0)); then
         echo "the examples' end-to-end test FAILED (exit $examples); see its output above" >&2
     fi
+    if ((setups != 0)); then
+        echo "the Kafka setups' end-to-end test FAILED (exit $setups); see its output above" >&2
+    fi
     if ((e2e != 0)); then
         echo "lambda end-to-end test FAILED (exit $e2e); see its output above" >&2
         exit "$e2e"
@@ -226,6 +242,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     fi
     if ((examples != 0)); then
         exit "$examples"
+    fi
+    if ((setups != 0)); then
+        exit "$setups"
     fi
     exit 0
 fi

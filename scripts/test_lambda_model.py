@@ -34,7 +34,8 @@ flags, checked by counting and ordering what reached the fake function:
   cpu_share       --cpu-share at 128 MB: a function spinning 2 s uses at most 128/1769
                   of a CPU
   template        cfn_template.py and poll --template read RelayDoorbell (and a flag
-                  overrides one setting), the template's filter with KeyPrefix given,
+                  overrides one setting), cfn_template.py --environment resolves
+                  RelayFunction's variables, the template's filter with KeyPrefix given,
                   WakeOn=schedule refused; lambda_runtime.py's async settings from
                   Lambda's defaults and from the template
 
@@ -949,6 +950,20 @@ def test_template(tmp: str, fake: str, endpoint: str) -> None:
     eic = doc.get("event_invoke_config") or {}
     check(eic.get("MaximumRetryAttempts") == 0 and eic.get("MaximumEventAgeInSeconds") == 60,
           "cfn_template.py reads RelayFunction's EventInvokeConfig", json.dumps(eic))
+    out = subprocess.run([PY, os.path.join(SCRIPTS, "cfn_template.py"), template,
+                          "--function", "RelayFunction", "--environment",
+                          "--param", "KafkaTopics=orders,pay-*",
+                          "--param", "KafkaBootstrapServers=b-1:9096",
+                          "--param", "KafkaAuth=scram-sha-512",
+                          "--param", "UseExistingTable=true", "--param", "TableName=shared"],
+                         capture_output=True, text=True, timeout=60)
+    env = (json.loads(out.stdout) if out.returncode == 0 else {}).get("environment") or {}
+    check(env.get("KAFKA_AUTH") == "scram-sha-512" and env.get("OUTBOX_TABLE_NAME") == "shared"
+          and env.get("OUTBOX_ALLOWED_TOPICS") == "orders,pay-*"
+          and env.get("KAFKA_BOOTSTRAP_SERVERS") == "b-1:9096"
+          and "KAFKA_SASL_SECRET_ARN" not in env,
+          "cfn_template.py --environment: the Globals' variables merged with the function's, "
+          "parameters resolved, an !If to AWS::NoValue absent", out.stderr + json.dumps(env))
 
     rig = StreamRig(tmp, endpoint)
     emu = Emulator(tmp, fake, "--timeout", "10")

@@ -1,6 +1,8 @@
 //! TLS to a broker for real: a TLS endpoint in front of the local broker (tansu), with a CA,
 //! a server certificate and client certificates made here (rcgen), and the publisher's
-//! `KAFKA_TLS_CA_FILE`, `KAFKA_TLS_CERT_FILE` and `KAFKA_TLS_KEY_FILE`.
+//! `KAFKA_TLS_CA_FILE`, `KAFKA_TLS_CERT_FILE` and `KAFKA_TLS_KEY_FILE`, or the secrets of
+//! `KAFKA_TLS_CA_SECRET_ARN` and `KAFKA_TLS_CLIENT_SECRET_ARN` (with `KAFKA_AUTH=mtls`)
+//! in the stack's moto server.
 //!
 //! The endpoint is a small rustls proxy: it terminates TLS and forwards each Kafka frame to
 //! tansu's plaintext listener. tansu advertises its own plaintext address in metadata, and
@@ -425,7 +427,7 @@ async fn a_broker_certificate_from_another_ca_is_refused_with_a_clear_error() {
     assert_eq!(
         err.to_string(),
         "kafka: TLS with the brokers failed: their certificate is not trusted (UnknownIssuer) \
-         by the system's roots (KAFKA_TLS_CA_FILE is unset)"
+         by the system's roots (KAFKA_TLS_CA_FILE and KAFKA_TLS_CA_SECRET_ARN are unset)"
     );
     // nothing reached the broker
     assert!(proxy.forwarded.lock().unwrap().is_empty());
@@ -445,7 +447,8 @@ async fn mutual_tls_refuses_a_missing_or_foreign_client_certificate_and_accepts_
     assert_eq!(
         err.to_string(),
         "kafka: TLS with the brokers failed: they require a client certificate (alert \
-         CertificateRequired): set KAFKA_TLS_CERT_FILE and KAFKA_TLS_KEY_FILE"
+         CertificateRequired): set KAFKA_TLS_CLIENT_SECRET_ARN (or KAFKA_TLS_CERT_FILE and \
+         KAFKA_TLS_KEY_FILE)"
     );
     assert!(!err.is_retryable());
     let refused = proxy.refused.lock().unwrap().clone();
@@ -469,10 +472,11 @@ async fn mutual_tls_refuses_a_missing_or_foreign_client_certificate_and_accepts_
     .await
     .expect_err("a foreign client certificate");
     assert!(
-        err.to_string().starts_with(
+        err.to_string().starts_with(&format!(
             "kafka: TLS with the brokers failed: they refused the client certificate of \
-             KAFKA_TLS_CERT_FILE (alert "
-        ),
+             KAFKA_TLS_CERT_FILE ({}) (alert ",
+            cert.display()
+        )),
         "{err}"
     );
     assert!(proxy.forwarded.lock().unwrap().is_empty());
@@ -533,6 +537,122 @@ async fn a_key_that_does_not_match_the_certificate_is_a_clear_error() {
             "misconfiguration: KAFKA_TLS_KEY_FILE: {}: has no usable PEM private key (no PEM \
              item of that kind)",
             not_a_key.display()
+        )
+    );
+}
+
+/// A secret in the stack's moto server (`AWS_ENDPOINT_URL_SECRETS_MANAGER`) holding `text`;
+/// its ARN.
+async fn create_secret(text: &str) -> String {
+    stack_var("AWS_ENDPOINT_URL_SECRETS_MANAGER");
+    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    aws_sdk_secretsmanager::Client::new(&sdk)
+        .create_secret()
+        .name(random_name("outbox-tls"))
+        .secret_string(text)
+        .send()
+        .await
+        .expect("create the secret in moto")
+        .arn()
+        .expect("moto returns the ARN")
+        .to_owned()
+}
+
+/// A client certificate issued by `ca` as the JSON of `KAFKA_TLS_CLIENT_SECRET_ARN`, and
+/// its key's PEM.
+fn client_secret_json(ca: &Ca, name: &str) -> (String, String) {
+    let (cert, key) = ca.issue(&[name], ExtendedKeyUsagePurpose::ClientAuth);
+    let key = key.serialize_pem();
+    (
+        serde_json::json!({"certificate": cert.pem(), "privateKey": key}).to_string(),
+        key,
+    )
+}
+
+/// The relay's configuration for `proxy` with `KAFKA_AUTH=mtls` and the CA and client
+/// certificate from secrets, as it reads them from the environment.
+fn mtls_config(proxy: &TlsProxy, ca_secret: &str, client_secret: &str) -> KafkaConfig {
+    let vars = [
+        (env::BOOTSTRAP_SERVERS, proxy.address.as_str()),
+        (env::AUTH, "mtls"),
+        (env::TLS_CA_SECRET_ARN, ca_secret),
+        (env::TLS_CLIENT_SECRET_ARN, client_secret),
+    ];
+    let mut config = KafkaConfig::from_lookup(|name| {
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_string())
+    })
+    .expect("a valid configuration");
+    config.retry_budget = Duration::from_secs(1);
+    config
+}
+
+#[tokio::test]
+async fn mutual_tls_with_the_ca_certificate_and_key_from_secrets_publishes() {
+    let pki = Pki::new();
+    let client_ca = Ca::new("outbox test client CA");
+    let proxy = TlsProxy::start(pki.server_config(Some(&client_ca))).await;
+    let ca_secret = create_secret(&pki.ca.cert.pem()).await;
+
+    // a client certificate from a CA the endpoint does not trust
+    let (foreign, _) = client_secret_json(&Ca::new("a stranger's CA"), "stranger");
+    let foreign_secret = create_secret(&foreign).await;
+    let err = connect(mtls_config(&proxy, &ca_secret, &foreign_secret))
+        .await
+        .expect_err("a foreign client certificate");
+    assert!(
+        err.to_string().starts_with(&format!(
+            "kafka: TLS with the brokers failed: they refused the client certificate of \
+             KAFKA_TLS_CLIENT_SECRET_ARN ({foreign_secret}) (alert "
+        )),
+        "{err}"
+    );
+    assert!(proxy.forwarded.lock().unwrap().is_empty());
+
+    // the trusted one: read from moto, given to rustls from memory
+    let (json, key) = client_secret_json(&client_ca, "outbox-relay");
+    let client_secret = create_secret(&json).await;
+    let config = mtls_config(&proxy, &ca_secret, &client_secret);
+    let publisher = connect(config.clone())
+        .await
+        .expect("connect with the client certificate from the secret");
+    publish_and_read_back(&publisher, &proxy).await;
+    // the clones share what was read; their Debug names the secrets, never the key
+    let shown = format!("{config:?} {publisher:?}");
+    assert!(shown.contains(&client_secret), "{shown}");
+    for line in key.lines().filter(|l| !l.starts_with("-----")) {
+        assert!(
+            !shown.contains(line),
+            "a line of the private key in {shown}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_ca_secret_that_is_not_a_pem_bundle_is_a_clear_error() {
+    let pki = Pki::new();
+    let proxy = TlsProxy::start(pki.server_config(None)).await;
+    let secret = create_secret("{\"ca\": \"not PEM\"}").await;
+    let vars = [
+        (env::BOOTSTRAP_SERVERS, proxy.address.clone()),
+        (env::TLS_CA_SECRET_ARN, secret.clone()),
+    ];
+    let config = KafkaConfig::from_lookup(|name| {
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.clone())
+    })
+    .unwrap();
+    let err = connect(config)
+        .await
+        .expect_err("no certificate in the secret");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "misconfiguration: KAFKA_TLS_CA_SECRET_ARN: the secret {secret} holds no PEM \
+             certificate (-----BEGIN CERTIFICATE-----); it must be a PEM bundle of the trusted \
+             CA certificates"
         )
     );
 }

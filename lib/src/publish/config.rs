@@ -9,6 +9,7 @@ use aws_credential_types::provider::SharedCredentialsProvider;
 
 use super::env;
 use super::sasl::SaslCredentials;
+use super::tls::TlsSecret;
 use crate::error::{Error, Result};
 use crate::options::parse_duration;
 
@@ -66,6 +67,10 @@ pub enum KafkaAuth {
     /// broker, so it is refused without TLS unless
     /// [`KafkaConfig::allow_plain_without_tls`].
     Plain,
+    /// Mutual TLS: the client certificate authenticates ([`KafkaConfig::tls_client_secret`],
+    /// or [`KafkaConfig::tls_cert_file`] and [`KafkaConfig::tls_key_file`]), no SASL; TLS
+    /// always on (MSK's mTLS listener, port 9094).
+    Mtls,
 }
 
 impl KafkaAuth {
@@ -77,6 +82,7 @@ impl KafkaAuth {
             "scram-sha-256" | "scram_sha_256" => Some(KafkaAuth::ScramSha256),
             "scram-sha-512" | "scram_sha_512" => Some(KafkaAuth::ScramSha512),
             "plain" => Some(KafkaAuth::Plain),
+            "mtls" => Some(KafkaAuth::Mtls),
             _ => None,
         }
     }
@@ -97,6 +103,7 @@ impl KafkaAuth {
             KafkaAuth::ScramSha256 => "scram-sha-256",
             KafkaAuth::ScramSha512 => "scram-sha-512",
             KafkaAuth::Plain => "plain",
+            KafkaAuth::Mtls => "mtls",
         }
     }
 }
@@ -108,19 +115,27 @@ pub struct KafkaConfig {
     pub bootstrap_servers: Vec<String>,
     /// How to authenticate ([`KafkaAuth::None`]).
     pub auth: KafkaAuth,
-    /// Whether to speak TLS to the brokers (on for MSK IAM, SCRAM and PLAIN, off
-    /// otherwise); trusted roots are the system's.
+    /// Whether to speak TLS to the brokers (on for MSK IAM, SCRAM, PLAIN and mTLS, and with
+    /// any TLS file or secret; off otherwise; always on for mTLS).
     pub tls: bool,
     /// The username and password of SCRAM and PLAIN ([`KafkaAuth::uses_password`]).
     pub sasl: Option<SaslCredentials>,
     /// Lets [`KafkaAuth::Plain`] run without TLS (false): PLAIN sends the password itself.
     pub allow_plain_without_tls: bool,
-    /// PEM bundle of the roots to trust instead of the system's (none: the system's).
+    /// PEM bundle of the roots to trust instead of the system's (none: the system's, or
+    /// [`tls_ca_secret`](Self::tls_ca_secret)'s).
     pub tls_ca_file: Option<PathBuf>,
+    /// A Secrets Manager secret whose string is the PEM bundle of the roots to trust
+    /// instead of the system's; the alternative to [`tls_ca_file`](Self::tls_ca_file).
+    pub tls_ca_secret: Option<TlsSecret>,
     /// Client certificate chain (PEM) for mutual TLS, with [`tls_key_file`](Self::tls_key_file).
     pub tls_cert_file: Option<PathBuf>,
     /// Private key (PEM) of [`tls_cert_file`](Self::tls_cert_file).
     pub tls_key_file: Option<PathBuf>,
+    /// A Secrets Manager secret with the client certificate for mutual TLS, as JSON
+    /// `{"certificate": "<PEM chain>", "privateKey": "<PEM key>"}`; the alternative to
+    /// [`tls_cert_file`](Self::tls_cert_file) and [`tls_key_file`](Self::tls_key_file).
+    pub tls_client_secret: Option<TlsSecret>,
     /// AWS region of the MSK cluster; required for [`KafkaAuth::MskIam`] because the token
     /// is signed for `kafka.{region}.amazonaws.com`.
     pub region: Option<String>,
@@ -165,6 +180,9 @@ impl fmt::Debug for KafkaConfig {
             .field("tls_ca_file", &self.tls_ca_file)
             .field("tls_cert_file", &self.tls_cert_file)
             .field("tls_key_file", &self.tls_key_file)
+            // the secrets' names, never what was read from them (the private key)
+            .field("tls_ca_secret", &self.tls_ca_secret)
+            .field("tls_client_secret", &self.tls_client_secret)
             .field("region", &self.region)
             .field("client_id", &self.client_id)
             .field("message_id_header", &self.message_id_header)
@@ -196,6 +214,8 @@ impl KafkaConfig {
             tls_ca_file: None,
             tls_cert_file: None,
             tls_key_file: None,
+            tls_ca_secret: None,
+            tls_client_secret: None,
             region: None,
             client_id: "dynamo-outbox".into(),
             message_id_header: DEFAULT_MESSAGE_ID_HEADER.into(),
@@ -251,7 +271,8 @@ impl KafkaConfig {
                 Error::option(
                     env::AUTH,
                     format!(
-                        "{v:?} is not one of none, msk-iam, scram-sha-256, scram-sha-512, plain"
+                        "{v:?} is not one of none, msk-iam, scram-sha-256, scram-sha-512, plain, \
+                         mtls"
                     ),
                 )
             })?;
@@ -344,15 +365,42 @@ impl KafkaConfig {
                 "and tls_key_file go together (a client certificate and its key)",
             ));
         }
+        if self.tls_ca_file.is_some() && self.tls_ca_secret.is_some() {
+            return Err(Error::option(
+                "tls_ca_secret",
+                "and tls_ca_file are both set: name the CA one way",
+            ));
+        }
+        if self.tls_client_secret.is_some() && self.tls_cert_file.is_some() {
+            return Err(Error::option(
+                "tls_client_secret",
+                "and tls_cert_file/tls_key_file are both set: name the client certificate one way",
+            ));
+        }
         if !self.tls
             && (self.tls_ca_file.is_some()
                 || self.tls_cert_file.is_some()
-                || self.tls_key_file.is_some())
+                || self.tls_key_file.is_some()
+                || self.tls_ca_secret.is_some()
+                || self.tls_client_secret.is_some())
         {
             return Err(Error::option(
                 "tls",
-                "is off but TLS files are set (tls_ca_file, tls_cert_file, tls_key_file)",
+                "is off but TLS files or secrets are set (tls_ca_file, tls_cert_file, \
+                 tls_key_file, tls_ca_secret, tls_client_secret)",
             ));
+        }
+        if self.auth == KafkaAuth::Mtls {
+            if !self.tls {
+                return Err(Error::option("tls", "must be on for mtls (mutual TLS)"));
+            }
+            if self.tls_client_secret.is_none() && self.tls_cert_file.is_none() {
+                return Err(Error::option(
+                    "tls_client_secret",
+                    "(or tls_cert_file and tls_key_file) is required for mtls: the client \
+                     certificate",
+                ));
+            }
         }
         if self.auth == KafkaAuth::Plain && !self.tls && !self.allow_plain_without_tls {
             return Err(Error::option(
@@ -411,38 +459,74 @@ fn servers_from_lookup(lookup: &impl Fn(&str) -> Option<String>) -> Result<Vec<S
     Ok(servers)
 }
 
-/// The TLS settings of `config` the variables name: the CA, certificate and key files,
-/// and whether TLS is on (by default with any authentication or any TLS file); an error
-/// when files are set with TLS off, or a certificate without its key (or the reverse).
+/// The TLS settings of `config` the variables name: the CA (a file or a secret), the
+/// client certificate (files or a secret), and whether TLS is on (by default with any
+/// authentication or any TLS file or secret; always with mTLS); an error when both ways
+/// name one thing, when files or secrets are set with TLS off, for a certificate without
+/// its key (or the reverse), and for mTLS without a client certificate.
 fn tls_from_lookup(
     lookup: &impl Fn(&str) -> Option<String>,
     config: &mut KafkaConfig,
 ) -> Result<()> {
-    let path = |name: &str| {
+    // an empty value counts as unset (a template passes "" for an unused parameter)
+    let get = |name: &str| {
         lookup(name)
             .filter(|v| !v.trim().is_empty())
-            .map(|v| PathBuf::from(v.trim()))
+            .map(|v| v.trim().to_owned())
     };
-    config.tls_ca_file = path(env::TLS_CA_FILE);
-    config.tls_cert_file = path(env::TLS_CERT_FILE);
-    config.tls_key_file = path(env::TLS_KEY_FILE);
-    let tls_file = [env::TLS_CA_FILE, env::TLS_CERT_FILE, env::TLS_KEY_FILE]
-        .into_iter()
-        .zip([
-            &config.tls_ca_file,
-            &config.tls_cert_file,
-            &config.tls_key_file,
-        ])
-        .find_map(|(name, v)| v.as_ref().map(|_| name));
+    config.tls_ca_file = get(env::TLS_CA_FILE).map(PathBuf::from);
+    config.tls_cert_file = get(env::TLS_CERT_FILE).map(PathBuf::from);
+    config.tls_key_file = get(env::TLS_KEY_FILE).map(PathBuf::from);
+    config.tls_ca_secret = get(env::TLS_CA_SECRET_ARN).map(TlsSecret::new);
+    config.tls_client_secret = get(env::TLS_CLIENT_SECRET_ARN).map(TlsSecret::new);
+    if config.tls_ca_file.is_some() && config.tls_ca_secret.is_some() {
+        return Err(Error::option(
+            env::TLS_CA_SECRET_ARN,
+            format!(
+                "is set together with {}: name the CA one way",
+                env::TLS_CA_FILE
+            ),
+        ));
+    }
+    if config.tls_client_secret.is_some()
+        && (config.tls_cert_file.is_some() || config.tls_key_file.is_some())
+    {
+        return Err(Error::option(
+            env::TLS_CLIENT_SECRET_ARN,
+            format!(
+                "is set together with {}/{}: name the client certificate one way",
+                env::TLS_CERT_FILE,
+                env::TLS_KEY_FILE
+            ),
+        ));
+    }
+    let tls_source = [
+        (env::TLS_CA_FILE, config.tls_ca_file.is_some()),
+        (env::TLS_CERT_FILE, config.tls_cert_file.is_some()),
+        (env::TLS_KEY_FILE, config.tls_key_file.is_some()),
+        (env::TLS_CA_SECRET_ARN, config.tls_ca_secret.is_some()),
+        (
+            env::TLS_CLIENT_SECRET_ARN,
+            config.tls_client_secret.is_some(),
+        ),
+    ]
+    .into_iter()
+    .find_map(|(name, set)| set.then_some(name));
     config.tls = match lookup(env::TLS) {
         Some(v) => parse_bool(&v)
             .ok_or_else(|| Error::option(env::TLS, format!("{v:?} is not true or false")))?,
-        None => config.auth != KafkaAuth::None || tls_file.is_some(),
+        None => config.auth != KafkaAuth::None || tls_source.is_some(),
     };
-    if let (false, Some(name)) = (config.tls, tls_file) {
+    if config.auth == KafkaAuth::Mtls && !config.tls {
+        return Err(Error::option(
+            env::TLS,
+            "KAFKA_AUTH=mtls is TLS with a client certificate: KAFKA_TLS=false is refused",
+        ));
+    }
+    if let (false, Some(name)) = (config.tls, tls_source) {
         return Err(Error::option(
             name,
-            "is set but KAFKA_TLS=false: TLS files need TLS",
+            "is set but KAFKA_TLS=false: TLS files and secrets need TLS",
         ));
     }
     match (&config.tls_cert_file, &config.tls_key_file) {
@@ -459,6 +543,21 @@ fn tls_from_lookup(
             ))
         }
         _ => {}
+    }
+    if config.auth == KafkaAuth::Mtls
+        && config.tls_client_secret.is_none()
+        && config.tls_cert_file.is_none()
+    {
+        return Err(Error::option(
+            env::AUTH,
+            format!(
+                "mtls needs a client certificate: {} (a Secrets Manager secret with \
+                 \"certificate\" and \"privateKey\"), or {} and {}",
+                env::TLS_CLIENT_SECRET_ARN,
+                env::TLS_CERT_FILE,
+                env::TLS_KEY_FILE
+            ),
+        ));
     }
     Ok(())
 }
@@ -664,7 +763,8 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "KAFKA_AUTH: \"scram\" is not one of none, msk-iam, scram-sha-256, scram-sha-512, plain"
+            "KAFKA_AUTH: \"scram\" is not one of none, msk-iam, scram-sha-256, scram-sha-512, plain, \
+             mtls"
         );
         let e = KafkaConfig::from_lookup(lookup(&[
             (env::BOOTSTRAP_SERVERS, "h:1"),
@@ -876,7 +976,7 @@ mod tests {
             ),
             (
                 &[(env::TLS_CA_FILE, "/ca.pem"), (env::TLS, "false")],
-                "KAFKA_TLS_CA_FILE: is set but KAFKA_TLS=false: TLS files need TLS",
+                "KAFKA_TLS_CA_FILE: is set but KAFKA_TLS=false: TLS files and secrets need TLS",
             ),
         ];
         for (pairs, expected) in cases {
@@ -925,5 +1025,158 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("<provided>"), "{s}");
+    }
+
+    #[test]
+    fn mtls_takes_its_client_certificate_from_a_secret_or_files_and_forces_tls() {
+        let client = "arn:aws:secretsmanager:eu-west-1:1:secret:kafka-client";
+        let ca = "arn:aws:secretsmanager:eu-west-1:1:secret:kafka-ca";
+        let c = KafkaConfig::from_lookup(lookup(&[
+            (env::BOOTSTRAP_SERVERS, "b-1:9094"),
+            (env::AUTH, "MTLS"),
+            (env::TLS_CLIENT_SECRET_ARN, client),
+            (env::TLS_CA_SECRET_ARN, ca),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (c.auth, c.tls, c.sasl.is_none()),
+            (KafkaAuth::Mtls, true, true)
+        );
+        assert_eq!(
+            c.tls_client_secret.as_ref().map(TlsSecret::secret_id),
+            Some(client)
+        );
+        assert_eq!(c.tls_ca_secret.as_ref().map(TlsSecret::secret_id), Some(ca));
+        assert_eq!(
+            (c.tls_cert_file.as_ref(), c.tls_ca_file.as_ref()),
+            (None, None)
+        );
+        let c = KafkaConfig::from_lookup(lookup(&[
+            (env::BOOTSTRAP_SERVERS, "b-1:9094"),
+            (env::AUTH, "mtls"),
+            (env::TLS_CERT_FILE, "/c.pem"),
+            (env::TLS_KEY_FILE, "/k.pem"),
+            // a template's unused parameters
+            (env::TLS_CLIENT_SECRET_ARN, ""),
+            (env::TLS_CA_SECRET_ARN, " "),
+        ]))
+        .unwrap();
+        assert!(c.tls && c.tls_client_secret.is_none() && c.tls_ca_secret.is_none());
+        // secrets turn TLS on without any authentication, as files do
+        let c = KafkaConfig::from_lookup(lookup(&[
+            (env::BOOTSTRAP_SERVERS, "h:9093"),
+            (env::TLS_CA_SECRET_ARN, ca),
+        ]))
+        .unwrap();
+        assert!(c.tls && c.auth == KafkaAuth::None);
+    }
+
+    #[test]
+    fn tls_secrets_and_mtls_errors_name_the_variables_and_the_rule() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (
+                &[(env::AUTH, "mtls")],
+                "KAFKA_AUTH: mtls needs a client certificate: KAFKA_TLS_CLIENT_SECRET_ARN (a \
+                 Secrets Manager secret with \"certificate\" and \"privateKey\"), or \
+                 KAFKA_TLS_CERT_FILE and KAFKA_TLS_KEY_FILE",
+            ),
+            (
+                &[(env::AUTH, "mtls"), (env::TLS_CA_SECRET_ARN, "arn:ca")],
+                "KAFKA_AUTH: mtls needs a client certificate: KAFKA_TLS_CLIENT_SECRET_ARN (a \
+                 Secrets Manager secret with \"certificate\" and \"privateKey\"), or \
+                 KAFKA_TLS_CERT_FILE and KAFKA_TLS_KEY_FILE",
+            ),
+            (
+                &[
+                    (env::AUTH, "mtls"),
+                    (env::TLS_CLIENT_SECRET_ARN, "arn:c"),
+                    (env::TLS, "false"),
+                ],
+                "KAFKA_TLS: KAFKA_AUTH=mtls is TLS with a client certificate: KAFKA_TLS=false \
+                 is refused",
+            ),
+            (
+                &[
+                    (env::TLS_CA_SECRET_ARN, "arn:ca"),
+                    (env::TLS_CA_FILE, "/ca.pem"),
+                ],
+                "KAFKA_TLS_CA_SECRET_ARN: is set together with KAFKA_TLS_CA_FILE: name the CA \
+                 one way",
+            ),
+            (
+                &[
+                    (env::AUTH, "mtls"),
+                    (env::TLS_CLIENT_SECRET_ARN, "arn:c"),
+                    (env::TLS_CERT_FILE, "/c.pem"),
+                    (env::TLS_KEY_FILE, "/k.pem"),
+                ],
+                "KAFKA_TLS_CLIENT_SECRET_ARN: is set together with \
+                 KAFKA_TLS_CERT_FILE/KAFKA_TLS_KEY_FILE: name the client certificate one way",
+            ),
+            (
+                &[
+                    (env::TLS_CLIENT_SECRET_ARN, "arn:c"),
+                    (env::TLS_KEY_FILE, "/k.pem"),
+                ],
+                "KAFKA_TLS_CLIENT_SECRET_ARN: is set together with \
+                 KAFKA_TLS_CERT_FILE/KAFKA_TLS_KEY_FILE: name the client certificate one way",
+            ),
+            (
+                &[(env::TLS_CLIENT_SECRET_ARN, "arn:c"), (env::TLS, "false")],
+                "KAFKA_TLS_CLIENT_SECRET_ARN: is set but KAFKA_TLS=false: TLS files and \
+                 secrets need TLS",
+            ),
+            (
+                &[
+                    (env::AUTH, "mtls"),
+                    (env::TLS_CLIENT_SECRET_ARN, "arn:c"),
+                    (env::SASL_SECRET_ARN, "arn:s"),
+                ],
+                "KAFKA_SASL_SECRET_ARN: is set but KAFKA_AUTH=mtls: only scram-sha-256, \
+                 scram-sha-512 and plain use it",
+            ),
+        ];
+        for (pairs, expected) in cases {
+            let mut all = vec![(env::BOOTSTRAP_SERVERS, "h:1")];
+            all.extend_from_slice(pairs);
+            let e = KafkaConfig::from_lookup(lookup(&all)).unwrap_err();
+            assert_eq!(e.to_string(), *expected);
+        }
+        // the same rules for a configuration built in code
+        let mut c = KafkaConfig::new(["h:1"]);
+        c.auth = KafkaAuth::Mtls;
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "tls: must be on for mtls (mutual TLS)"
+        );
+        c.tls = true;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("tls_client_secret: (or tls_cert_file and tls_key_file) is required"));
+        c.tls_client_secret = Some(TlsSecret::new("arn:c"));
+        c.validate().unwrap();
+        c.tls_cert_file = Some("/c.pem".into());
+        c.tls_key_file = Some("/k.pem".into());
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("tls_client_secret: and tls_cert_file/tls_key_file are both set"));
+        let mut c = KafkaConfig::new(["h:1"]);
+        c.tls_ca_secret = Some(TlsSecret::new("arn:ca"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("tls: is off but"));
+        c.tls = true;
+        c.tls_ca_file = Some("/ca.pem".into());
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("tls_ca_secret: and tls_ca_file are both set"));
     }
 }

@@ -15,6 +15,14 @@ use crate::error::Error;
 /// (which are then forgotten, so the next connect reads a rotated secret again).
 pub(super) async fn connect_error(config: &KafkaConfig, e: ClientError) -> Error {
     if let Some(message) = config.tls.then(|| tls_failure(config, &e)).flatten() {
+        // a certificate refused or not trusted: the next connect reads the TLS secrets
+        // again, in case they were rotated
+        for secret in [&config.tls_ca_secret, &config.tls_client_secret]
+            .into_iter()
+            .flatten()
+        {
+            secret.forget().await;
+        }
         return Error::Kafka {
             message,
             retryable: false,
@@ -27,7 +35,7 @@ pub(super) async fn connect_error(config: &KafkaConfig, e: ClientError) -> Error
             KafkaAuth::ScramSha256 => "SCRAM-SHA-256",
             KafkaAuth::ScramSha512 => "SCRAM-SHA-512",
             KafkaAuth::Plain => "PLAIN",
-            KafkaAuth::None => "",
+            KafkaAuth::None | KafkaAuth::Mtls => "",
         };
         let check = match &config.sasl {
             Some(source) => {
@@ -92,9 +100,18 @@ fn tls_failure(config: &KafkaConfig, e: &ClientError) -> Option<String> {
             rest[..end].to_owned()
         })
     };
-    let roots = match &config.tls_ca_file {
-        Some(path) => format!("the roots of {} ({})", env::TLS_CA_FILE, path.display()),
-        None => format!("the system's roots ({} is unset)", env::TLS_CA_FILE),
+    let roots = match (&config.tls_ca_file, &config.tls_ca_secret) {
+        (Some(path), _) => format!("the roots of {} ({})", env::TLS_CA_FILE, path.display()),
+        (None, Some(secret)) => format!(
+            "the roots of {} ({})",
+            env::TLS_CA_SECRET_ARN,
+            secret.secret_id()
+        ),
+        (None, None) => format!(
+            "the system's roots ({} and {} are unset)",
+            env::TLS_CA_FILE,
+            env::TLS_CA_SECRET_ARN
+        ),
     };
     if let Some(why) = argument("InvalidCertificate(") {
         return Some(format!(
@@ -102,22 +119,37 @@ fn tls_failure(config: &KafkaConfig, e: &ClientError) -> Option<String> {
         ));
     }
     let alert = argument("AlertReceived(")?;
-    let client_cert = config.tls_cert_file.is_some();
+    let client_cert = match (&config.tls_cert_file, &config.tls_client_secret) {
+        (Some(path), _) => Some(format!("{} ({})", env::TLS_CERT_FILE, path.display())),
+        (None, Some(secret)) => Some(format!(
+            "{} ({})",
+            env::TLS_CLIENT_SECRET_ARN,
+            secret.secret_id()
+        )),
+        (None, None) => None,
+    };
     match (alert.as_str(), client_cert) {
-        ("CertificateRequired" | "HandshakeFailure", false) => Some(format!(
+        ("CertificateRequired" | "HandshakeFailure", None) => Some(format!(
             "TLS with the brokers failed: they require a client certificate (alert {alert}): \
-             set {} and {}",
+             set {} (or {} and {})",
+            env::TLS_CLIENT_SECRET_ARN,
             env::TLS_CERT_FILE,
             env::TLS_KEY_FILE
         )),
         (
-            "BadCertificate" | "UnknownCA" | "CertificateUnknown" | "CertificateExpired"
-            | "CertificateRevoked" | "UnsupportedCertificate" | "AccessDenied"
-            | "HandshakeFailure" | "DecryptError",
-            true,
+            "BadCertificate"
+            | "UnknownCA"
+            | "CertificateUnknown"
+            | "CertificateExpired"
+            | "CertificateRevoked"
+            | "UnsupportedCertificate"
+            | "AccessDenied"
+            | "HandshakeFailure"
+            | "DecryptError",
+            Some(source),
         ) => Some(format!(
-            "TLS with the brokers failed: they refused the client certificate of {} (alert {alert})",
-            env::TLS_CERT_FILE
+            "TLS with the brokers failed: they refused the client certificate of {source} \
+             (alert {alert})"
         )),
         _ => Some(format!(
             "TLS with the brokers failed: they sent the alert {alert}"

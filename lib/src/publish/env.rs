@@ -5,7 +5,7 @@
 /// [`KafkaConfig::bootstrap_servers`](super::KafkaConfig::bootstrap_servers), comma separated.
 pub const BOOTSTRAP_SERVERS: &str = "KAFKA_BOOTSTRAP_SERVERS";
 /// [`KafkaConfig::auth`](super::KafkaConfig::auth): `none`, `msk-iam`, `scram-sha-256`,
-/// `scram-sha-512` or `plain`.
+/// `scram-sha-512`, `plain` or `mtls`.
 pub const AUTH: &str = "KAFKA_AUTH";
 /// The SASL username of [`KafkaConfig::sasl`](super::KafkaConfig::sasl) (SCRAM, PLAIN).
 pub const SASL_USERNAME: &str = "KAFKA_SASL_USERNAME";
@@ -28,6 +28,15 @@ pub const TLS_CERT_FILE: &str = "KAFKA_TLS_CERT_FILE";
 /// [`KafkaConfig::tls_key_file`](super::KafkaConfig::tls_key_file): the client
 /// certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
 pub const TLS_KEY_FILE: &str = "KAFKA_TLS_KEY_FILE";
+/// [`KafkaConfig::tls_ca_secret`](super::KafkaConfig::tls_ca_secret): a Secrets Manager
+/// secret (ARN or name) whose string is the PEM bundle of the trusted roots, instead of
+/// [`TLS_CA_FILE`].
+pub const TLS_CA_SECRET_ARN: &str = "KAFKA_TLS_CA_SECRET_ARN";
+/// [`KafkaConfig::tls_client_secret`](super::KafkaConfig::tls_client_secret): a Secrets
+/// Manager secret (ARN or name) with the client certificate for mutual TLS, as JSON
+/// `{"certificate": "<PEM chain>", "privateKey": "<PEM key>"}`, instead of
+/// [`TLS_CERT_FILE`] and [`TLS_KEY_FILE`].
+pub const TLS_CLIENT_SECRET_ARN: &str = "KAFKA_TLS_CLIENT_SECRET_ARN";
 /// [`KafkaConfig::client_id`](super::KafkaConfig::client_id).
 pub const CLIENT_ID: &str = "KAFKA_CLIENT_ID";
 /// [`KafkaConfig::publish_timeout`](super::KafkaConfig::publish_timeout).

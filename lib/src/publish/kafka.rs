@@ -99,7 +99,7 @@ impl KafkaPublisher {
             .client_id(config.client_id.as_str())
             .backoff_config(backoff);
         if config.tls {
-            builder = builder.tls_config(super::tls::client_config(&config)?);
+            builder = builder.tls_config(super::tls::client_config(&config).await?);
         }
         if config.auth == KafkaAuth::MskIam {
             if !config.tls {

@@ -16,8 +16,10 @@
 //! - `msk_iam`: [`MskIamTokenProvider`], the Amazon MSK IAM token (a SigV4-presigned URL)
 //!   and its cache.
 //! - `sasl`: [`SaslCredentials`] for SCRAM and PLAIN, from the environment or Secrets Manager.
-//! - `tls`: the trusted roots (the system's or `KAFKA_TLS_CA_FILE`) and the client
-//!   certificate of mutual TLS.
+//! - `tls`: the trusted roots (the system's, `KAFKA_TLS_CA_FILE` or
+//!   `KAFKA_TLS_CA_SECRET_ARN`) and the client certificate of mutual TLS (files or
+//!   `KAFKA_TLS_CLIENT_SECRET_ARN`), [`TlsSecret`].
+//! - `secret`: reading a secret string from AWS Secrets Manager (SASL and TLS secrets).
 //!
 //! # Contract
 //! A batch is one bucket's messages in sequence order. The publisher writes them with
@@ -42,6 +44,7 @@ pub(crate) mod msk_iam;
 pub(crate) mod record;
 pub(crate) mod route;
 pub(crate) mod sasl;
+mod secret;
 mod tls;
 
 #[cfg(test)]
@@ -55,6 +58,7 @@ pub use lazy::{LazyKafkaPublisher, CONNECT_TIMEOUT, RECONNECT_PAUSE};
 pub use msk_iam::MskIamTokenProvider;
 pub use route::partition_for;
 pub use sasl::{Password, SaslCredentials, SecretsManagerSecret, UsernamePassword};
+pub use tls::TlsSecret;
 
 /// What happened to a batch: the first `acknowledged` messages are durably in Kafka
 /// (acks=all); the rest were not (or not known to be) written.

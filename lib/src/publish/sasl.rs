@@ -171,51 +171,13 @@ impl SaslCredentials {
 /// Reads the secret and parses it. Errors name the variable and the secret, never its
 /// contents.
 async fn fetch(secret_id: &str) -> Result<UsernamePassword> {
-    use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata};
-
-    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .load()
-        .await;
-    let client = aws_sdk_secretsmanager::Client::new(&sdk);
-    let output = client
-        .get_secret_value()
-        .secret_id(secret_id)
-        .send()
-        .await
-        .map_err(|e| {
-            let what = format!(
-                "{}: reading the secret {secret_id} from AWS Secrets Manager failed: {}",
-                env::SASL_SECRET_ARN,
-                DisplayErrorContext(&e)
-            );
-            match e.code() {
-                // the deployment must change: the secret, its policy or its key
-                Some(
-                    "ResourceNotFoundException"
-                    | "AccessDeniedException"
-                    | "DecryptionFailure"
-                    | "InvalidParameterException"
-                    | "InvalidRequestException",
-                ) => Error::Misconfiguration(what),
-                // throttling, a network error, an internal error: another try may do
-                _ => Error::Kafka {
-                    message: format!(
-                        "{}: reading the secret {secret_id} from AWS Secrets Manager failed",
-                        env::SASL_SECRET_ARN
-                    ),
-                    retryable: true,
-                    source: Some(Box::new(e)),
-                },
-            }
-        })?;
-    let text = output.secret_string().ok_or_else(|| {
-        Error::Misconfiguration(format!(
-            "{}: the secret {secret_id} has no secret string (a binary secret); \
-             it must be a JSON object with \"username\" and \"password\"",
-            env::SASL_SECRET_ARN
-        ))
-    })?;
-    parse_secret(secret_id, text)
+    let text = super::secret::secret_string(
+        env::SASL_SECRET_ARN,
+        secret_id,
+        "a JSON object with \"username\" and \"password\"",
+    )
+    .await?;
+    parse_secret(secret_id, &text)
 }
 
 /// Parses MSK's SCRAM secret format: a JSON object with string fields `username` and
