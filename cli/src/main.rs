@@ -93,9 +93,11 @@ enum Command {
     /// Warnings: buckets with pending messages and no live owner, messages stamped with
     /// another bucket count, a sequence counter behind its messages, relays whose
     /// heartbeat is in the future or that hold leases with a stale heartbeat (refused
-    /// heartbeats), leases beyond the bucket count with a live owner, buckets stuck behind
-    /// an unreadable item, quarantined items in the dead-letter partition. Warnings do not
-    /// change the exit code; scripts read them from --json.
+    /// heartbeats), leases beyond the bucket count with a live owner, buckets parked behind
+    /// an unreadable item or a message on a topic outside OUTBOX_ALLOWED_TOPICS (with its
+    /// sequence, topic, reason and the `outboxctl quarantine` that moves it aside),
+    /// quarantined items in the dead-letter partition. Warnings do not change the exit code;
+    /// scripts read them from --json.
     Status(status::Args),
     /// Wait until every bucket is empty, e.g. before changing the bucket count.
     ///

@@ -201,6 +201,8 @@ mod tests {
             head_sequence: None,
             head_bucket_count: None,
             head_unreadable: false,
+            head_unreadable_reason: None,
+            head_topic: None,
             last_sequence: None,
             last_bucket_count: None,
             sequence_counter: None,
@@ -259,6 +261,7 @@ mod tests {
                 bucket: Some(1),
                 relay: None,
                 message: "bucket 1: >=10000 messages pending and no live owner".into(),
+                parked: None,
             }],
         };
         let text = render(&report);
