@@ -9,9 +9,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use dynamo_outbox::options::TopicAllowList;
 use dynamo_outbox::protocol::clock::TICKS_PER_SECOND;
 use dynamo_outbox::protocol::schema;
-use dynamo_outbox::options::TopicAllowList;
 use dynamo_outbox::status::{read_status, StatusReport, WarningKind};
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, OutboxMessage};
 use outbox_testkit::*;
@@ -421,7 +421,9 @@ async fn every_parked_head_is_named_with_its_topic_reason_and_command() {
     assert_eq!(head.topic.as_deref(), Some("audit"));
     assert!(
         head.reason.contains("topic \"audit\" is not allowed here")
-            && head.reason.contains("OUTBOX_ALLOWED_TOPICS: orders,billing-*"),
+            && head
+                .reason
+                .contains("OUTBOX_ALLOWED_TOPICS: orders,billing-*"),
         "{}",
         head.reason
     );
@@ -444,7 +446,11 @@ async fn every_parked_head_is_named_with_its_topic_reason_and_command() {
         (head.sequence, head.topic.as_deref()),
         (Some(7), Some("orders"))
     );
-    assert!(head.reason.contains("MessageId is missing"), "{}", head.reason);
+    assert!(
+        head.reason.contains("MessageId is missing"),
+        "{}",
+        head.reason
+    );
     assert_eq!(head.command.as_deref(), Some("outboxctl quarantine 3 7"));
     // The JSON scripts read carries the same.
     let json = serde_json::to_value(&report).unwrap();

@@ -6,6 +6,7 @@
 //! misconfiguration); [`exit_code`] decides it from the error's type, for every command.
 
 mod args;
+mod dead_letters;
 mod demo;
 mod drain;
 mod enqueue;
@@ -110,9 +111,13 @@ enum Command {
     ///
     /// The item moves whole, in one transaction, to `{prefix}#DEADLETTER` with sort key
     /// `{bucket:010}#{sequence:019}`, keeping its original key in OriginalPK / OriginalSK.
-    /// Relays never read that partition; `outboxctl status` lists what is there. Find the
-    /// bucket and sequence in the relay's error log or in `outboxctl status`.
+    /// Relays never read that partition; `outboxctl dead-letters` lists, redrives and purges
+    /// what is there. Find the bucket and sequence in the relay's error log or in
+    /// `outboxctl status`.
     Quarantine(quarantine::Args),
+    /// The dead-letter partition: list, show, redrive (back at the tail of the original
+    /// bucket, same message id) or purge (with --yes) quarantined messages.
+    DeadLetters(dead_letters::Args),
     /// The whole path on the local stack: table, topic, business transactions carrying
     /// messages, a relay publishing them; prints what the relay published.
     Demo(demo::Args),
@@ -235,6 +240,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Drain(args) => drain::run(&cli, args).await,
         Command::Relay(args) => relay::run(&cli, args).await,
         Command::Quarantine(args) => quarantine::run(&cli, args).await,
+        Command::DeadLetters(args) => dead_letters::run(&cli, args).await,
         Command::Demo(args) => demo::run(&cli, args).await,
     }
 }

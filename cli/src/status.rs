@@ -82,7 +82,7 @@ fn relay_state(r: &RelayStatus, now_ticks: i64) -> String {
 }
 
 /// A table with left-aligned columns.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {

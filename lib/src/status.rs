@@ -435,9 +435,9 @@ fn parked_warning(kind: WarningKind, b: &BucketStatus, keys: &Keys, reason: Stri
     let command = b.head_sequence.map(|seq| quarantine_command(b.bucket, seq));
     let action = match (&command, b.head_sequence) {
         (Some(c), Some(seq)) => format!(
-            "move it to the dead-letter partition with `{c}`, then `outboxctl dead-letters \
-             show --bucket {} --sequence {seq}` shows it and `outboxctl dead-letters redrive` \
-             or `purge` settles it",
+            "move it to the dead-letter partition with `{c}`; then `outboxctl dead-letters \
+             show {} {seq}` shows it, and `outboxctl dead-letters redrive` or `purge --yes` \
+             settles it",
             b.bucket
         ),
         _ => "its sort key is not a sequence number: fix or delete the item by hand".into(),

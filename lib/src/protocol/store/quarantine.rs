@@ -9,11 +9,14 @@
 //!
 //! The item moves whole, in one transaction, to the partition `{prefix}#DEADLETTER` with
 //! sort key `{bucket, 10 digits}#{sequence, 19 digits}`; its original key is kept in the
-//! attributes `OriginalPK` / `OriginalSK`. Relays never read that partition.
+//! attributes `OriginalPK` / `OriginalSK`, when and why in `QuarantinedAtUtc` /
+//! `QuarantineReason`. Relays never read that partition; [`crate::dead_letters`] lists,
+//! redrives and purges what is there.
 
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem};
 
 use super::DynamoDbOutboxStore;
+use crate::attr;
 use crate::error::{from_sdk, Error, Result};
 use crate::schema::{self, Item};
 use crate::writer::transaction_error;
@@ -24,29 +27,74 @@ pub const ORIGINAL_PK: &str = "OriginalPK";
 pub const ORIGINAL_SK: &str = "OriginalSK";
 
 impl DynamoDbOutboxStore {
-    /// Moves the message item at `bucket` / `sequence` to the dead-letter partition.
+    /// Moves the message item at `bucket` / `sequence` to the dead-letter partition, with
+    /// the reason read from the item itself (it cannot be read as a message, its topic is
+    /// outside the allow-list) or, for a readable item, `moved by an operator`.
     /// Fails with [`Error::InvalidMessage`] when there is no such item.
     pub async fn quarantine(&self, bucket: u32, sequence: u64) -> Result<Item> {
-        let key = self
-            .keys
-            .key(self.keys.message_pk(bucket), schema::message_sk(sequence));
-        let item = self
-            .client
-            .get_item()
-            .table_name(&self.options.table_name)
-            .set_key(Some(key.clone()))
+        let item = self.message_item_at(bucket, sequence).await?;
+        let reason = match schema::parse_message(&self.keys, &item) {
+            Err(e) => format!("cannot be read as a message: {e}"),
+            Ok(m) if !self.options.allowed_topics.allows(&m.message.topic) => {
+                self.options.allowed_topics.refusal(&m.message.topic)
+            }
+            Ok(_) => "moved by an operator".to_string(),
+        };
+        self.move_to_dead_letters(bucket, sequence, item, &reason)
+            .await
+    }
+
+    /// Moves the message item at `bucket` / `sequence` to the dead-letter partition,
+    /// recording `reason` in `QuarantineReason`. Fails with [`Error::InvalidMessage`] when
+    /// there is no such item.
+    pub async fn quarantine_because(
+        &self,
+        bucket: u32,
+        sequence: u64,
+        reason: &str,
+    ) -> Result<Item> {
+        let item = self.message_item_at(bucket, sequence).await?;
+        self.move_to_dead_letters(bucket, sequence, item, reason)
+            .await
+    }
+
+    /// The item at `bucket` / `sequence`: one strongly consistent `Query` of the key (the
+    /// relay, which quarantines under `OUTBOX_POISON_POLICY`, is granted no `GetItem`).
+    async fn message_item_at(&self, bucket: u32, sequence: u64) -> Result<Item> {
+        let out = self
+            .query_partition(self.keys.message_pk(bucket))
+            .key_condition_expression("#pk = :pk AND #sk = :sk")
+            .expression_attribute_names("#sk", &self.keys.sk)
+            .expression_attribute_values(":sk", AttributeValue::S(schema::message_sk(sequence)))
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| from_sdk("GetItem", e))?
-            .item
+            .map_err(|e| from_sdk("Query", e))?;
+        out.items
+            .unwrap_or_default()
+            .into_iter()
+            .next()
             .ok_or_else(|| {
                 Error::message(
                     "bucket/sequence",
                     format!("no message item at bucket {bucket}, sequence {sequence}"),
                 )
-            })?;
-        let mut dead = item.clone();
+            })
+    }
+
+    /// One transaction: put the copy (with its original key, when and why) into the
+    /// dead-letter partition, delete the original under `attribute_exists`.
+    async fn move_to_dead_letters(
+        &self,
+        bucket: u32,
+        sequence: u64,
+        item: Item,
+        reason: &str,
+    ) -> Result<Item> {
+        let key = self
+            .keys
+            .key(self.keys.message_pk(bucket), schema::message_sk(sequence));
+        let mut dead = item;
         dead.insert(
             ORIGINAL_PK.into(),
             AttributeValue::S(self.keys.message_pk(bucket)),
@@ -55,6 +103,11 @@ impl DynamoDbOutboxStore {
             ORIGINAL_SK.into(),
             AttributeValue::S(schema::message_sk(sequence)),
         );
+        dead.insert(
+            attr::QUARANTINED_AT.into(),
+            schema::n(self.clock.now_ticks()),
+        );
+        dead.insert(attr::QUARANTINE_REASON.into(), schema::s(reason));
         dead.insert(
             self.keys.pk.clone(),
             AttributeValue::S(self.keys.dead_letter_pk()),
