@@ -223,6 +223,7 @@ async fn redrive(store: &DynamoDbOutboxStore, a: &RedriveArgs) -> Result<(), Fai
     let (found, more) = dead_letters::list(store, &a.select.filter(), a.limit as usize).await?;
     let mut done = Vec::new();
     let mut refused = Vec::new();
+    let mut gone = Vec::new();
     for d in &found {
         let result = if a.dry_run {
             dead_letters::check_redrive(store, d).map(|(m, bucket)| {
@@ -241,6 +242,20 @@ async fn redrive(store: &DynamoDbOutboxStore, a: &RedriveArgs) -> Result<(), Fai
                 refused.push(json!({"sort_key": d.sort_key, "bucket": d.bucket,
                                     "sequence": d.sequence, "error": e.to_string()}));
             }
+            Err(Error::TransactionCanceled { reasons, .. }) if failed_check(&reasons, 1) => {
+                // Redriven or purged by someone else since it was listed: nothing to do.
+                gone.push(json!({"sort_key": d.sort_key, "bucket": d.bucket,
+                                 "sequence": d.sequence}));
+            }
+            Err(Error::TransactionCanceled { reasons, .. }) if failed_check(&reasons, 0) => {
+                report_redrive(a, &done, &refused, more)?;
+                return Err(failure(format!(
+                    "bucket {}: the slot its sequence counter handed out holds a message: the \
+                     counter is behind its messages (`outboxctl status` warns \
+                     sequence_behind); nothing was written, the dead letter stays",
+                    opt(d.bucket)
+                )));
+            }
             // An operational failure stops the call: what was redriven stays redriven.
             Err(e) => {
                 report_redrive(a, &done, &refused, more)?;
@@ -249,6 +264,13 @@ async fn redrive(store: &DynamoDbOutboxStore, a: &RedriveArgs) -> Result<(), Fai
         }
     }
     report_redrive(a, &done, &refused, more)?;
+    for g in &gone {
+        eprintln!(
+            "bucket {}, sequence {}: gone meanwhile (redriven or purged by someone else)",
+            plain(&g["bucket"]),
+            plain(&g["sequence"])
+        );
+    }
     if refused.is_empty() {
         Ok(())
     } else {
@@ -401,6 +423,14 @@ fn value_summary(b: &[u8]) -> Value {
         }
         Err(_) => json!({"bytes": b.len(), "binary": true}),
     }
+}
+
+/// Whether the transaction's item `index` (0: the put, 1: the dead letter's delete) failed
+/// its condition.
+fn failed_check(reasons: &[String], index: usize) -> bool {
+    reasons
+        .get(index)
+        .is_some_and(|r| r == "ConditionalCheckFailed")
 }
 
 fn opt<T: ToString>(v: Option<T>) -> String {

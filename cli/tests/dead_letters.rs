@@ -208,3 +208,51 @@ async fn list_show_redrive_and_purge_through_the_binary() {
     let empty = text(&run(&["list"]).stdout);
     assert!(empty.contains("no dead letters match"), "{empty}");
 }
+
+/// A sequence counter behind its bucket's messages (restored from a backup): the slot a
+/// redrive takes is occupied, so the transaction writes nothing, the dead letter stays,
+/// and the error says why (exit 1).
+#[tokio::test]
+async fn a_redrive_into_a_bucket_whose_counter_is_behind_writes_nothing() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 2).await;
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let m = writer.message("orders").with_partition(1).with_value("m");
+    let seq = writer.enqueue(std::slice::from_ref(&m)).await.unwrap()[0].sequence;
+    store.quarantine(1, seq).await.unwrap();
+    // A message at the counter's next number, put straight into the table.
+    let squatter = writer.message("orders").with_partition(1);
+    let item =
+        dynamo_outbox::protocol::schema::message_item(store.keys(), &squatter, 1, seq + 1).unwrap();
+    client
+        .put_item()
+        .table_name(&options.table_name)
+        .set_item(Some(item))
+        .send()
+        .await
+        .unwrap();
+    let out = outboxctl(&[
+        "dead-letters",
+        "redrive",
+        "--table",
+        &options.table_name,
+        "--bucket-count",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("counter is behind its messages"),
+        "{}",
+        text(&out.stderr)
+    );
+    let (left, _) = dead_letters::list(&store, &Filter::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 1, "the dead letter stays");
+    assert_eq!(
+        pending_messages(&client, &options).await,
+        1,
+        "only the squatter"
+    );
+}
