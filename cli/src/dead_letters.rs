@@ -210,13 +210,99 @@ async fn show(store: &DynamoDbOutboxStore, a: &ShowArgs) -> Result<(), Failure> 
     if a.json {
         return print_json(&summary_json(&d, true));
     }
-    let j = summary_json(&d, true);
-    let mut out = String::new();
-    for (name, v) in j.as_object().into_iter().flatten() {
-        let _ = writeln!(out, "{name}: {}", plain(v));
-    }
-    print!("{out}");
+    print!("{}", show_text(&d, store.clock().now_ticks()));
     Ok(())
+}
+
+/// `show`'s text: one line per field.
+fn show_text(d: &DeadLetter, now: i64) -> String {
+    let mut out = String::new();
+    let mut line = |name: &str, value: String| {
+        let _ = writeln!(out, "{name:<13} {value}");
+    };
+    line("dead letter", d.sort_key.clone());
+    line("bucket", opt(d.bucket));
+    line("sequence", opt(d.sequence));
+    line(
+        "message id",
+        d.message_id.clone().unwrap_or_else(|| "-".into()),
+    );
+    line("topic", d.topic.clone().unwrap_or_else(|| "-".into()));
+    line(
+        "quarantined",
+        d.quarantined_at.map_or_else(
+            || "- (not recorded)".into(),
+            |t| {
+                format!(
+                    "{} ({} ago)",
+                    rfc3339(t),
+                    human_duration((now - t) as f64 / 1e7)
+                )
+            },
+        ),
+    );
+    line(
+        "reason",
+        d.reason
+            .clone()
+            .unwrap_or_else(|| "- (not recorded)".into()),
+    );
+    match &d.message {
+        Err(why) => line("unreadable", why.clone()),
+        Ok(m) => {
+            line(
+                "key",
+                m.key.as_deref().map_or("none (keyless)".into(), bytes_text),
+            );
+            line(
+                "value",
+                m.value.as_deref().map_or("none (a tombstone)".into(), |v| {
+                    let preview = value_summary(v);
+                    match preview["utf8_preview"].as_str() {
+                        Some(p) if preview["truncated"] == true => {
+                            format!("{} bytes: {p}...", v.len())
+                        }
+                        Some(p) => format!("{} bytes: {p}", v.len()),
+                        None => format!("{} bytes (binary)", v.len()),
+                    }
+                }),
+            );
+            let headers: Vec<String> = m
+                .headers
+                .iter()
+                .map(|h| {
+                    format!(
+                        "{}={}",
+                        h.key,
+                        h.value.as_deref().map_or("null".into(), bytes_text)
+                    )
+                })
+                .collect();
+            line(
+                "headers",
+                if headers.is_empty() {
+                    "none".into()
+                } else {
+                    headers.join(", ")
+                },
+            );
+            line("partition", opt(m.partition));
+            line("enqueued", rfc3339(m.created_at_ticks));
+            line("bucket count", m.bucket_count.to_string());
+        }
+    }
+    out
+}
+
+/// Bytes as text when they are UTF-8, else `base64:...`.
+fn bytes_text(b: &[u8]) -> String {
+    match std::str::from_utf8(b) {
+        Ok(s) => s.to_string(),
+        Err(_) => format!(
+            "base64:{}",
+            base64::engine::general_purpose::STANDARD.encode(b)
+        ),
+    }
 }
 
 async fn redrive(store: &DynamoDbOutboxStore, a: &RedriveArgs) -> Result<(), Failure> {
@@ -451,4 +537,46 @@ fn print_json(v: &Value) -> Result<(), Failure> {
         serde_json::to_string_pretty(v).map_err(|e| failure(format!("rendering JSON: {e}")))?;
     println!("{text}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dynamo_outbox::protocol::store::{ORIGINAL_PK, ORIGINAL_SK};
+    use dynamo_outbox::protocol::{attr, schema};
+    use dynamo_outbox::{Header, OutboxMessage, OutboxOptions};
+
+    #[test]
+    fn show_names_every_field_and_bytes_as_text_or_base64() {
+        let keys = schema::Keys::new(&OutboxOptions::new("orders-outbox"));
+        let m = OutboxMessage::new("orders", 4)
+            .with_key(vec![0xff, 0x00])
+            .with_value("x".repeat(300))
+            .with_header(Header::new("type", b"created".to_vec()))
+            .with_header(Header::null("trace"));
+        let mut item = schema::message_item(&keys, &m, 2, 7).unwrap();
+        item.insert(ORIGINAL_PK.into(), schema::s(keys.message_pk(2)));
+        item.insert(ORIGINAL_SK.into(), schema::s(schema::message_sk(7)));
+        item.insert(attr::QUARANTINED_AT.into(), schema::n(m.created_at_ticks));
+        item.insert(attr::QUARANTINE_REASON.into(), schema::s("too large"));
+        item.extend(keys.key(keys.dead_letter_pk(), schema::dead_letter_sk(2, 7)));
+        let d = DeadLetter::from_item(&keys, item);
+        let text = show_text(&d, m.created_at_ticks + 30 * 10_000_000);
+        for part in [
+            "dead letter   0000000002#0000000000000000007",
+            "bucket        2",
+            "sequence      7",
+            &format!("message id    {}", m.message_id),
+            "topic         orders",
+            "(30s ago)",
+            "reason        too large",
+            "key           base64:/wA=",
+            &format!("value         300 bytes: {}...", "x".repeat(200)),
+            "headers       type=created, trace=null",
+            "partition     -",
+            "bucket count  4",
+        ] {
+            assert!(text.contains(part), "{part:?} in\n{text}");
+        }
+    }
 }
