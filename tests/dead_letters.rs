@@ -365,3 +365,40 @@ async fn a_redrive_racing_the_owning_relay_refuses_no_write_and_publishes_once_i
         .0
         .is_empty());
 }
+
+/// A sequence counter reset hands a number out again: quarantining the new item at a
+/// place that already has a dead letter is refused with the cause, and neither item is
+/// lost (the dead letter keeps the first message, the bucket the second).
+#[tokio::test]
+async fn a_quarantine_never_overwrites_an_earlier_dead_letter_of_the_same_place() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 2).await;
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let first = writer.message("orders").with_partition(1).with_value("1");
+    let seq = writer.enqueue(std::slice::from_ref(&first)).await.unwrap()[0].sequence;
+    store.quarantine(1, seq).await.unwrap();
+    // The same place again, as after a counter reset.
+    let second = writer.message("orders").with_partition(1).with_value("2");
+    client
+        .put_item()
+        .table_name(&options.table_name)
+        .set_item(Some(
+            schema::message_item(store.keys(), &second, 1, seq).unwrap(),
+        ))
+        .send()
+        .await
+        .unwrap();
+    let e = store.quarantine(1, seq).await.unwrap_err();
+    assert!(matches!(e, Error::Misconfiguration(_)), "{e:?}");
+    assert!(
+        e.to_string().contains("exists already") && e.to_string().contains("counter was reset"),
+        "{e}"
+    );
+    let d = dead_letters::get(&store, 1, seq).await.unwrap().unwrap();
+    assert_eq!(d.message.unwrap(), first);
+    assert_eq!(
+        bucket_messages(&store, 1).await,
+        [(seq, second.message_id.to_string())]
+    );
+}

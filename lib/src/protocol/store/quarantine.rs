@@ -85,7 +85,9 @@ impl DynamoDbOutboxStore {
     }
 
     /// One transaction: put the copy (with its original key, when and why) into the
-    /// dead-letter partition, delete the original under `attribute_exists`.
+    /// dead-letter partition under `attribute_not_exists`, delete the original under
+    /// `attribute_exists`. A dead letter already at that place fails it with
+    /// [`Error::Misconfiguration`]: nothing moves.
     async fn move_to_dead_letters(
         &self,
         bucket: u32,
@@ -119,9 +121,13 @@ impl DynamoDbOutboxStore {
             AttributeValue::S(schema::dead_letter_sk(bucket, sequence)),
         );
         let build = |e: aws_sdk_dynamodb::error::BuildError| Error::Misconfiguration(e.to_string());
+        // Never over an earlier dead letter of the same place (a reset sequence counter
+        // hands a number out again): that one would be lost.
         let put = Put::builder()
             .table_name(&self.options.table_name)
             .set_item(Some(dead.clone()))
+            .condition_expression("attribute_not_exists(#sk)")
+            .expression_attribute_names("#sk", &self.keys.sk)
             .build()
             .map_err(build)?;
         let delete = Delete::builder()
@@ -137,7 +143,22 @@ impl DynamoDbOutboxStore {
             .transact_items(TransactWriteItem::builder().delete(delete).build())
             .send()
             .await
-            .map_err(transaction_error)?;
+            .map_err(transaction_error)
+            .map_err(|e| match e {
+                Error::TransactionCanceled { ref reasons, .. }
+                    if reasons
+                        .first()
+                        .is_some_and(|r| r == "ConditionalCheckFailed") =>
+                {
+                    Error::Misconfiguration(format!(
+                        "a dead letter from bucket {bucket}, sequence {sequence} exists \
+                         already: the bucket's sequence counter was reset and handed the \
+                         number out again; redrive or purge that one first (`outboxctl \
+                         dead-letters show {bucket} {sequence}`); nothing was moved"
+                    ))
+                }
+                other => other,
+            })?;
         Ok(dead)
     }
 
