@@ -397,7 +397,7 @@ impl<P: Publisher> Relay<P> {
         }
         self.round_if_due(state).await?;
         self.work(state, work_until).await?;
-        self.quarantine_due(state).await;
+        self.quarantine_due(state, work_until).await;
         Ok(())
     }
 

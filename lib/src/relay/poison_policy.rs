@@ -16,10 +16,14 @@ use crate::error::Error;
 use crate::publish::Publisher;
 
 impl<P: Publisher> Relay<P> {
-    /// Quarantines the poison heads that are due (see the module's documentation). A
-    /// failure leaves the bucket parked: its next failed attempt makes it due again.
-    pub(super) async fn quarantine_due(&self, state: &mut RunState) {
+    /// Quarantines the poison heads that are due (see the module's documentation), unless
+    /// the end of work (`work_until`) has come. A failure leaves the bucket parked: its
+    /// next failed attempt makes it due again.
+    pub(super) async fn quarantine_due(&self, state: &mut RunState, work_until: Option<Instant>) {
         let now = Instant::now();
+        if work_until.is_some_and(|w| now >= w) {
+            return;
+        }
         let now_ticks = self.store.clock().now_ticks();
         let due: Vec<(u32, u64, String)> = state
             .owned
