@@ -2,11 +2,14 @@
 //! known states, built by writing the items directly: owned, lapsed and never claimed
 //! leases; live, stopped, silent and future relays; pending, capped and empty buckets; a
 //! message stamped with another bucket count; sequence counters behind their messages; a
-//! bucket stuck behind an unreadable item, and a dead letter.
+//! bucket stuck behind an unreadable item, and a dead letter; and, with an allow-list
+//! (`OUTBOX_ALLOWED_TOPICS`), every bucket parked behind its head named with its sequence,
+//! topic, reason and the command that moves the head aside.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use dynamo_outbox::options::TopicAllowList;
 use dynamo_outbox::protocol::clock::TICKS_PER_SECOND;
 use dynamo_outbox::protocol::schema;
 use dynamo_outbox::status::{read_status, StatusReport, WarningKind};
@@ -253,6 +256,20 @@ async fn a_table_in_known_states() {
         set(&["9"])
     );
     assert_eq!(kinds(&report, WarningKind::UnreadableHead), set(&["4"]));
+    let parked = report
+        .warnings_of(WarningKind::UnreadableHead)
+        .next()
+        .unwrap();
+    let head = parked.parked.as_ref().unwrap();
+    assert_eq!(head.sequence, Some(0));
+    assert_eq!(head.topic.as_deref(), Some("not a topic"));
+    assert!(head.reason.contains("cannot be read"), "{}", head.reason);
+    assert_eq!(head.command.as_deref(), Some("outboxctl quarantine 4 0"));
+    assert!(
+        parked.message.contains("outboxctl quarantine 4 0"),
+        "{}",
+        parked.message
+    );
     assert_eq!(kinds(&report, WarningKind::DeadLetters), set(&[]));
     assert_eq!(report.warnings.len(), 9, "{:#?}", report.warnings);
     let mismatch = report
@@ -338,4 +355,127 @@ async fn a_table_in_known_states() {
         kinds(&again, WarningKind::PendingWithoutOwner),
         set(&["0", "3"])
     );
+}
+
+/// With an allow-list, a bucket parked behind a message on another topic (written straight
+/// into the table, past every writer's check) is named: bucket, sequence, topic, the
+/// reason, and the command that moves it; an unreadable head likewise. What the table
+/// holds decides, read with the reader's allow-list: a reader that allows every topic
+/// sees no parked head there, and once the head is quarantined the warning is gone.
+#[tokio::test]
+async fn every_parked_head_is_named_with_its_topic_reason_and_command() {
+    let client = dynamodb().await;
+    let all = fresh_table(&client, 4).await;
+    let list = TopicAllowList::parse("OUTBOX_ALLOWED_TOPICS", "orders,billing-*").unwrap();
+    let options = all.clone().with_allowed_topics(list);
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let put = |item| {
+        client
+            .put_item()
+            .table_name(&options.table_name)
+            .set_item(Some(item))
+            .send()
+    };
+    // Bucket 0: allowed messages only.
+    writer
+        .enqueue(&[writer.message("orders").with_partition(0)])
+        .await
+        .unwrap();
+    writer
+        .enqueue(&[writer.message("billing-eu").with_partition(0)])
+        .await
+        .unwrap();
+    // Bucket 2: a message on "audit" at sequence 3, an allowed one behind it.
+    let audit = writer.message("audit").with_partition(2).with_value("v");
+    put(schema::message_item(store.keys(), &audit, 2, 3).unwrap())
+        .await
+        .unwrap();
+    let behind = writer.message("orders").with_partition(2);
+    put(schema::message_item(store.keys(), &behind, 2, 4).unwrap())
+        .await
+        .unwrap();
+    // Bucket 3: an item without a MessageId (unreadable) on an allowed topic.
+    let mut broken = schema::message_item(
+        store.keys(),
+        &writer.message("orders").with_partition(3),
+        3,
+        7,
+    )
+    .unwrap();
+    broken.remove("MessageId");
+    put(broken).await.unwrap();
+
+    let report = read_status(&store, LEASE).await.unwrap();
+    assert_eq!(
+        kinds(&report, WarningKind::DisallowedTopicHead),
+        set(&["2"])
+    );
+    assert_eq!(kinds(&report, WarningKind::UnreadableHead), set(&["3"]));
+    let w = report
+        .warnings_of(WarningKind::DisallowedTopicHead)
+        .next()
+        .unwrap();
+    let head = w.parked.as_ref().unwrap();
+    assert_eq!(head.sequence, Some(3));
+    assert_eq!(head.topic.as_deref(), Some("audit"));
+    assert!(
+        head.reason.contains("topic \"audit\" is not allowed here")
+            && head
+                .reason
+                .contains("OUTBOX_ALLOWED_TOPICS: orders,billing-*"),
+        "{}",
+        head.reason
+    );
+    assert_eq!(head.command.as_deref(), Some("outboxctl quarantine 2 3"));
+    for part in [
+        "bucket 2: parked behind",
+        "0000000000000000003",
+        "topic \"audit\"",
+        "outboxctl quarantine 2 3",
+        "outboxctl dead-letters",
+    ] {
+        assert!(w.message.contains(part), "{part}: {}", w.message);
+    }
+    let u = report
+        .warnings_of(WarningKind::UnreadableHead)
+        .next()
+        .unwrap();
+    let head = u.parked.as_ref().unwrap();
+    assert_eq!(
+        (head.sequence, head.topic.as_deref()),
+        (Some(7), Some("orders"))
+    );
+    assert!(
+        head.reason.contains("MessageId is missing"),
+        "{}",
+        head.reason
+    );
+    assert_eq!(head.command.as_deref(), Some("outboxctl quarantine 3 7"));
+    // The JSON scripts read carries the same.
+    let json = serde_json::to_value(&report).unwrap();
+    let parked: Vec<&serde_json::Value> = json["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["kind"] == "disallowed_topic_head")
+        .collect();
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0]["bucket"], 2);
+    assert_eq!(parked[0]["parked"]["sequence"], 3);
+    assert_eq!(parked[0]["parked"]["topic"], "audit");
+    assert_eq!(parked[0]["parked"]["command"], "outboxctl quarantine 2 3");
+
+    // A reader allowing every topic: no disallowed head (the unreadable one stays).
+    let open = DynamoDbOutboxStore::new(client.clone(), all).unwrap();
+    let report = read_status(&open, LEASE).await.unwrap();
+    assert_eq!(kinds(&report, WarningKind::DisallowedTopicHead), set(&[]));
+    assert_eq!(kinds(&report, WarningKind::UnreadableHead), set(&["3"]));
+
+    // The command in the warning moves it: the bucket is no longer parked.
+    store.quarantine(2, 3).await.unwrap();
+    let report = read_status(&store, LEASE).await.unwrap();
+    assert_eq!(kinds(&report, WarningKind::DisallowedTopicHead), set(&[]));
+    assert_eq!(report.buckets[2].head_sequence, Some(4));
+    assert_eq!(report.warnings_of(WarningKind::DeadLetters).count(), 1);
 }

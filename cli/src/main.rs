@@ -6,6 +6,7 @@
 //! misconfiguration); [`exit_code`] decides it from the error's type, for every command.
 
 mod args;
+mod dead_letters;
 mod demo;
 mod drain;
 mod enqueue;
@@ -93,9 +94,11 @@ enum Command {
     /// Warnings: buckets with pending messages and no live owner, messages stamped with
     /// another bucket count, a sequence counter behind its messages, relays whose
     /// heartbeat is in the future or that hold leases with a stale heartbeat (refused
-    /// heartbeats), leases beyond the bucket count with a live owner, buckets stuck behind
-    /// an unreadable item, quarantined items in the dead-letter partition. Warnings do not
-    /// change the exit code; scripts read them from --json.
+    /// heartbeats), leases beyond the bucket count with a live owner, buckets parked behind
+    /// an unreadable item or a message on a topic outside OUTBOX_ALLOWED_TOPICS (with its
+    /// sequence, topic, reason and the `outboxctl quarantine` that moves it aside),
+    /// quarantined items in the dead-letter partition. Warnings do not change the exit code;
+    /// scripts read them from --json.
     Status(status::Args),
     /// Wait until every bucket is empty, e.g. before changing the bucket count.
     ///
@@ -108,9 +111,13 @@ enum Command {
     ///
     /// The item moves whole, in one transaction, to `{prefix}#DEADLETTER` with sort key
     /// `{bucket:010}#{sequence:019}`, keeping its original key in OriginalPK / OriginalSK.
-    /// Relays never read that partition; `outboxctl status` lists what is there. Find the
-    /// bucket and sequence in the relay's error log or in `outboxctl status`.
+    /// Relays never read that partition; `outboxctl dead-letters` lists, redrives and purges
+    /// what is there. Find the bucket and sequence in the relay's error log or in
+    /// `outboxctl status`.
     Quarantine(quarantine::Args),
+    /// The dead-letter partition: list, show, redrive (back at the tail of the original
+    /// bucket, same message id) or purge (with --yes) quarantined messages.
+    DeadLetters(dead_letters::Args),
     /// The whole path on the local stack: table, topic, business transactions carrying
     /// messages, a relay publishing them; prints what the relay published.
     Demo(demo::Args),
@@ -233,6 +240,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Drain(args) => drain::run(&cli, args).await,
         Command::Relay(args) => relay::run(&cli, args).await,
         Command::Quarantine(args) => quarantine::run(&cli, args).await,
+        Command::DeadLetters(args) => dead_letters::run(&cli, args).await,
         Command::Demo(args) => demo::run(&cli, args).await,
     }
 }

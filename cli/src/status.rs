@@ -82,7 +82,7 @@ fn relay_state(r: &RelayStatus, now_ticks: i64) -> String {
 }
 
 /// A table with left-aligned columns.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -201,6 +201,8 @@ mod tests {
             head_sequence: None,
             head_bucket_count: None,
             head_unreadable: false,
+            head_unreadable_reason: None,
+            head_topic: None,
             last_sequence: None,
             last_bucket_count: None,
             sequence_counter: None,
@@ -259,6 +261,7 @@ mod tests {
                 bucket: Some(1),
                 relay: None,
                 message: "bucket 1: >=10000 messages pending and no live owner".into(),
+                parked: None,
             }],
         };
         let text = render(&report);

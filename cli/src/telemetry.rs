@@ -360,6 +360,9 @@ impl RelayMetrics for Fanout {
     fn poison_item(&self, bucket: u32) {
         self.0.iter().for_each(|m| m.poison_item(bucket));
     }
+    fn quarantined(&self, bucket: u32) {
+        self.0.iter().for_each(|m| m.quarantined(bucket));
+    }
     fn ownership(&self, bucket: u32, owned: bool) {
         self.0.iter().for_each(|m| m.ownership(bucket, owned));
     }

@@ -414,14 +414,17 @@ fn assert_exports_and_resource(
 }
 
 /// Every instrument over the run (the backlog gauges only while the relay owned bucket
-/// zero and had sampled it), the latest point of each: the reference's instruments and no
-/// others.
+/// zero and had sampled it), the latest point of each: the reference's instruments and this
+/// project's `dekaf.outbox.poison.quarantined`, no others.
 fn assert_instrument_names(metrics: &BTreeMap<String, Metric>) {
     let names: BTreeSet<&str> = metrics.keys().map(String::as_str).collect();
     let expected: BTreeSet<&str> = dynamo_outbox::metrics::otel::INSTRUMENT_NAMES
         .into_iter()
         .collect();
-    assert_eq!(names, expected, "the reference's instruments, no others");
+    assert_eq!(
+        names, expected,
+        "the reference's instruments and the quarantine counter, no others"
+    );
     for name in [
         "dekaf.outbox.pending.messages",
         "dekaf.outbox.pending.oldest_age",

@@ -44,6 +44,8 @@ pub mod accounting;
 #[doc(hidden)]
 pub mod client;
 #[doc(hidden)]
+pub mod dead_letters;
+#[doc(hidden)]
 pub mod enqueue;
 #[doc(hidden)]
 pub mod enqueue_request;

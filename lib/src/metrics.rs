@@ -33,6 +33,9 @@ pub trait RelayMetrics: Debug + Send + Sync {
     fn head_age(&self, _bucket: u32, _age: Duration) {}
     /// A bucket is stuck on an item it cannot read (a poison item).
     fn poison_item(&self, _bucket: u32) {}
+    /// The relay moved a poison item of `bucket` to the dead-letter partition
+    /// (`OUTBOX_POISON_POLICY=quarantine-after=N`).
+    fn quarantined(&self, _bucket: u32) {}
     /// The relay started (`owned`) or stopped publishing `bucket`.
     fn ownership(&self, _bucket: u32, _owned: bool) {}
     /// One acquisition round took `duration`.

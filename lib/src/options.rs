@@ -45,6 +45,9 @@ pub mod env {
     /// writers may enqueue to and relays may publish to, comma-separated names and
     /// `prefix*` patterns; unset: every topic.
     pub const ALLOWED_TOPICS: &str = "OUTBOX_ALLOWED_TOPICS";
+    /// [`RelayOptions::poison_policy`](super::RelayOptions::poison_policy): `block` (the
+    /// default) or `quarantine-after=N`.
+    pub const POISON_POLICY: &str = "OUTBOX_POISON_POLICY";
 }
 
 /// Options of the table layout, shared by every writer and relay of one outbox.
@@ -378,6 +381,68 @@ pub struct RelayOptions {
     /// to its share, and at least one item. Large items then make smaller batches, so
     /// memory stays bounded whatever the item size; 1 KB messages still make full batches.
     pub max_in_flight_bytes: usize,
+    /// What the relay does with an item it cannot publish (a poison item): park its
+    /// bucket behind it until an operator moves it ([`PoisonPolicy::Block`], the default),
+    /// or move it to the dead-letter partition itself after a number of attempts.
+    pub poison_policy: PoisonPolicy,
+}
+
+/// What a relay does with a poison item: an item that cannot be read as a message, a
+/// message on a topic outside the allow-list, a record the broker rejects for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PoisonPolicy {
+    /// The bucket stops at it (the specification's rule): nothing of the bucket is
+    /// published past it until an operator moves it (`outboxctl quarantine`). It is
+    /// logged, counted (`PoisonItems`) and alarmed on.
+    #[default]
+    Block,
+    /// After this many failed attempts on the same head by the relay holding the bucket,
+    /// the relay moves it to the dead-letter partition in one transaction, logs it and
+    /// counts it (`QuarantinedItems`); the bucket goes on. Later messages of the same key
+    /// overtake the quarantined one.
+    QuarantineAfter(u32),
+}
+
+/// Most attempts [`PoisonPolicy::QuarantineAfter`] takes.
+pub const MAX_QUARANTINE_ATTEMPTS: u32 = 1000;
+
+impl PoisonPolicy {
+    /// Reads [`env::POISON_POLICY`]: `block` or `quarantine-after=N` (N from 1 to
+    /// [`MAX_QUARANTINE_ATTEMPTS`]).
+    pub fn parse(value: &str) -> Result<Self> {
+        let rule = || {
+            Error::option(
+                env::POISON_POLICY,
+                format!(
+                    "{value:?} is neither `block` nor `quarantine-after=N` with N a whole \
+                     number from 1 to {MAX_QUARANTINE_ATTEMPTS}"
+                ),
+            )
+        };
+        let v = value.trim();
+        if v.eq_ignore_ascii_case("block") {
+            return Ok(PoisonPolicy::Block);
+        }
+        let n = v
+            .strip_prefix("quarantine-after=")
+            .ok_or_else(rule)?
+            .trim()
+            .parse::<u32>()
+            .map_err(|_| rule())?;
+        if !(1..=MAX_QUARANTINE_ATTEMPTS).contains(&n) {
+            return Err(rule());
+        }
+        Ok(PoisonPolicy::QuarantineAfter(n))
+    }
+}
+
+impl std::fmt::Display for PoisonPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoisonPolicy::Block => f.write_str("block"),
+            PoisonPolicy::QuarantineAfter(n) => write!(f, "quarantine-after={n}"),
+        }
+    }
 }
 
 impl Default for RelayOptions {
@@ -393,6 +458,7 @@ impl Default for RelayOptions {
             metrics_name: "outbox".into(),
             idle_stop: None,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+            poison_policy: PoisonPolicy::Block,
         }
     }
 }
@@ -473,6 +539,9 @@ impl RelayOptions {
         if let Some(v) = lookup(env::MAX_IN_FLIGHT_BYTES) {
             o.max_in_flight_bytes = parse_number(env::MAX_IN_FLIGHT_BYTES, &v)?;
         }
+        if let Some(v) = lookup(env::POISON_POLICY) {
+            o.poison_policy = PoisonPolicy::parse(&v)?;
+        }
         o.validate()?;
         Ok(o)
     }
@@ -526,6 +595,14 @@ impl RelayOptions {
                 "idle_stop",
                 "must be greater than zero (leave it unset to never stop early)",
             ));
+        }
+        if let PoisonPolicy::QuarantineAfter(n) = self.poison_policy {
+            if !(1..=MAX_QUARANTINE_ATTEMPTS).contains(&n) {
+                return Err(Error::option(
+                    "poison_policy",
+                    format!("quarantine-after must be 1 to {MAX_QUARANTINE_ATTEMPTS} attempts"),
+                ));
+            }
         }
         Ok(())
     }
@@ -740,5 +817,59 @@ mod tests {
         for bad in ["", "s", "-1s", "1d", "1e400s", "NaNs"] {
             assert!(parse_duration("f", bad).is_err(), "{bad}");
         }
+    }
+}
+
+#[cfg(test)]
+mod poison_policy_tests {
+    use super::*;
+
+    #[test]
+    fn the_poison_policy_is_block_or_quarantine_after_a_bounded_count() {
+        assert_eq!(RelayOptions::default().poison_policy, PoisonPolicy::Block);
+        let read = |v: &str| {
+            RelayOptions::from_lookup(|name| (name == env::POISON_POLICY).then(|| v.to_string()))
+                .map(|o| o.poison_policy)
+        };
+        assert_eq!(read("block").unwrap(), PoisonPolicy::Block);
+        assert_eq!(
+            read(" quarantine-after=3 ").unwrap(),
+            PoisonPolicy::QuarantineAfter(3)
+        );
+        assert_eq!(
+            read("quarantine-after=1000").unwrap(),
+            PoisonPolicy::QuarantineAfter(1000)
+        );
+        for bad in [
+            "",
+            "skip",
+            "quarantine-after",
+            "quarantine-after=",
+            "quarantine-after=0",
+            "quarantine-after=1001",
+            "quarantine-after=-1",
+            "quarantine-after=two",
+        ] {
+            let e = read(bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with("OUTBOX_POISON_POLICY: ")
+                    && e.contains("`block` nor `quarantine-after=N`")
+                    && e.contains("from 1 to 1000"),
+                "{bad:?}: {e}"
+            );
+        }
+        assert_eq!(
+            PoisonPolicy::QuarantineAfter(3).to_string(),
+            "quarantine-after=3"
+        );
+        let zero = RelayOptions {
+            poison_policy: PoisonPolicy::QuarantineAfter(0),
+            ..RelayOptions::default()
+        };
+        assert!(zero
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("poison_policy"));
     }
 }

@@ -20,6 +20,7 @@ use crate::attr;
 use crate::clock::{duration_to_ticks, TICKS_PER_SECOND};
 use crate::coordination::Coordination;
 use crate::error::Result;
+use crate::options::TopicAllowList;
 use crate::schema::{self, Keys};
 use crate::store::DynamoDbOutboxStore;
 
@@ -85,6 +86,10 @@ pub struct BucketStatus {
     /// Whether the head item cannot be read as a message: a poison item the bucket is
     /// stuck behind.
     pub head_unreadable: bool,
+    /// Why the head item cannot be read as a message.
+    pub head_unreadable_reason: Option<String>,
+    /// `Topic` of the head item (when it has one as a string).
+    pub head_topic: Option<String>,
     /// Sequence number of the last (newest) message.
     pub last_sequence: Option<u64>,
     /// `BucketCount` stamped on the last message.
@@ -138,6 +143,25 @@ pub struct Warning {
     pub relay: Option<String>,
     /// What is wrong and what to look at, in one sentence.
     pub message: String,
+    /// The head a bucket is parked behind, for the warnings that name one
+    /// ([`WarningKind::UnreadableHead`], [`WarningKind::DisallowedTopicHead`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parked: Option<ParkedHead>,
+}
+
+/// The item a bucket is parked behind, as the table holds it: no relay publishes
+/// anything of the bucket past it until it is moved aside.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ParkedHead {
+    /// Its sequence number (`None` when its sort key is not one).
+    pub sequence: Option<u64>,
+    /// Its `Topic` (`None` when it has none that is a string).
+    pub topic: Option<String>,
+    /// Why no relay publishes it.
+    pub reason: String,
+    /// The command that moves it to the dead-letter partition (`None` when its sort key
+    /// is not a sequence number: then only a hand edit of the item helps).
+    pub command: Option<String>,
 }
 
 /// Kinds of [`Warning`].
@@ -159,6 +183,9 @@ pub enum WarningKind {
     LeaseBeyondBucketCount,
     /// A bucket's oldest item cannot be read as a message: the bucket is stuck behind it.
     UnreadableHead,
+    /// A bucket's oldest message is on a topic outside the reader's allow-list
+    /// (`OUTBOX_ALLOWED_TOPICS`): relays with the same list park the bucket behind it.
+    DisallowedTopicHead,
     /// The dead-letter partition holds quarantined items: messages that were not published.
     DeadLetters,
 }
@@ -174,6 +201,7 @@ impl WarningKind {
             WarningKind::HeartbeatStale => "heartbeat_stale",
             WarningKind::LeaseBeyondBucketCount => "lease_beyond_bucket_count",
             WarningKind::UnreadableHead => "unreadable_head",
+            WarningKind::DisallowedTopicHead => "disallowed_topic_head",
             WarningKind::DeadLetters => "dead_letters",
         }
     }
@@ -271,6 +299,7 @@ fn build_report(
     for b in &buckets {
         warnings.extend(pending_without_owner(b, options.bucket_count));
         warnings.extend(unreadable_head(b, keys));
+        warnings.extend(disallowed_topic_head(b, keys, &options.allowed_topics));
         warnings.extend(bucket_count_mismatch(b, keys, options.bucket_count));
         warnings.extend(sequence_behind(b, keys));
     }
@@ -319,6 +348,8 @@ fn bucket_status(coordination: &Coordination, r: BucketRead, now: i64) -> Bucket
         head_sequence: r.backlog.head_sequence,
         head_bucket_count: r.backlog.head_bucket_count,
         head_unreadable: r.backlog.head_unreadable,
+        head_unreadable_reason: r.backlog.head_unreadable_reason,
+        head_topic: r.backlog.head_topic,
         last_sequence: r.last_sequence,
         last_bucket_count: r.last_bucket_count,
         sequence_counter: r.sequence_counter,
@@ -359,6 +390,7 @@ fn bucket_warning(kind: WarningKind, bucket: u32, message: String) -> Warning {
         bucket: Some(bucket),
         relay: None,
         message,
+        parked: None,
     }
 }
 
@@ -385,25 +417,78 @@ fn pending_without_owner(b: &BucketStatus, bucket_count: u32) -> Option<Warning>
     ))
 }
 
+/// The command that moves the item at `bucket` / `sequence` to the dead-letter partition.
+pub fn quarantine_command(bucket: u32, sequence: u64) -> String {
+    format!("outboxctl quarantine {bucket} {sequence}")
+}
+
+/// The warning of a bucket parked behind its head: bucket, sequence, topic, why, and the
+/// command that moves the head aside.
+fn parked_warning(kind: WarningKind, b: &BucketStatus, keys: &Keys, reason: String) -> Warning {
+    let sk = b
+        .head_sequence
+        .map_or_else(|| "?".into(), schema::message_sk);
+    let topic = b
+        .head_topic
+        .as_deref()
+        .map_or_else(|| "no topic".to_string(), |t| format!("topic {t:?}"));
+    let command = b.head_sequence.map(|seq| quarantine_command(b.bucket, seq));
+    let action = match (&command, b.head_sequence) {
+        (Some(c), Some(seq)) => format!(
+            "move it to the dead-letter partition with `{c}`; then `outboxctl dead-letters \
+             show {} {seq}` shows it, and `outboxctl dead-letters redrive` or `purge --yes` \
+             settles it",
+            b.bucket
+        ),
+        _ => "its sort key is not a sequence number: fix or delete the item by hand".into(),
+    };
+    let message = format!(
+        "bucket {}: parked behind {}/{sk} ({topic}): {reason}; no relay publishes anything \
+         of the bucket past it; {action}",
+        b.bucket,
+        keys.message_pk(b.bucket),
+    );
+    Warning {
+        parked: Some(ParkedHead {
+            sequence: b.head_sequence,
+            topic: b.head_topic.clone(),
+            reason,
+            command,
+        }),
+        ..bucket_warning(kind, b.bucket, message)
+    }
+}
+
 /// [`WarningKind::UnreadableHead`]: the bucket is stuck behind a poison item.
 fn unreadable_head(b: &BucketStatus, keys: &Keys) -> Option<Warning> {
     if !b.head_unreadable {
         return None;
     }
-    let seq = b
-        .head_sequence
-        .map_or_else(|| "?".into(), schema::message_sk);
-    Some(bucket_warning(
-        WarningKind::UnreadableHead,
-        b.bucket,
-        format!(
-            "bucket {}: its oldest item {}/{seq} cannot be read as a message (a poison \
-             item): the bucket is stuck behind it; quarantine it (DynamoDbOutboxStore::\
-             quarantine moves it to {})",
-            b.bucket,
-            keys.message_pk(b.bucket),
-            keys.dead_letter_pk()
-        ),
+    let why = b.head_unreadable_reason.as_deref().unwrap_or("unknown");
+    let reason = format!("it cannot be read as a message ({why})");
+    Some(parked_warning(WarningKind::UnreadableHead, b, keys, reason))
+}
+
+/// [`WarningKind::DisallowedTopicHead`]: the bucket is parked behind a message on a topic
+/// outside the allow-list (a readable head; an unreadable one is [`unreadable_head`]'s).
+fn disallowed_topic_head(
+    b: &BucketStatus,
+    keys: &Keys,
+    allowed: &TopicAllowList,
+) -> Option<Warning> {
+    if b.head_unreadable {
+        return None;
+    }
+    let topic = b.head_topic.as_deref()?;
+    if allowed.allows(topic) {
+        return None;
+    }
+    let reason = format!("{}: relays refuse to publish it", allowed.refusal(topic));
+    Some(parked_warning(
+        WarningKind::DisallowedTopicHead,
+        b,
+        keys,
+        reason,
     ))
 }
 
@@ -487,6 +572,7 @@ fn heartbeat_warning(r: &RelayStatus, now: i64) -> Option<Warning> {
         relay: Some(r.relay_id.clone()),
         bucket: None,
         message,
+        parked: None,
     })
 }
 
@@ -512,6 +598,7 @@ fn leases_beyond_bucket_count(
                      {bucket_count} buckets: a relay runs with another bucket count",
                     l.bucket
                 ),
+                parked: None,
             })
         })
         .collect()
@@ -525,10 +612,12 @@ fn dead_letter_warning(count: u32, capped: bool, keys: &Keys) -> Option<Warning>
         relay: None,
         message: format!(
             "{}{count} quarantined item(s) in {}: messages that were not published; \
-             inspect them, then re-enqueue or delete them",
+             `outboxctl dead-letters list` shows them, `redrive` puts them back at the tail \
+             of their bucket, `purge --yes` deletes them",
             if capped { ">=" } else { "" },
             keys.dead_letter_pk()
         ),
+        parked: None,
     })
 }
 

@@ -7,6 +7,7 @@ mod heartbeats;
 mod leases;
 mod ordering;
 mod poison;
+mod poison_policy;
 mod shutdown;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -27,6 +27,7 @@
 //! | `PendingMessages` | Count | sum over the sampled buckets (only the owner of bucket zero samples) |
 //! | `OldestPendingAge` | Seconds | the oldest head message seen since the last flush: of every batch's fetch (each owned bucket with messages, every round) and of the backlog samples |
 //! | `PoisonItems` | Count | times a bucket was found stuck on an unreadable item |
+//! | `QuarantinedItems` | Count | poison items the relay moved to the dead-letter partition (`OUTBOX_POISON_POLICY=quarantine-after=N`) |
 //! | `BatchDuration` / `RoundDuration` | Milliseconds | one value per batch / acquisition round |
 //! | `ColdStart` | Count | 1 in the first flush after [`EmfMetrics::cold_start`] |
 //!
@@ -79,9 +80,9 @@ pub const IDLE_METRICS: [&str; 6] = [
     "RoundDuration",
     "ColdStart",
 ];
-/// Every metric name a flush may report: 13 names, plus `RefusedWrites.<kind>` for the
-/// five kinds of [`WriteKind::ALL`], 18 metrics per dimension set at most.
-pub const METRIC_NAMES: [&str; 13] = [
+/// Every metric name a flush may report: 14 names, plus `RefusedWrites.<kind>` for the
+/// five kinds of [`WriteKind::ALL`], 19 metrics per dimension set at most.
+pub const METRIC_NAMES: [&str; 14] = [
     "Published",
     "PublishFailures",
     "PublishRejected",
@@ -89,6 +90,7 @@ pub const METRIC_NAMES: [&str; 13] = [
     "LeasesAcquired",
     "LeasesLost",
     "PoisonItems",
+    "QuarantinedItems",
     "OwnedBuckets",
     "PendingMessages",
     "OldestPendingAge",
@@ -133,6 +135,7 @@ struct State {
     /// Oldest head age per bucket that a batch fetched since the last flush.
     head_ages: BTreeMap<u32, Duration>,
     poison_items: u64,
+    quarantined_items: u64,
     batch_ms: Samples,
     round_ms: Samples,
     cold_start: bool,
@@ -307,6 +310,7 @@ impl EmfMetrics {
         counter("LeasesAcquired", state.leases_acquired);
         counter("LeasesLost", state.leases_lost);
         counter("PoisonItems", state.poison_items);
+        counter("QuarantinedItems", state.quarantined_items);
         // Gauges: whenever measured, zero included.
         if let Some(owned) = state.owned_buckets {
             m.push(count("OwnedBuckets", owned as u64));
@@ -462,6 +466,10 @@ impl RelayMetrics for EmfMetrics {
 
     fn poison_item(&self, _bucket: u32) {
         self.lock().poison_items += 1;
+    }
+
+    fn quarantined(&self, _bucket: u32) {
+        self.lock().quarantined_items += 1;
     }
 
     fn round_duration(&self, duration: Duration) {
@@ -700,7 +708,7 @@ mod tests {
     }
 
     #[test]
-    fn every_metric_name_is_known_and_the_total_is_18() {
+    fn every_metric_name_is_known_and_the_total_is_19() {
         let m = table_metrics();
         m.cold_start();
         m.published(0, 1);
@@ -711,13 +719,15 @@ mod tests {
         m.leases_acquired(1);
         m.leases_lost(1);
         m.poison_item(0);
+        m.quarantined(0);
         m.owned_buckets(1);
         m.backlog(0, 1, Some(Duration::from_secs(1)));
         m.batch_duration(0, Duration::from_millis(1));
         m.round_duration(Duration::from_millis(1));
         let v = validate(&m.flush_at(1_764_500_000_000)[0]);
         assert_eq!(v.len(), METRIC_NAMES.len() + WriteKind::ALL.len());
-        assert_eq!(v.len(), 18);
+        assert_eq!(v.len(), 19);
+        assert_eq!(v["QuarantinedItems"], json!(1));
         for name in v.keys() {
             assert!(
                 METRIC_NAMES.contains(&name.as_str()) || name.starts_with("RefusedWrites."),

@@ -14,6 +14,7 @@
 //! | `dekaf.outbox.publish.acknowledged` | counter, `{message}` | messages the broker acknowledged and the relay deleted |
 //! | `dekaf.outbox.publish.failures` | counter, `{attempt}` | failed batches (a publish, or the delete after it) |
 //! | `dekaf.outbox.lease.expirations` | counter, `{event}` | leases lost: a refused renewal, a lease a peer holds now (one per bucket) |
+//! | `dekaf.outbox.poison.quarantined` | counter, `{message}` | this project: poison items the relay moved to the dead-letter partition (`OUTBOX_POISON_POLICY=quarantine-after=N`) |
 //! | `dekaf.outbox.publish.duration` | histogram, `s` | one batch of a bucket: fetch, publish, delete |
 //! | `dekaf.outbox.cycle.duration` | histogram, `s` | one acquisition round: heartbeat, read, plan, renew, release, claim |
 //! | `dekaf.outbox.owned_buckets` | gauge, `{bucket}` | buckets this relay publishes (its ownership changes, reported after each round; 0 once it stopped) |
@@ -53,6 +54,9 @@ pub const ACKNOWLEDGED: &str = "dekaf.outbox.publish.acknowledged";
 pub const FAILURES: &str = "dekaf.outbox.publish.failures";
 /// Leases lost, counter.
 pub const LEASE_EXPIRATIONS: &str = "dekaf.outbox.lease.expirations";
+/// Poison items moved to the dead-letter partition, counter (this project's; the
+/// reference relay has no poison policy).
+pub const QUARANTINED: &str = "dekaf.outbox.poison.quarantined";
 /// Batch durations, histogram in seconds.
 pub const PUBLISH_DURATION: &str = "dekaf.outbox.publish.duration";
 /// Acquisition round durations, histogram in seconds.
@@ -65,11 +69,12 @@ pub const PENDING_MESSAGES: &str = "dekaf.outbox.pending.messages";
 pub const PENDING_OLDEST_AGE: &str = "dekaf.outbox.pending.oldest_age";
 /// Whether a backlog sample is available, gauge (0 or 1).
 pub const PENDING_AVAILABLE: &str = "dekaf.outbox.pending.available";
-/// Every instrument's name.
-pub const INSTRUMENT_NAMES: [&str; 9] = [
+/// Every instrument's name: the reference's, and [`QUARANTINED`].
+pub const INSTRUMENT_NAMES: [&str; 10] = [
     ACKNOWLEDGED,
     FAILURES,
     LEASE_EXPIRATIONS,
+    QUARANTINED,
     PUBLISH_DURATION,
     CYCLE_DURATION,
     OWNED_BUCKETS,
@@ -119,6 +124,7 @@ pub struct OtelMetrics {
     acknowledged: Counter<u64>,
     failures: Counter<u64>,
     lease_expirations: Counter<u64>,
+    quarantined: Counter<u64>,
     publish_duration: Histogram<f64>,
     cycle_duration: Histogram<f64>,
     gauges: Arc<Mutex<Gauges>>,
@@ -179,6 +185,13 @@ impl OtelMetrics {
                     "Leases this relay lost: a refused renewal, a lease a peer holds now.",
                 )
                 .build(),
+            quarantined: meter
+                .u64_counter(QUARANTINED)
+                .with_unit("{message}")
+                .with_description(
+                    "Poison items this relay moved to the dead-letter partition (OUTBOX_POISON_POLICY).",
+                )
+                .build(),
             publish_duration: histogram(
                 PUBLISH_DURATION,
                 "One batch of a bucket: fetch, publish, delete.",
@@ -197,6 +210,7 @@ impl OtelMetrics {
             &metrics.acknowledged,
             &metrics.failures,
             &metrics.lease_expirations,
+            &metrics.quarantined,
         ] {
             counter.add(0, &metrics.attributes);
         }
@@ -277,6 +291,10 @@ impl RelayMetrics for OtelMetrics {
         if count > 0 {
             self.lease_expirations.add(count as u64, &self.attributes);
         }
+    }
+
+    fn quarantined(&self, _bucket: u32) {
+        self.quarantined.add(1, &self.attributes);
     }
 
     fn backlog(&self, bucket: u32, pending: u32, oldest_age: Option<Duration>) {

@@ -40,6 +40,12 @@ pub const IDEMPOTENCY_EXPIRES_AT: &str = "IdempotencyExpiresAtUtc";
 /// The enqueue result an idempotency marker returns again (S, JSON) (this project).
 pub const RESULT: &str = "Result";
 
+/// When a dead letter was moved to the dead-letter partition, in UTC ticks (N) (this
+/// project).
+pub const QUARANTINED_AT: &str = "QuarantinedAtUtc";
+/// Why a dead letter was moved to the dead-letter partition (S) (this project).
+pub const QUARANTINE_REASON: &str = "QuarantineReason";
+
 /// Every attribute name above; key attributes may not take one of these names.
 pub const ALL: &[&str] = &[
     MESSAGE_ID,
@@ -58,4 +64,6 @@ pub const ALL: &[&str] = &[
     STOPS_AT,
     IDEMPOTENCY_EXPIRES_AT,
     RESULT,
+    QUARANTINED_AT,
+    QUARANTINE_REASON,
 ];

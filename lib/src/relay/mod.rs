@@ -6,8 +6,9 @@
 //! signal, the grace and the hard deadline; `state` the pure state of a run (what is
 //! due, the next wake, applying a batch's result, the tally); `round` the lease round;
 //! `batch` one bucket's batch, step by step, and a wave of them; `outcome` what a batch
-//! did, which `batch` produces and `state` applies; `stop` the graceful stop; `report`
-//! what a run returns.
+//! did, which `batch` produces and `state` applies; `poison_policy` moving a poison head
+//! aside under `OUTBOX_POISON_POLICY=quarantine-after=N`; `stop` the graceful stop;
+//! `report` what a run returns.
 //!
 //! [`Relay::run_until`] and [`Relay::run_until_shutdown`] share one code path. The loop
 //! never starts a batch that cannot finish before the deadline minus the stop reserve; the
@@ -19,6 +20,7 @@ mod batch;
 mod graceful_stop;
 mod idle;
 mod outcome;
+mod poison_policy;
 mod report;
 mod round;
 mod state;
@@ -394,7 +396,9 @@ impl<P: Publisher> Relay<P> {
             }
         }
         self.round_if_due(state).await?;
-        self.work(state, work_until).await
+        self.work(state, work_until).await?;
+        self.quarantine_due(state, work_until).await;
+        Ok(())
     }
 
     fn refused_snapshot(&self) -> BTreeMap<&'static str, u64> {

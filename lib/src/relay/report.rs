@@ -39,6 +39,9 @@ pub struct RunReport {
     pub published: u64,
     /// Publish attempts that failed.
     pub publish_failures: u64,
+    /// Poison items this run moved to the dead-letter partition
+    /// (`OUTBOX_POISON_POLICY=quarantine-after=N`).
+    pub quarantined: u64,
     /// Acquisition rounds run.
     pub rounds: u64,
     /// Most buckets owned at once.

@@ -13,7 +13,7 @@ use super::report::{RunReport, StopReason};
 use crate::clock::duration_to_ticks;
 use crate::error::{Error, Result};
 use crate::metrics::RelayMetrics;
-use crate::options::RelayOptions;
+use crate::options::{PoisonPolicy, RelayOptions};
 
 /// A bucket this relay holds, and what it knows of it.
 #[derive(Debug, Clone)]
@@ -48,6 +48,13 @@ pub(super) struct Owned {
     /// its limit, or whose answer was lost, may still have landed. The bucket's next
     /// fetch settles them ([`Settled`]): gone ones are counted published then.
     pub(super) unconfirmed: Vec<u64>,
+    /// The poison item the bucket is parked behind (its sequence) and how many batches in
+    /// a row found it so.
+    pub(super) poison: Option<(u64, u32)>,
+    /// Under [`PoisonPolicy::QuarantineAfter`]: the poison item to move to the
+    /// dead-letter partition now (its sequence, and why), once its attempts reached the
+    /// count.
+    pub(super) quarantine: Option<(u64, String)>,
     /// Fetches of this bucket ran into their time limit: the next ones read the batch's
     /// byte share halved this many times (one less after each batch that went through).
     pub(super) fetch_halvings: u32,
@@ -71,6 +78,8 @@ impl Owned {
             parked: false,
             unconfirmed: Vec::new(),
             fetch_halvings: 0,
+            poison: None,
+            quarantine: None,
         }
     }
 
@@ -106,6 +115,7 @@ impl Owned {
     /// poll interval.
     fn found_empty(&mut self, options: &RelayOptions, now: Instant) {
         self.parked = false;
+        self.poison = None;
         self.dirty = false;
         self.fetch_next = false;
         self.retry_at = None;
@@ -127,6 +137,7 @@ impl Owned {
         self.retry_at = None;
         self.head_only = false;
         self.parked = false;
+        self.poison = None;
         self.fetch_halvings = self.fetch_halvings.saturating_sub(1);
         self.dirty = more;
         self.fetch_next = last.is_some();
@@ -168,6 +179,29 @@ impl Owned {
         self.retry_at = Some(now + options.lease_renew_interval);
     }
 
+    /// One more batch parked behind the poison item at `sequence` (`None`: its sequence
+    /// cannot be read); how many in a row have now, on that item.
+    fn poison_attempt(&mut self, sequence: Option<u64>) -> u32 {
+        let attempts = match (self.poison, sequence) {
+            (Some((seq, n)), Some(s)) if seq == s => n.saturating_add(1),
+            _ => 1,
+        };
+        self.poison = sequence.map(|s| (s, attempts));
+        attempts
+    }
+
+    /// The poison item at `sequence` was moved to the dead-letter partition: the bucket
+    /// goes on past it at once.
+    pub(super) fn quarantined(&mut self, sequence: u64) {
+        self.last_removed = Some(self.last_removed.map_or(sequence, |l| l.max(sequence)));
+        self.parked = false;
+        self.poison = None;
+        self.quarantine = None;
+        self.head_only = false;
+        self.retry_at = None;
+        self.dirty = true;
+    }
+
     /// A batch failed before publishing: try again after `backoff`.
     fn retry_after(&mut self, backoff: Duration, now: Instant) {
         self.dirty = true;
@@ -191,6 +225,8 @@ pub(super) struct RunState {
     pub(super) far_standby: bool,
     pub(super) published: u64,
     pub(super) publish_failures: u64,
+    /// Poison items this run moved to the dead-letter partition.
+    pub(super) quarantined: u64,
     pub(super) rounds: u64,
     pub(super) max_owned: usize,
     pub(super) leases_acquired: u64,
@@ -395,11 +431,28 @@ impl RunState {
             }) => {
                 self.published += deleted as u64;
                 metrics.published(bucket, deleted as u64);
-                log_poison(bucket, &error, at);
+                let sequence = poison_sequence(&error, at.as_ref());
+                log_poison(bucket, &error, at, options.poison_policy);
                 metrics.poison_item(bucket);
                 metrics.publish_failed(bucket, matches!(error, Error::KafkaRejected { .. }));
                 self.publish_failures += 1;
                 o.park(options, now, last);
+                let attempts = o.poison_attempt(sequence);
+                if let (PoisonPolicy::QuarantineAfter(n), Some(seq)) =
+                    (options.poison_policy, sequence)
+                {
+                    if attempts >= n {
+                        o.quarantine = Some((
+                            seq,
+                            format!(
+                                "{} (relay {}, after {attempts} attempt(s), {})",
+                                crate::error::chain(&error),
+                                options.relay_id,
+                                options.poison_policy
+                            ),
+                        ));
+                    }
+                }
             }
             Err(e @ Error::Misconfiguration(_)) => return Some(e),
             Err(e) => {
@@ -441,6 +494,7 @@ impl RunState {
             relay_id: relay_id.to_owned(),
             published: self.published,
             publish_failures: self.publish_failures,
+            quarantined: self.quarantined,
             rounds: self.rounds,
             max_owned: self.max_owned,
             owned_at_end: self.owned.len(),
@@ -469,16 +523,34 @@ fn smoothed_estimate(
     }
 }
 
+/// The sequence of the poison item a batch stopped at: the message it names, or the sort
+/// key of the unreadable item.
+fn poison_sequence(error: &Error, at: Option<&(String, u64)>) -> Option<u64> {
+    match (at, error) {
+        (Some((_, seq)), _) => Some(*seq),
+        (None, Error::Corrupt { sk, .. }) => crate::schema::parse_message_sk(sk),
+        (None, _) => None,
+    }
+}
+
 /// The log line of a bucket stuck on an item it cannot publish (`at`: its id and sequence,
 /// when it could be read).
-fn log_poison(bucket: u32, error: &Error, at: Option<(String, u64)>) {
+fn log_poison(bucket: u32, error: &Error, at: Option<(String, u64)>, policy: PoisonPolicy) {
     let (message_id, sequence) = at.map_or((None, None), |(id, seq)| (Some(id), Some(seq)));
+    let what = match policy {
+        PoisonPolicy::Block => {
+            "bucket stuck on an item it cannot publish; quarantine it with `outboxctl quarantine`"
+        }
+        PoisonPolicy::QuarantineAfter(_) => {
+            "bucket stuck on an item it cannot publish; the relay quarantines it after the attempts OUTBOX_POISON_POLICY allows"
+        }
+    };
     error!(
         bucket,
         message_id,
         sequence,
         error = %crate::error::chain(error),
-        "bucket stuck on an item it cannot publish; quarantine it with `outboxctl quarantine`"
+        "{what}"
     );
 }
 
@@ -741,6 +813,78 @@ mod tests {
         assert!(matches!(fault, Some(Error::Misconfiguration(_))));
         // A bucket lost meanwhile: nothing applies.
         assert!(s.apply(&o, &m, 9, Ok(BatchResult::Idle), MS, now).is_none());
+    }
+
+    #[test]
+    fn a_poison_head_is_due_for_quarantine_after_the_policys_attempts_on_the_same_item() {
+        let poison = |seq: u64| BatchResult::Poison {
+            error: Error::InvalidMessage {
+                field: "topic".into(),
+                rule: "not allowed".into(),
+            },
+            at: Some(("id".into(), seq)),
+            deleted: 0,
+            last: None,
+        };
+        let now = Instant::now();
+        let m = NoMetrics;
+        // Block (the default): never due.
+        let o = options();
+        let mut s = holding(3, now, 1_000_000_000);
+        for _ in 0..5 {
+            s.apply(&o, &m, 3, Ok(poison(9)), MS, now);
+        }
+        assert_eq!(s.owned[&3].quarantine, None);
+        assert_eq!(s.owned[&3].poison, Some((9, 5)));
+
+        let o = RelayOptions {
+            poison_policy: PoisonPolicy::QuarantineAfter(3),
+            ..options()
+        };
+        let mut s = holding(3, now, 1_000_000_000);
+        s.apply(&o, &m, 3, Ok(poison(9)), MS, now);
+        s.apply(&o, &m, 3, Ok(poison(9)), MS, now);
+        assert_eq!(s.owned[&3].quarantine, None);
+        // Another item: counted from one again.
+        s.apply(&o, &m, 3, Ok(poison(10)), MS, now);
+        s.apply(&o, &m, 3, Ok(poison(10)), MS, now);
+        assert_eq!(s.owned[&3].quarantine, None);
+        s.apply(&o, &m, 3, Ok(poison(10)), MS, now);
+        let (seq, why) = s.owned[&3].quarantine.clone().unwrap();
+        assert_eq!(seq, 10);
+        assert!(
+            why.contains("not allowed") && why.contains("after 3 attempt(s), quarantine-after=3"),
+            "{why}"
+        );
+        // Moved: the bucket goes on at once past it.
+        let b = s.owned.get_mut(&3).unwrap();
+        b.quarantined(10);
+        assert_eq!(
+            (b.parked, b.dirty, b.retry_at, b.poison, b.last_removed),
+            (false, true, None, None, Some(10))
+        );
+        // An unreadable head is named by its sort key.
+        let corrupt = BatchResult::Poison {
+            error: Error::Corrupt {
+                pk: "OUTBOX#MESSAGES#3".into(),
+                sk: "0000000000000000011".into(),
+                reason: "MessageId is missing".into(),
+            },
+            at: None,
+            deleted: 0,
+            last: None,
+        };
+        let o1 = RelayOptions {
+            poison_policy: PoisonPolicy::QuarantineAfter(1),
+            ..options()
+        };
+        s.apply(&o1, &m, 3, Ok(corrupt), MS, now);
+        assert_eq!(s.owned[&3].quarantine.as_ref().map(|q| q.0), Some(11));
+        // A batch that goes through forgets the count.
+        let mut s = holding(3, now, 1_000_000_000);
+        s.apply(&o, &m, 3, Ok(poison(9)), MS, now);
+        s.apply(&o, &m, 3, Ok(BatchResult::Idle), MS, now);
+        assert_eq!(s.owned[&3].poison, None);
     }
 
     #[test]

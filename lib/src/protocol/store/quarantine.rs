@@ -5,15 +5,20 @@
 //! ([`OutboxOptions::allowed_topics`](crate::OutboxOptions::allowed_topics): one written
 //! straight into the table, past every writer's check). The relay publishes nothing of
 //! the bucket past it, logs it and counts it (`PoisonItems`) until it is moved here
-//! (`outboxctl quarantine`); it is never skipped or dropped.
+//! (`outboxctl quarantine`, or the relay itself under
+//! [`PoisonPolicy::QuarantineAfter`](crate::options::PoisonPolicy::QuarantineAfter)); it
+//! is never skipped or dropped.
 //!
 //! The item moves whole, in one transaction, to the partition `{prefix}#DEADLETTER` with
 //! sort key `{bucket, 10 digits}#{sequence, 19 digits}`; its original key is kept in the
-//! attributes `OriginalPK` / `OriginalSK`. Relays never read that partition.
+//! attributes `OriginalPK` / `OriginalSK`, when and why in `QuarantinedAtUtc` /
+//! `QuarantineReason`. Relays never read that partition; [`crate::dead_letters`] lists,
+//! redrives and purges what is there.
 
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem};
 
 use super::DynamoDbOutboxStore;
+use crate::attr;
 use crate::error::{from_sdk, Error, Result};
 use crate::schema::{self, Item};
 use crate::writer::transaction_error;
@@ -24,29 +29,76 @@ pub const ORIGINAL_PK: &str = "OriginalPK";
 pub const ORIGINAL_SK: &str = "OriginalSK";
 
 impl DynamoDbOutboxStore {
-    /// Moves the message item at `bucket` / `sequence` to the dead-letter partition.
+    /// Moves the message item at `bucket` / `sequence` to the dead-letter partition, with
+    /// the reason read from the item itself (it cannot be read as a message, its topic is
+    /// outside the allow-list) or, for a readable item, `moved by an operator`.
     /// Fails with [`Error::InvalidMessage`] when there is no such item.
     pub async fn quarantine(&self, bucket: u32, sequence: u64) -> Result<Item> {
-        let key = self
-            .keys
-            .key(self.keys.message_pk(bucket), schema::message_sk(sequence));
-        let item = self
-            .client
-            .get_item()
-            .table_name(&self.options.table_name)
-            .set_key(Some(key.clone()))
+        let item = self.message_item_at(bucket, sequence).await?;
+        let reason = match schema::parse_message(&self.keys, &item) {
+            Err(e) => format!("cannot be read as a message: {e}"),
+            Ok(m) if !self.options.allowed_topics.allows(&m.message.topic) => {
+                self.options.allowed_topics.refusal(&m.message.topic)
+            }
+            Ok(_) => "moved by an operator".to_string(),
+        };
+        self.move_to_dead_letters(bucket, sequence, item, &reason)
+            .await
+    }
+
+    /// Moves the message item at `bucket` / `sequence` to the dead-letter partition,
+    /// recording `reason` in `QuarantineReason`. Fails with [`Error::InvalidMessage`] when
+    /// there is no such item.
+    pub async fn quarantine_because(
+        &self,
+        bucket: u32,
+        sequence: u64,
+        reason: &str,
+    ) -> Result<Item> {
+        let item = self.message_item_at(bucket, sequence).await?;
+        self.move_to_dead_letters(bucket, sequence, item, reason)
+            .await
+    }
+
+    /// The item at `bucket` / `sequence`: one strongly consistent `Query` of the key (the
+    /// relay, which quarantines under `OUTBOX_POISON_POLICY`, is granted no `GetItem`).
+    async fn message_item_at(&self, bucket: u32, sequence: u64) -> Result<Item> {
+        let out = self
+            .query_partition(self.keys.message_pk(bucket))
+            .key_condition_expression("#pk = :pk AND #sk = :sk")
+            .expression_attribute_names("#sk", &self.keys.sk)
+            .expression_attribute_values(":sk", AttributeValue::S(schema::message_sk(sequence)))
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| from_sdk("GetItem", e))?
-            .item
+            .map_err(|e| from_sdk("Query", e))?;
+        out.items
+            .unwrap_or_default()
+            .into_iter()
+            .next()
             .ok_or_else(|| {
                 Error::message(
                     "bucket/sequence",
                     format!("no message item at bucket {bucket}, sequence {sequence}"),
                 )
-            })?;
-        let mut dead = item.clone();
+            })
+    }
+
+    /// One transaction: put the copy (with its original key, when and why) into the
+    /// dead-letter partition under `attribute_not_exists`, delete the original under
+    /// `attribute_exists`. A dead letter already at that place fails it with
+    /// [`Error::Misconfiguration`]: nothing moves.
+    async fn move_to_dead_letters(
+        &self,
+        bucket: u32,
+        sequence: u64,
+        item: Item,
+        reason: &str,
+    ) -> Result<Item> {
+        let key = self
+            .keys
+            .key(self.keys.message_pk(bucket), schema::message_sk(sequence));
+        let mut dead = item;
         dead.insert(
             ORIGINAL_PK.into(),
             AttributeValue::S(self.keys.message_pk(bucket)),
@@ -56,6 +108,11 @@ impl DynamoDbOutboxStore {
             AttributeValue::S(schema::message_sk(sequence)),
         );
         dead.insert(
+            attr::QUARANTINED_AT.into(),
+            schema::n(self.clock.now_ticks()),
+        );
+        dead.insert(attr::QUARANTINE_REASON.into(), schema::s(reason));
+        dead.insert(
             self.keys.pk.clone(),
             AttributeValue::S(self.keys.dead_letter_pk()),
         );
@@ -64,9 +121,13 @@ impl DynamoDbOutboxStore {
             AttributeValue::S(schema::dead_letter_sk(bucket, sequence)),
         );
         let build = |e: aws_sdk_dynamodb::error::BuildError| Error::Misconfiguration(e.to_string());
+        // Never over an earlier dead letter of the same place (a reset sequence counter
+        // hands a number out again): that one would be lost.
         let put = Put::builder()
             .table_name(&self.options.table_name)
             .set_item(Some(dead.clone()))
+            .condition_expression("attribute_not_exists(#sk)")
+            .expression_attribute_names("#sk", &self.keys.sk)
             .build()
             .map_err(build)?;
         let delete = Delete::builder()
@@ -82,7 +143,22 @@ impl DynamoDbOutboxStore {
             .transact_items(TransactWriteItem::builder().delete(delete).build())
             .send()
             .await
-            .map_err(transaction_error)?;
+            .map_err(transaction_error)
+            .map_err(|e| match e {
+                Error::TransactionCanceled { ref reasons, .. }
+                    if reasons
+                        .first()
+                        .is_some_and(|r| r == "ConditionalCheckFailed") =>
+                {
+                    Error::Misconfiguration(format!(
+                        "a dead letter from bucket {bucket}, sequence {sequence} exists \
+                         already: the bucket's sequence counter was reset and handed the \
+                         number out again; redrive or purge that one first (`outboxctl \
+                         dead-letters show {bucket} {sequence}`); nothing was moved"
+                    ))
+                }
+                other => other,
+            })?;
         Ok(dead)
     }
 

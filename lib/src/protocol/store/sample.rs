@@ -7,7 +7,7 @@ use crate::error::{from_sdk, Result};
 use crate::schema::{self};
 
 /// The backlog of one bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketBacklog {
     /// The bucket.
     pub bucket: u32,
@@ -25,6 +25,12 @@ pub struct BucketBacklog {
     /// Whether the head item cannot be read as a message (a poison item that blocks the
     /// bucket until it is quarantined).
     pub head_unreadable: bool,
+    /// Why the head item cannot be read as a message (`None` when it can, or there is
+    /// none).
+    pub head_unreadable_reason: Option<String>,
+    /// `Topic` of the head item, when it has one as a string (read even when the rest of
+    /// the item cannot be read).
+    pub head_topic: Option<String>,
 }
 
 // The protocol's steps, for the relay and for tools and tests that drive them: hidden
@@ -45,6 +51,7 @@ impl DynamoDbOutboxStore {
             .await
             .map_err(|e| from_sdk("Query", e))?;
         let head = head.items().first();
+        let unreadable = head.and_then(|i| schema::parse_message(&self.keys, i).err());
         Ok(BucketBacklog {
             bucket,
             pending: pending.min(limit),
@@ -52,7 +59,12 @@ impl DynamoDbOutboxStore {
             oldest_created_at: head.and_then(|i| schema::get_n(i, attr::CREATED_AT)),
             head_sequence: head.and_then(|i| schema::parse_message_sk(self.keys.key_of(i).1)),
             head_bucket_count: head.and_then(|i| schema::get_n(i, attr::BUCKET_COUNT)),
-            head_unreadable: head.is_some_and(|i| schema::parse_message(&self.keys, i).is_err()),
+            head_unreadable: unreadable.is_some(),
+            head_unreadable_reason: unreadable.map(|e| match e {
+                crate::error::Error::Corrupt { reason, .. } => reason,
+                other => other.to_string(),
+            }),
+            head_topic: head.and_then(|i| schema::get_s(i, attr::TOPIC).map(str::to_string)),
         })
     }
 }

@@ -1,0 +1,96 @@
+//! `OUTBOX_POISON_POLICY=quarantine-after=N`: the relay that owns a bucket parked behind a
+//! poison item moves it to the dead-letter partition after N attempts, counts it
+//! (`QuarantinedItems` in the EMF output) and goes on with the bucket; no conditional
+//! write is refused on the way.
+
+use super::*;
+use dynamo_outbox::dead_letters::{self, Filter};
+use dynamo_outbox::metrics::emf::EmfMetrics;
+use dynamo_outbox::options::{PoisonPolicy, TopicAllowList};
+
+#[tokio::test]
+async fn quarantine_after_n_attempts_moves_the_poison_head_aside_and_the_bucket_goes_on() {
+    let (client, counter) = counted_client().await;
+    let options = fresh_table(&client, 2).await;
+    let topic = random_name("orders");
+    create_topic(&topic, 1);
+    // A writer without the allow-list (direct PutItem rights) puts a message on a topic the
+    // relay refuses between two allowed ones of the same key.
+    let direct = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let msg = |t: &str, v: &str| {
+        direct
+            .message(t)
+            .with_partition(0)
+            .with_key("k")
+            .with_value(v.to_string())
+    };
+    let before = msg(&topic, "before");
+    let bad = msg("audit", "not for Kafka");
+    let after = msg(&topic, "after");
+    let placed = direct
+        .enqueue(&[before.clone(), bad.clone(), after.clone()])
+        .await
+        .unwrap();
+    let bad_seq = placed[1].sequence;
+
+    let list = TopicAllowList::parse("OUTBOX_ALLOWED_TOPICS", &topic).unwrap();
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone().with_allowed_topics(list))
+        .unwrap();
+    let metrics = Arc::new(EmfMetrics::new("Outbox", "test", &options.table_name));
+    let relay = Relay::new(
+        store.clone(),
+        kafka_publisher().await,
+        RelayOptions {
+            poison_policy: PoisonPolicy::QuarantineAfter(3),
+            ..fast_relay_options(&random_name("relay"), 2)
+        },
+    )
+    .unwrap()
+    .with_metrics(metrics.clone());
+    let started = Instant::now();
+    let run = tokio::spawn(async move {
+        relay
+            .run_until(Instant::now() + Duration::from_secs(8))
+            .await
+    });
+    // The bucket goes on: the message behind the poison item arrives.
+    let delivered = wait_for_ids(&topic, &id_set([&before, &after]), Duration::from_secs(20)).await;
+    let took = started.elapsed();
+    let report = run.await.unwrap().unwrap();
+
+    delivered.assert_exactly_once(&id_set([&before, &after]));
+    assert_eq!(report.quarantined, 1, "{report:?}");
+    assert_eq!(report.published, 2, "{report:?}");
+    assert_eq!(report.refused_total(), 0, "{report:?}");
+    assert_no_refusal_on_the_wire(&counter, "quarantine-after");
+    // Not before its third attempt: the head alone is retried every renew interval (1 s).
+    assert!(took >= Duration::from_secs(2), "{took:?}");
+
+    // The item is in the dead-letter partition, whole, with when and why.
+    let (dead, _) = dead_letters::list(&store, &Filter::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    let d = &dead[0];
+    assert_eq!((d.bucket, d.sequence), (Some(0), Some(bad_seq)));
+    assert_eq!(d.message.as_ref().unwrap(), &bad);
+    let reason = d.reason.as_deref().unwrap();
+    assert!(
+        reason.contains("topic \"audit\" is not allowed here")
+            && reason.contains("after 3 attempt(s), quarantine-after=3"),
+        "{reason}"
+    );
+    assert!(d.quarantined_at.is_some());
+    assert_eq!(pending_messages(&client, &options).await, 0);
+
+    // Counted: three poison attempts, one quarantined item.
+    let docs = metrics.flush_at(1_764_500_000_000);
+    let values: Vec<serde_json::Value> = docs
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let sum = |name: &str| -> u64 { values.iter().filter_map(|v| v[name].as_u64()).sum() };
+    assert_eq!(sum("QuarantinedItems"), 1, "{docs:?}");
+    assert_eq!(sum("PoisonItems"), 3, "{docs:?}");
+    assert_eq!(sum("Published"), 2, "{docs:?}");
+}
