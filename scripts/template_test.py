@@ -11,7 +11,8 @@ see in the deployed stack:
     enqueue function, OutboxWriterPolicy) limited to dynamodb:LeadingKeys {KeyPrefix}#*;
     the table key through DynamoDB only with TableKmsKeyArn;
   - VpcConfig and the VPC execution policy together, only with SubnetIds;
-  - the functions' Kafka and table variables;
+  - the functions' Kafka and table variables, the relay's poison policy (PutItem only
+    with quarantine-after) and memory;
   - the table: created or not, its stream, SSE with the customer managed key, PITR;
   - the alarms: always there (the enqueue function's with it), actions only with
     AlarmTopicArn;
@@ -108,6 +109,8 @@ SETUPS: dict[str, dict] = {
                       "KafkaBootstrapServers": "b-1:9098"},
     "alarm-topic": {**VPC, "MskClusterArn": MSK, "AlarmTopicArn": TOPIC,
                     "KafkaBootstrapServers": "b-1:9098"},
+    "quarantine-poison-512mb": {**VPC, "MskClusterArn": MSK, "PoisonPolicy": "quarantine-after=3",
+                                "RelayMemorySize": "512", "KafkaBootstrapServers": "b-1:9098"},
     "enqueue-callers-in-other-accounts": {**VPC, "MskClusterArn": MSK,
                                           "EnqueueCallerAccountIds": "111122223333,444455556666",
                                           "KafkaBootstrapServers": "b-1:9098"},
@@ -318,6 +321,12 @@ def check_setup(name: str, p: dict, t: dict) -> None:
                        ("KAFKA_TLS_CLIENT_SECRET_ARN", "KafkaTlsClientSecretArn")):
         eq(env.get(var), get(param) or None, var)
     eq(env["OUTBOX_KEY_PREFIX"], prefix, "OUTBOX_KEY_PREFIX")
+    # The poison policy, and PutItem (the quarantine's Put) only when it quarantines.
+    policy = get("PoisonPolicy", "block")
+    eq(env["OUTBOX_POISON_POLICY"], policy, "OUTBOX_POISON_POLICY")
+    eq(any("dynamodb:PutItem" in actions(s) for s in relay), policy != "block",
+       "the relay may put an item only to quarantine")
+    eq(int(fn["MemorySize"]), int(get("RelayMemorySize", "128")), "the relay's memory")
     if enqueue:
         envq = res["EnqueueFunction"]["Properties"]["Environment"]["Variables"]
         check(not any(k.startswith("KAFKA_") for k in envq), "the enqueue function has no Kafka")

@@ -164,6 +164,8 @@ fn the_relay_gets_exactly_its_actions() {
             "dynamodb:DeleteItem",
             "dynamodb:Query",
             "dynamodb:UpdateItem",
+            // Only with PoisonPolicy quarantine-after=N (scripts/template_test.py).
+            "dynamodb:PutItem",
             "kafka-cluster:Connect",
             "kafka-cluster:DescribeCluster",
             "kafka-cluster:DescribeTopic",
@@ -861,8 +863,8 @@ fn relay_dynamodb_operations() -> BTreeSet<String> {
         // Unit tests of the store (DynamoDB Local fixtures) are not the relay's requests.
         let code = text.split("#[cfg(test)]").next().unwrap();
         // The relay quarantines only under OUTBOX_POISON_POLICY=quarantine-after=N
-        // (relay/poison_policy.rs), which needs a transaction with a Put; the template sets
-        // no policy (see below), so the function runs `block` and never sends it.
+        // (relay/poison_policy.rs), which needs a transaction with a Put: the template's
+        // PoisonPolicy grants PutItem for it only (see below).
         let policy_step = path.ends_with("relay/poison_policy.rs");
         assert!(
             policy_step
@@ -880,18 +882,36 @@ fn relay_dynamodb_operations() -> BTreeSet<String> {
 }
 
 /// Least privilege: the relay is granted exactly the table operations
-/// its code calls; it never puts an item (the heartbeat is an UpdateItem).
+/// its code calls under the default poison policy; it never puts an item there (the
+/// heartbeat is an UpdateItem). PutItem comes only with PoisonPolicy quarantine-after=N,
+/// whose move of a poison head is a transaction with a Put.
 #[test]
-fn the_relay_is_granted_the_table_operations_its_code_calls_and_no_put_item() {
+fn the_relay_is_granted_the_table_operations_its_code_calls_and_put_item_only_to_quarantine() {
     let t = template();
     let lines = resource(&t, "RelayFunctionRole");
     let table = statement(&lines, "OutboxTable");
     let granted = actions(&table.lines().collect::<Vec<_>>());
     assert_eq!(granted, relay_dynamodb_operations());
     assert!(!granted.contains("dynamodb:PutItem"), "{granted:?}");
-    // Without PutItem the relay cannot quarantine: the template leaves
-    // OUTBOX_POISON_POLICY unset (`block`).
-    assert!(!t.contains("OUTBOX_POISON_POLICY"));
+    let quarantine = statement(&lines, "QuarantinePoison");
+    assert_eq!(
+        actions(&quarantine.lines().collect::<Vec<_>>()),
+        set(&["dynamodb:PutItem"])
+    );
+    assert!(
+        t.contains("  QuarantinesPoison: !Not [!Equals [!Ref PoisonPolicy, block]]\n"),
+        "PutItem only when the policy is not block"
+    );
+    let parameters = section(&t, "Parameters").join("\n");
+    assert!(
+        parameters.contains("  PoisonPolicy:\n    Type: String\n    Default: block\n"),
+        "{parameters}"
+    );
+    let relay = resource(&t, "RelayFunction").join("\n");
+    assert!(
+        relay.contains("OUTBOX_POISON_POLICY: !Ref PoisonPolicy"),
+        "{relay}"
+    );
 }
 
 /// Low-quota accounts: ReservedConcurrentExecutions only when
