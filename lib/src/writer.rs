@@ -4,7 +4,13 @@
 //! counter (`ADD Sequence :n`, `UPDATED_NEW`) before the transaction commits: the order of
 //! two messages in a bucket is the order of their reservations. A reservation whose
 //! transaction never commits leaves a gap, which the relay tolerates.
+//!
+//! Every message is written with its trace context ([`crate::trace_context`]): its own
+//! `traceparent` header if it has one, else the context given with
+//! [`OutboxMessage::with_trace_context`], else (feature `otel`) the current OpenTelemetry
+//! span's, else none.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -139,6 +145,11 @@ impl DynamoDbOutboxWriter {
     /// Checks every message, the topic allow-list ([`OutboxOptions::allowed_topics`]) and
     /// DynamoDB's limits without sending anything.
     pub fn check(&self, messages: &[OutboxMessage]) -> Result<()> {
+        self.check_stamped(&with_current_trace(messages))
+    }
+
+    /// [`Self::check`] of messages already stamped with their trace context.
+    fn check_stamped(&self, messages: &[OutboxMessage]) -> Result<()> {
         if messages.is_empty() {
             return Err(Error::message("messages", "must not be empty"));
         }
@@ -189,7 +200,9 @@ impl DynamoDbOutboxWriter {
     /// Reserves sequence numbers and builds the items, in the order of `messages`.
     #[instrument(skip_all, fields(messages = messages.len()))]
     pub(crate) async fn reserve(&self, messages: &[OutboxMessage]) -> Result<Vec<Reserved>> {
-        self.check(messages)?;
+        let messages = with_current_trace(messages);
+        let messages = messages.as_ref();
+        self.check_stamped(messages)?;
         let mut by_bucket: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for (i, m) in messages.iter().enumerate() {
             by_bucket.entry(m.bucket()).or_default().push(i);
@@ -350,6 +363,27 @@ impl DynamoDbOutboxWriter {
     pub(crate) fn client(&self) -> &Client {
         &self.client
     }
+}
+
+/// `messages` as the writer writes them: with the `otel` feature, each one without a
+/// `traceparent` header of its own gets the current OpenTelemetry span's context (when
+/// there is a valid one); without the feature, unchanged ([`crate::trace_context`]).
+fn with_current_trace(messages: &[OutboxMessage]) -> Cow<'_, [OutboxMessage]> {
+    #[cfg(feature = "otel")]
+    if let Some(context) = crate::trace_context::TraceContext::current() {
+        if messages
+            .iter()
+            .any(|m| !crate::trace_context::has_traceparent(&m.headers))
+        {
+            return Cow::Owned(
+                messages
+                    .iter()
+                    .map(|m| m.clone().with_trace_context(&context))
+                    .collect(),
+            );
+        }
+    }
+    Cow::Borrowed(messages)
 }
 
 /// Turns a failed `TransactWriteItems` into [`Error`], keeping the cancellation reasons.
