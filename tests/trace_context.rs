@@ -86,7 +86,10 @@ async fn the_writers_trace_reaches_kafka_byte_for_byte() {
     business.with_context(business_context()).await;
     // Outside any trace: no trace header.
     let untraced = writer.message(topic.as_str()).with_key("order-3");
-    writer.enqueue(std::slice::from_ref(&untraced)).await.unwrap();
+    writer
+        .enqueue(std::slice::from_ref(&untraced))
+        .await
+        .unwrap();
 
     let mut relay_options = fast_relay_options("traced", 2);
     relay_options.idle_stop = Some(Duration::from_secs(1));

@@ -371,6 +371,9 @@ impl RelayMetrics for Fanout {
             .iter()
             .for_each(|m| m.batch_duration(bucket, duration));
     }
+    fn commit_to_ack(&self, bucket: u32, latency: Duration) {
+        self.0.iter().for_each(|m| m.commit_to_ack(bucket, latency));
+    }
 }
 
 #[cfg(test)]

@@ -421,7 +421,10 @@ fn assert_instrument_names(metrics: &BTreeMap<String, Metric>) {
     let expected: BTreeSet<&str> = dynamo_outbox::metrics::otel::INSTRUMENT_NAMES
         .into_iter()
         .collect();
-    assert_eq!(names, expected, "the reference's instruments, no others");
+    assert_eq!(
+        names, expected,
+        "the reference's instruments and this project's commit-to-ack histogram, no others"
+    );
     for name in [
         "dekaf.outbox.pending.messages",
         "dekaf.outbox.pending.oldest_age",
@@ -516,7 +519,8 @@ fn assert_ownership_and_backlog(got: &[(String, String, String, ExportMetricsSer
     );
 }
 
-/// The two histograms: seconds (not milliseconds), one point each, named by `outbox.name`.
+/// The histograms: seconds (not milliseconds), one point each, named by `outbox.name`; the
+/// commit-to-ack histogram counts every published message.
 fn assert_histograms(metrics: &BTreeMap<String, Metric>) {
     for name in [
         "dekaf.outbox.publish.duration",
@@ -538,6 +542,29 @@ fn assert_histograms(metrics: &BTreeMap<String, Metric>) {
             "{name}: seconds, not milliseconds"
         );
     }
+    // Commit to ack: one value per acknowledged message (cumulative: the last point counts
+    // all 30), in seconds, each between the commit and now.
+    let name = dynamo_outbox::metrics::otel::COMMIT_TO_ACK;
+    assert_eq!(metrics[name].unit.as_str(), "s", "{name}");
+    let Some(metric::Data::Histogram(h)) = &metrics[name].data else {
+        panic!("{name} is a histogram");
+    };
+    assert_eq!(h.data_points.len(), 1);
+    let p = &h.data_points[0];
+    assert_eq!(p.count, 30, "{name}: one value per published message");
+    assert_eq!(
+        string_attr(&p.attributes, "outbox.name").as_deref(),
+        Some("orders")
+    );
+    assert_eq!(
+        p.explicit_bounds,
+        dynamo_outbox::metrics::otel::LATENCY_BOUNDARIES.to_vec()
+    );
+    let (min, max) = (p.min.unwrap(), p.max.unwrap());
+    assert!(
+        0.0 <= min && min <= max && max < 120.0,
+        "{name}: seconds from commit to ack: {min}..{max}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -565,7 +565,10 @@ mod tests {
             "a message's own traceparent is kept"
         );
         let plain = parse(json!({"messages": [{"topic": "t"}]})).unwrap();
-        assert!(plain.messages[0].headers.is_empty(), "no context, no headers");
+        assert!(
+            plain.messages[0].headers.is_empty(),
+            "no context, no headers"
+        );
         assert_refused(&[
             (
                 json!({"messages": [{"topic": "t"}], "traceparent": "00-abc-def-01"}),

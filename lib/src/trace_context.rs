@@ -61,7 +61,10 @@ impl TraceContext {
     /// `{field}.tracestate`) and the rule.
     pub fn parse(field: &str, traceparent: &str, tracestate: Option<&str>) -> Result<Self> {
         let mut context = parse_traceparent(traceparent).map_err(|rule| {
-            Error::message(field, format!("{traceparent:?} is not a W3C traceparent: {rule}"))
+            Error::message(
+                field,
+                format!("{traceparent:?} is not a W3C traceparent: {rule}"),
+            )
         })?;
         if let Some(state) = tracestate {
             check_tracestate(state).map_err(|rule| {
@@ -338,8 +341,7 @@ mod tests {
 
     #[test]
     fn parses_and_prints_the_w3c_example() {
-        let c = TraceContext::parse("traceparent", PARENT, Some("rojo=00f067aa0ba902b7"))
-            .unwrap();
+        let c = TraceContext::parse("traceparent", PARENT, Some("rojo=00f067aa0ba902b7")).unwrap();
         assert_eq!(c.traceparent(), PARENT);
         assert_eq!(c.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(c.flags(), 1);
@@ -359,13 +361,34 @@ mod tests {
     fn malformed_contexts_name_the_field_and_the_rule() {
         let cases = [
             ("", "four fields"),
-            ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "version must be 00"),
-            ("00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01", "trace id must be 32"),
-            ("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", "lowercase hex"),
-            ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", "trace id must not be all zeros"),
-            ("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", "parent id must not be all zeros"),
-            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1", "flags must be 2"),
-            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", "four fields"),
+            (
+                "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                "version must be 00",
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+                "trace id must be 32",
+            ),
+            (
+                "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+                "lowercase hex",
+            ),
+            (
+                "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+                "trace id must not be all zeros",
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+                "parent id must not be all zeros",
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
+                "flags must be 2",
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+                "four fields",
+            ),
         ];
         for (value, rule) in cases {
             let e = TraceContext::parse("messages[0].traceparent", value, None).unwrap_err();
@@ -431,6 +454,9 @@ mod tests {
             TraceContext::from_headers(&[Header::new("traceparent", "garbage")]),
             None
         );
-        assert_eq!(TraceContext::from_headers(&[Header::null("traceparent")]), None);
+        assert_eq!(
+            TraceContext::from_headers(&[Header::null("traceparent")]),
+            None
+        );
     }
 }

@@ -27,11 +27,11 @@ use dynamo_outbox::enqueue::EnqueueService;
 use dynamo_outbox::enqueue_request::EnqueueResponse;
 pub use dynamo_outbox::lambda::FunctionError;
 use dynamo_outbox::notification::EventBridgeNotifier;
-use dynamo_outbox::TraceContext;
 #[cfg(doc)]
 use dynamo_outbox::notification::NOTIFY_TIMEOUT;
 #[cfg(doc)]
 use dynamo_outbox::OutboxOptions;
+use dynamo_outbox::TraceContext;
 use lambda_runtime::LambdaEvent;
 use tokio::time::Instant;
 use tracing::Instrument;

@@ -381,19 +381,38 @@ impl RelaySummary {
     }
 }
 
-/// Writes the metrics gathered so far to stdout as EMF documents.
-fn flush(metrics: &EmfMetrics) {
-    if let Err(e) = metrics.flush_to(&mut std::io::stdout().lock()) {
+/// Where the EMF documents go: stdout (CloudWatch Logs), or the writer given to
+/// [`RelayFunction::with_metrics_output`].
+#[derive(Clone, Default)]
+struct MetricsOutput(Option<Arc<std::sync::Mutex<dyn std::io::Write + Send>>>);
+
+impl std::fmt::Debug for MetricsOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "writer" } else { "stdout" })
+    }
+}
+
+/// Writes the metrics gathered so far as EMF documents to `out` (stdout by default).
+fn flush(metrics: &EmfMetrics, out: &MetricsOutput) {
+    let written = match &out.0 {
+        None => metrics.flush_to(&mut std::io::stdout().lock()),
+        Some(out) => {
+            let mut guard = out.lock().unwrap_or_else(|e| e.into_inner());
+            let mut writer: &mut dyn std::io::Write = &mut *guard;
+            metrics.flush_to(&mut writer)
+        }
+    };
+    if let Err(e) = written {
         warn!(error = %e, "writing metrics failed");
     }
 }
 
-/// Flushes `metrics` every `interval`, until aborted.
-async fn flush_every(metrics: Arc<EmfMetrics>, interval: Duration) {
+/// Flushes `metrics` to `out` every `interval`, until aborted.
+async fn flush_every(metrics: Arc<EmfMetrics>, out: MetricsOutput, interval: Duration) {
     let mut ticks = tokio::time::interval_at(Instant::now() + interval, interval);
     loop {
         ticks.tick().await;
-        flush(&metrics);
+        flush(&metrics, &out);
     }
 }
 
@@ -413,6 +432,8 @@ pub struct RelayFunction {
     /// CloudWatch metrics (Embedded Metric Format), flushed to stdout every
     /// [`METRICS_FLUSH_INTERVAL`] of a run and at its end.
     metrics: Arc<EmfMetrics>,
+    /// Where the metrics go (stdout unless [`Self::with_metrics_output`] says otherwise).
+    metrics_output: MetricsOutput,
     /// Counts the DynamoDB client's attempts, when it has the counter attached.
     requests: Option<RequestCounter>,
 }
@@ -434,8 +455,15 @@ impl RelayFunction {
             publisher,
             successor: None,
             metrics,
+            metrics_output: MetricsOutput::default(),
             requests: None,
         })
+    }
+
+    /// Writes the EMF documents to `out` instead of stdout (a test reading them back).
+    pub fn with_metrics_output(mut self, out: impl std::io::Write + Send + 'static) -> Self {
+        self.metrics_output = MetricsOutput(Some(Arc::new(std::sync::Mutex::new(out))));
+        self
     }
 
     /// Reports each invocation's DynamoDB attempts from `counter`, which must be attached
@@ -507,10 +535,14 @@ impl RelayFunction {
         // EMF documents on stdout, where CloudWatch Logs picks them up: every
         // METRICS_FLUSH_INTERVAL while the relay runs (the alarms evaluate one-minute
         // periods) and once at the end.
-        let flusher = tokio::spawn(flush_every(self.metrics.clone(), METRICS_FLUSH_INTERVAL));
+        let flusher = tokio::spawn(flush_every(
+            self.metrics.clone(),
+            self.metrics_output.clone(),
+            METRICS_FLUSH_INTERVAL,
+        ));
         let result = relay.run_until(deadline).await;
         flusher.abort();
-        flush(&self.metrics);
+        flush(&self.metrics, &self.metrics_output);
         let report = result?;
         if report.published == 0 && report.publish_failures > 0 {
             warn!("nothing published and publishing failed: the Kafka client is rebuilt by the next publish");

@@ -581,3 +581,78 @@ async fn a_broken_kafka_connection_is_rebuilt_by_the_next_invocation() {
     );
     kafka.remove_log();
 }
+
+/// The `CommitToAckLatency` values of the EMF documents in `text` (one JSON document a
+/// line, as the function prints them), after checking each is a number or an array of
+/// numbers (the specification's target members) in milliseconds.
+fn commit_to_ack_values(text: &str) -> Vec<f64> {
+    let mut values = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let doc: Value = serde_json::from_str(line).expect("one EMF document a line");
+        let defined = doc["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+            .as_array()
+            .expect("a metric directive")
+            .iter()
+            .find(|m| m["Name"] == "CommitToAckLatency")
+            .cloned();
+        match (&doc["CommitToAckLatency"], defined) {
+            (Value::Null, None) => {}
+            (Value::Number(n), Some(d)) => {
+                assert_eq!(d["Unit"], "Milliseconds");
+                values.push(n.as_f64().unwrap());
+            }
+            (Value::Array(a), Some(d)) => {
+                assert_eq!(d["Unit"], "Milliseconds");
+                assert!(a.len() <= 100, "EMF's 100 values per metric");
+                values.extend(a.iter().map(|v| v.as_f64().expect("a number")));
+            }
+            other => panic!("CommitToAckLatency is not EMF: {other:?} in {line}"),
+        }
+    }
+    values
+}
+
+#[tokio::test]
+async fn the_emf_output_has_one_commit_to_ack_latency_per_published_message() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let topic = random_name("latency");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    // More than fit in one EMF array (100 values): the values continue in a second document.
+    let mut written = enqueue(&writer, &topic, 0, 100).await;
+    written.extend(enqueue(&writer, &topic, 100, 30).await);
+    let committed = Instant::now();
+
+    let out = Captured::default();
+    let function = RelayFunction::new(client.clone(), settings(&options, &[]))
+        .unwrap()
+        .with_metrics_output(out.clone());
+    let summary = function
+        .handle(event("req-latency", in_ms(Duration::from_secs(8))))
+        .await
+        .expect("relay invocation");
+    let waited = committed.elapsed();
+    assert_eq!(summary.published, 130, "{summary:?}");
+    assert_delivered(&topic, &written);
+
+    let text = out.text();
+    let values = commit_to_ack_values(&text);
+    assert_eq!(
+        values.len(),
+        130,
+        "one latency per published message: {text}"
+    );
+    // Between the commit and the end of the invocation (one host, one clock here).
+    let bound = waited.as_secs_f64() * 1000.0 + 1000.0;
+    assert!(
+        values.iter().all(|v| (0.0..bound).contains(v)),
+        "milliseconds within {bound}: {values:?}"
+    );
+    let published: f64 = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|d| d["Published"].as_f64())
+        .sum();
+    assert_eq!(published, 130.0, "{text}");
+}
