@@ -1,7 +1,8 @@
-//! `outboxctl relay`'s OpenTelemetry metrics: the library's `dekaf.outbox.*` instruments
-//! ([`dynamo_outbox::metrics::otel`]) exported over OTLP/HTTP with protobuf, configured by
-//! the standard OpenTelemetry environment, and the fan-out that gives the relay several
-//! metrics sinks at once (EMF, OTLP, the health endpoint).
+//! `outboxctl relay`'s OpenTelemetry metrics and traces: the library's `dekaf.outbox.*`
+//! instruments ([`dynamo_outbox::metrics::otel`]) and its publish spans (one per produce
+//! request, linked to each message's trace context) exported over OTLP/HTTP with protobuf,
+//! configured by the standard OpenTelemetry environment, and the fan-out that gives the
+//! relay several metrics sinks at once (EMF, OTLP, the health endpoint).
 //!
 //! On when `--otlp` is given or `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` /
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` is set; off otherwise, and with `OTEL_SDK_DISABLED=true`
@@ -13,6 +14,13 @@
 //! `OTEL_EXPORTER_OTLP_HEADERS` / `..._METRICS_HEADERS` (never logged), `OTEL_SERVICE_NAME`
 //! (default `outbox-relay`) and `OTEL_RESOURCE_ATTRIBUTES` (`service.instance.id`
 //! defaults to the relay id). Only the `http/protobuf` protocol is built in.
+//!
+//! The spans go to `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is, else
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1/traces`, else `http://localhost:4318/v1/traces`,
+//! through the SDK's batch span processor (`OTEL_BSP_*`; every 5 s by default, and at the
+//! stop), with the same timeout and headers; `OTEL_TRACES_EXPORTER=none` exports no
+//! spans. The tracer provider is installed as the global one, which the library's Kafka
+//! publisher records its spans on.
 //!
 //! The SDK's periodic reader exports from a thread of its own; the HTTP request runs on
 //! the relay's tokio runtime (hyper, the client the AWS SDK already brings), and a failed
@@ -35,6 +43,7 @@ use opentelemetry::{Key, KeyValue};
 use opentelemetry_http::{HttpClient, HttpError};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 
 use crate::{usage, Failure};
@@ -51,6 +60,8 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct OtlpConfig {
     /// The full metrics URL (`.../v1/metrics`).
     pub(crate) endpoint: String,
+    /// The full traces URL (`.../v1/traces`); `None` with `OTEL_TRACES_EXPORTER=none`.
+    pub(crate) traces_endpoint: Option<String>,
     pub(crate) interval: Duration,
     pub(crate) timeout: Duration,
 }
@@ -102,22 +113,32 @@ impl OtlpConfig {
         if !flag && signal.is_none() && base.is_none() {
             return Ok(None);
         }
-        let (field, endpoint) = match (signal, base) {
-            (Some(s), _) => ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", s),
-            (None, Some(b)) => (
-                "OTEL_EXPORTER_OTLP_ENDPOINT",
-                format!("{}/v1/metrics", b.trim_end_matches('/')),
-            ),
-            (None, None) => ("--otlp", format!("{DEFAULT_ENDPOINT}/v1/metrics")),
+        let signal_endpoint = |signal: Option<String>, name: &'static str, path: &str| {
+            let (field, endpoint) = match (signal, &base) {
+                (Some(s), _) => (name, s),
+                (None, Some(b)) => (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    format!("{}/{path}", b.trim_end_matches('/')),
+                ),
+                (None, None) => ("--otlp", format!("{DEFAULT_ENDPOINT}/{path}")),
+            };
+            check_url(field, &endpoint).map(|()| endpoint)
         };
-        let uri: http::Uri = endpoint
-            .parse()
-            .map_err(|e| usage(format!("{field}: {endpoint:?} is not a URL ({e})")))?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
-            return Err(usage(format!(
-                "{field}: {endpoint:?} must be an http:// or https:// URL with a host"
-            )));
-        }
+        let endpoint =
+            signal_endpoint(signal, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "v1/metrics")?;
+        let traces_endpoint = match set(&lookup, "OTEL_TRACES_EXPORTER").as_deref() {
+            None | Some("otlp") => Some(signal_endpoint(
+                set(&lookup, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "v1/traces",
+            )?),
+            Some("none") => None,
+            Some(other) => {
+                return Err(usage(format!(
+                    "OTEL_TRACES_EXPORTER: {other:?} is not supported by outboxctl (otlp or none)"
+                )))
+            }
+        };
         for name in [
             "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
             "OTEL_EXPORTER_OTLP_PROTOCOL",
@@ -133,6 +154,7 @@ impl OtlpConfig {
         }
         Ok(Some(OtlpConfig {
             endpoint,
+            traces_endpoint,
             interval: millis(&lookup, &["OTEL_METRIC_EXPORT_INTERVAL"], DEFAULT_INTERVAL)?,
             timeout: millis(
                 &lookup,
@@ -146,11 +168,25 @@ impl OtlpConfig {
     }
 }
 
-/// The running export: the relay's sink, and the provider to shut down at the end.
+/// `endpoint` (from `field`) is an http:// or https:// URL with a host.
+fn check_url(field: &str, endpoint: &str) -> Result<(), Failure> {
+    let uri: http::Uri = endpoint
+        .parse()
+        .map_err(|e| usage(format!("{field}: {endpoint:?} is not a URL ({e})")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+        return Err(usage(format!(
+            "{field}: {endpoint:?} must be an http:// or https:// URL with a host"
+        )));
+    }
+    Ok(())
+}
+
+/// The running export: the relay's sink, and the providers to shut down at the end.
 #[derive(Debug)]
 pub(crate) struct Otlp {
     pub(crate) metrics: Arc<OtelMetrics>,
     provider: SdkMeterProvider,
+    tracer_provider: Option<SdkTracerProvider>,
 }
 
 impl Otlp {
@@ -167,7 +203,7 @@ impl Otlp {
         let client = HyperClient::new(&config)?;
         let exporter = opentelemetry_otlp::MetricExporter::builder()
             .with_http()
-            .with_http_client(client)
+            .with_http_client(client.clone())
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(config.endpoint.clone())
             .with_timeout(config.timeout)
@@ -186,10 +222,36 @@ impl Otlp {
             interval_ms = config.interval.as_millis() as u64,
             "exporting metrics over OTLP/HTTP"
         );
-        Ok(Some(Otlp { metrics, provider }))
+        let tracer_provider = match &config.traces_endpoint {
+            None => None,
+            Some(endpoint) => {
+                let exporter = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_http_client(client.for_spans(endpoint))
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_endpoint(endpoint.clone())
+                    .with_timeout(config.timeout)
+                    .build()
+                    .map_err(|e| usage(format!("OTLP span exporter: {e}")))?;
+                let provider = SdkTracerProvider::builder()
+                    .with_batch_exporter(exporter)
+                    .with_resource(resource(relay_id))
+                    .build();
+                // The library's publish spans go to the global provider.
+                opentelemetry::global::set_tracer_provider(provider.clone());
+                tracing::info!(endpoint = %endpoint, "exporting publish spans over OTLP/HTTP");
+                Some(provider)
+            }
+        };
+        Ok(Some(Otlp {
+            metrics,
+            provider,
+            tracer_provider,
+        }))
     }
 
-    /// Exports what is left and stops the reader (bounded by the export timeout).
+    /// Exports what is left and stops the reader and the span processor (each bounded by
+    /// the export timeout).
     pub(crate) async fn shutdown(self) {
         let provider = self.provider;
         let done = tokio::task::spawn_blocking(move || provider.shutdown()).await;
@@ -197,6 +259,14 @@ impl Otlp {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "OTLP metrics: the final export failed"),
             Err(e) => tracing::warn!(error = %e, "OTLP metrics: the shutdown did not finish"),
+        }
+        if let Some(tracer_provider) = self.tracer_provider {
+            let done = tokio::task::spawn_blocking(move || tracer_provider.shutdown()).await;
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "OTLP spans: the final export failed"),
+                Err(e) => tracing::warn!(error = %e, "OTLP spans: the shutdown did not finish"),
+            }
         }
     }
 }
@@ -228,6 +298,8 @@ struct HyperClient {
     runtime: tokio::runtime::Handle,
     timeout: Duration,
     endpoint: String,
+    /// What it exports, for its log lines: `metrics` or `spans`.
+    signal: &'static str,
 }
 
 impl std::fmt::Debug for HyperClient {
@@ -235,6 +307,7 @@ impl std::fmt::Debug for HyperClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HyperClient")
             .field("endpoint", &self.endpoint)
+            .field("signal", &self.signal)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
@@ -243,13 +316,19 @@ impl std::fmt::Debug for HyperClient {
 impl HyperClient {
     fn new(config: &OtlpConfig) -> Result<Self, Failure> {
         let mut roots = rustls::RootCertStore::empty();
-        if config.endpoint.starts_with("https://") {
+        let https = std::iter::once(&config.endpoint)
+            .chain(&config.traces_endpoint)
+            .any(|e| e.starts_with("https://"));
+        if https {
             let found = rustls_native_certs::load_native_certs();
             let (added, _) = roots.add_parsable_certificates(found.certs);
             if added == 0 {
                 return Err(usage(format!(
                     "OTLP endpoint {}: no trusted root certificates found on this system",
-                    config.endpoint
+                    std::iter::once(&config.endpoint)
+                        .chain(&config.traces_endpoint)
+                        .find(|e| e.starts_with("https://"))
+                        .unwrap_or(&config.endpoint)
                 )));
             }
         }
@@ -271,7 +350,17 @@ impl HyperClient {
             runtime: tokio::runtime::Handle::current(),
             timeout: config.timeout,
             endpoint: config.endpoint.clone(),
+            signal: "metrics",
         })
+    }
+
+    /// The same client, for the spans' `endpoint`.
+    fn for_spans(&self, endpoint: &str) -> Self {
+        HyperClient {
+            endpoint: endpoint.to_string(),
+            signal: "spans",
+            ..self.clone()
+        }
     }
 }
 
@@ -302,14 +391,18 @@ impl HttpClient for HyperClient {
         match &result {
             Ok(r) if !r.status().is_success() => tracing::warn!(
                 endpoint = %self.endpoint,
+                signal = self.signal,
                 status = r.status().as_u16(),
-                "OTLP metrics export refused; these data points are dropped"
+                "OTLP export refused; these {} are dropped",
+                self.signal
             ),
             Ok(_) => {}
             Err(e) => tracing::warn!(
                 endpoint = %self.endpoint,
+                signal = self.signal,
                 error = %e,
-                "OTLP metrics export failed; these data points are dropped"
+                "OTLP export failed; these {} are dropped",
+                self.signal
             ),
         }
         result
@@ -408,6 +501,35 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(base.endpoint, "http://collector:4318/v1/metrics");
+        assert_eq!(
+            base.traces_endpoint.as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        assert_eq!(
+            flag.traces_endpoint.as_deref(),
+            Some("http://localhost:4318/v1/traces")
+        );
+        let traces = config(
+            false,
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "https://otlp.example/spans",
+                ),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            traces.traces_endpoint.as_deref(),
+            Some("https://otlp.example/spans"),
+            "used as it is"
+        );
+        let no_spans = config(true, &[("OTEL_TRACES_EXPORTER", "none")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(no_spans.traces_endpoint, None);
         assert_eq!(base.interval, Duration::from_secs(5));
         assert_eq!(base.timeout, Duration::from_millis(2500));
         let signal = config(
@@ -444,7 +566,15 @@ mod tests {
 
     #[test]
     fn bad_settings_name_the_variable() {
-        let cases: [(&[(&str, &str)], &str); 5] = [
+        let cases: [(&[(&str, &str)], &str); 7] = [
+            (
+                &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "ftp://c/v1/traces")],
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            ),
+            (
+                &[("OTEL_TRACES_EXPORTER", "jaeger")],
+                "OTEL_TRACES_EXPORTER",
+            ),
             (
                 &[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")],
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
