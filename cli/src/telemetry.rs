@@ -30,21 +30,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use dynamo_outbox::metrics::otel::{OtelMetrics, METER_NAME};
 use dynamo_outbox::metrics::RelayMetrics;
+use dynamo_outbox::otlp::{self, OtlpHttpClient};
 use dynamo_outbox::protocol::store::WriteKind;
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry::{Key, KeyValue};
-use opentelemetry_http::{HttpClient, HttpError};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use opentelemetry_sdk::Resource;
 
 use crate::{usage, Failure};
 
@@ -200,7 +193,8 @@ impl Otlp {
         let Some(config) = OtlpConfig::from_lookup(flag, |n| std::env::var(n).ok())? else {
             return Ok(None);
         };
-        let client = HyperClient::new(&config)?;
+        let others: Vec<&str> = config.traces_endpoint.iter().map(String::as_str).collect();
+        let client = OtlpHttpClient::new(&config.endpoint, "metrics", &others, config.timeout)?;
         let exporter = opentelemetry_otlp::MetricExporter::builder()
             .with_http()
             .with_http_client(client.clone())
@@ -214,7 +208,7 @@ impl Otlp {
             .build();
         let provider = SdkMeterProvider::builder()
             .with_reader(reader)
-            .with_resource(resource(relay_id))
+            .with_resource(otlp::resource(DEFAULT_SERVICE_NAME, Some(relay_id)))
             .build();
         let metrics = Arc::new(OtelMetrics::new(&provider.meter(METER_NAME), outbox_name)?);
         tracing::info!(
@@ -225,18 +219,10 @@ impl Otlp {
         let tracer_provider = match &config.traces_endpoint {
             None => None,
             Some(endpoint) => {
-                let exporter = opentelemetry_otlp::SpanExporter::builder()
-                    .with_http()
-                    .with_http_client(client.for_spans(endpoint))
-                    .with_protocol(Protocol::HttpBinary)
-                    .with_endpoint(endpoint.clone())
-                    .with_timeout(config.timeout)
-                    .build()
-                    .map_err(|e| usage(format!("OTLP span exporter: {e}")))?;
-                let provider = SdkTracerProvider::builder()
-                    .with_batch_exporter(exporter)
-                    .with_resource(resource(relay_id))
-                    .build();
+                let provider = otlp::tracer_provider(
+                    &client.for_signal(endpoint, "spans"),
+                    otlp::resource(DEFAULT_SERVICE_NAME, Some(relay_id)),
+                )?;
                 // The library's publish spans go to the global provider.
                 opentelemetry::global::set_tracer_provider(provider.clone());
                 tracing::info!(endpoint = %endpoint, "exporting publish spans over OTLP/HTTP");
@@ -268,144 +254,6 @@ impl Otlp {
                 Err(e) => tracing::warn!(error = %e, "OTLP spans: the shutdown did not finish"),
             }
         }
-    }
-}
-
-/// The SDK's resource (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`), with
-/// `service.name` `outbox-relay` and `service.instance.id` the relay id where they are not
-/// given.
-fn resource(relay_id: &str) -> Resource {
-    let detected = Resource::builder().build();
-    let mut builder = Resource::builder();
-    let service = detected.get(&Key::from_static_str("service.name"));
-    if service.is_none_or(|s| s.as_str() == "unknown_service") {
-        builder = builder.with_service_name(DEFAULT_SERVICE_NAME);
-    }
-    if detected
-        .get(&Key::from_static_str("service.instance.id"))
-        .is_none()
-    {
-        builder =
-            builder.with_attribute(KeyValue::new("service.instance.id", relay_id.to_string()));
-    }
-    builder.build()
-}
-
-/// OTLP/HTTP requests on the relay's runtime, over hyper (TLS by rustls for `https://`).
-#[derive(Clone)]
-struct HyperClient {
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
-    runtime: tokio::runtime::Handle,
-    timeout: Duration,
-    endpoint: String,
-    /// What it exports, for its log lines: `metrics` or `spans`.
-    signal: &'static str,
-}
-
-impl std::fmt::Debug for HyperClient {
-    // The requests carry OTEL_EXPORTER_OTLP_HEADERS (often a token): never shown.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HyperClient")
-            .field("endpoint", &self.endpoint)
-            .field("signal", &self.signal)
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
-    }
-}
-
-impl HyperClient {
-    fn new(config: &OtlpConfig) -> Result<Self, Failure> {
-        let mut roots = rustls::RootCertStore::empty();
-        let https = std::iter::once(&config.endpoint)
-            .chain(&config.traces_endpoint)
-            .any(|e| e.starts_with("https://"));
-        if https {
-            let found = rustls_native_certs::load_native_certs();
-            let (added, _) = roots.add_parsable_certificates(found.certs);
-            if added == 0 {
-                return Err(usage(format!(
-                    "OTLP endpoint {}: no trusted root certificates found on this system",
-                    std::iter::once(&config.endpoint)
-                        .chain(&config.traces_endpoint)
-                        .find(|e| e.starts_with("https://"))
-                        .unwrap_or(&config.endpoint)
-                )));
-            }
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| usage(format!("OTLP TLS: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
-        Ok(HyperClient {
-            client,
-            runtime: tokio::runtime::Handle::current(),
-            timeout: config.timeout,
-            endpoint: config.endpoint.clone(),
-            signal: "metrics",
-        })
-    }
-
-    /// The same client, for the spans' `endpoint`.
-    fn for_spans(&self, endpoint: &str) -> Self {
-        HyperClient {
-            endpoint: endpoint.to_string(),
-            signal: "spans",
-            ..self.clone()
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl HttpClient for HyperClient {
-    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
-        let (parts, body) = request.into_parts();
-        let request = Request::from_parts(parts, Full::new(body));
-        let (client, timeout) = (self.client.clone(), self.timeout);
-        // The reader's thread has no runtime: the request runs on the relay's.
-        let exchange = self.runtime.spawn(async move {
-            let response = tokio::time::timeout(timeout, async {
-                let response = client.request(request).await?;
-                let (parts, body) = response.into_parts();
-                let body = body.collect().await?.to_bytes();
-                Ok::<_, HttpError>(Response::from_parts(parts, body))
-            })
-            .await;
-            match response {
-                Ok(r) => r,
-                Err(_) => Err(format!("no answer within {} ms", timeout.as_millis()).into()),
-            }
-        });
-        let result = match exchange.await {
-            Ok(r) => r,
-            Err(e) => Err(e.into()),
-        };
-        match &result {
-            Ok(r) if !r.status().is_success() => tracing::warn!(
-                endpoint = %self.endpoint,
-                signal = self.signal,
-                status = r.status().as_u16(),
-                "OTLP export refused; these {} are dropped",
-                self.signal
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(
-                endpoint = %self.endpoint,
-                signal = self.signal,
-                error = %e,
-                "OTLP export failed; these {} are dropped",
-                self.signal
-            ),
-        }
-        result
     }
 }
 

@@ -58,6 +58,9 @@ pub mod message;
 pub mod metrics;
 pub mod notification;
 pub mod options;
+#[cfg(feature = "otlp")]
+#[doc(hidden)]
+pub mod otlp;
 pub mod publish;
 pub mod relay;
 #[doc(hidden)]
