@@ -16,7 +16,8 @@
 //! - `key` / `key_base64`, `value` / `value_base64`: a UTF-8 string or standard base64
 //!   (padded), never both; absent or `null` is a keyless record or a tombstone.
 //! - `headers`: a list of `{"key", "value" | "value_base64"}`; the key is a non-empty string,
-//!   a missing or `null` value is Kafka's null header value.
+//!   a missing or `null` value is Kafka's null header value. A `traceparent` header (the
+//!   message's own trace context, kept as it is) must hold a valid W3C traceparent.
 //! - `partition`: an explicit partition, `0..=2147483647`.
 //! - `idempotency_key`: 1 to 256 characters without control characters; with one, at most
 //!   99 messages (the idempotency marker is the transaction's 100th item).
@@ -293,10 +294,21 @@ fn parse_header(value: &Value, field: &str) -> Result<Header> {
             ))
         }
     };
-    Ok(Header {
-        key,
-        value: bytes(obj, field, "value")?,
-    })
+    let value = bytes(obj, field, "value")?;
+    if key == crate::trace_context::TRACEPARENT {
+        // A message's own trace context is kept as given: it must be one.
+        let text = value
+            .as_deref()
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .ok_or_else(|| {
+                Error::message(
+                    format!("{field}.value"),
+                    "a traceparent header must have a W3C traceparent as its value (UTF-8 text)",
+                )
+            })?;
+        TraceContext::parse(&format!("{field}.value"), text, None)?;
+    }
+    Ok(Header { key, value })
 }
 
 /// `name` as a UTF-8 string or `name_base64` as base64; neither (or `null`) is `None`.
@@ -582,6 +594,14 @@ mod tests {
             (
                 json!({"messages": [{"topic": "t"}], "traceparent": 7}),
                 "traceparent: must be a string",
+            ),
+            (
+                json!({"messages": [{"topic": "t", "headers": [{"key": "traceparent", "value": "x"}]}]}),
+                "messages[0].headers[0].value: \"x\" is not a W3C traceparent",
+            ),
+            (
+                json!({"messages": [{"topic": "t", "headers": [{"key": "traceparent"}]}]}),
+                "messages[0].headers[0].value: a traceparent header must have",
             ),
             (
                 json!({"messages": [{"topic": "t"}], "tracestate": "a=b"}),

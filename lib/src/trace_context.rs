@@ -235,8 +235,8 @@ pub fn has_traceparent(headers: &[Header]) -> bool {
     headers.iter().any(|h| h.key == TRACEPARENT)
 }
 
-/// The headers `message` is written with: its own, plus the trace headers of `context`
-/// when it carries no `traceparent` of its own.
+/// Appends the trace headers of `context` to `headers`, unless they hold a `traceparent`
+/// of their own (kept as it is).
 pub(crate) fn stamp(headers: &mut Vec<Header>, context: Option<&TraceContext>) {
     if let Some(context) = context {
         if !has_traceparent(headers) {
