@@ -47,8 +47,9 @@
 //! of values, each one sample, so CloudWatch's percentiles (`p50`, `p99`) and
 //! `SampleCount` apply; its sample count per flush is the number of acknowledged messages
 //! (up to [`MAX_LATENCY_SAMPLES`]). A `Values`/`Counts` object (PutMetricData's histogram
-//! form) is not in the specification's target members, and a document with one is
-//! rejected whole (the model in `scripts/alarms.py` does so too).
+//! form) is not among the specification's target members (a number or an array of
+//! numbers), and the project's EMF model (`scripts/alarms.py`) rejects a document with
+//! one whole, so it is not used.
 
 use std::collections::BTreeMap;
 use std::io::Write;
