@@ -425,6 +425,42 @@ mod tests {
     }
 
     #[test]
+    fn messages_get_the_current_trace_only_with_the_otel_feature_and_a_span() {
+        let own = "00-11111111111111111111111111111111-2222222222222222-00";
+        let plain = OutboxMessage::new("t", 8);
+        let with_own =
+            OutboxMessage::new("t", 8).with_header(crate::Header::new("traceparent", own));
+        let both = [plain.clone(), with_own.clone()];
+        // Outside any span (and always without the feature): written as they are.
+        assert!(matches!(with_current_trace(&both), Cow::Borrowed(_)));
+        #[cfg(feature = "otel")]
+        {
+            use opentelemetry::trace::{
+                SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+            };
+            let span = SpanContext::new(
+                TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
+                SpanId::from_hex("00f067aa0ba902b7").unwrap(),
+                TraceFlags::SAMPLED,
+                false,
+                TraceState::default(),
+            );
+            let _inside = opentelemetry::Context::new()
+                .with_remote_span_context(span)
+                .attach();
+            let stamped = with_current_trace(&both);
+            assert_eq!(
+                stamped[0].headers,
+                vec![crate::Header::new(
+                    "traceparent",
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                )]
+            );
+            assert_eq!(stamped[1].headers, with_own.headers, "its own is kept");
+        }
+    }
+
+    #[test]
     fn the_allow_list_is_an_option_of_the_writer_checked_before_anything_is_sent() {
         let options = OutboxOptions::new("orders-outbox");
         let open = DynamoDbOutboxWriter::new(offline_client(), options.clone()).unwrap();
