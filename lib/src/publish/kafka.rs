@@ -449,8 +449,7 @@ impl KafkaPublisher {
                 .iter()
                 .map(|&i| to_record(&batch[i].message, header, timestamp))
                 .collect();
-            let messages: Vec<&StoredMessage> = chunk.iter().map(|&i| &batch[i]).collect();
-            let span = PublishSpan::start(group.topic, group.partition, &messages);
+            let span = PublishSpan::start(group.topic, group.partition, batch, chunk);
             let produced = self
                 .produce(group.topic, group.partition, records, deadline)
                 .await;

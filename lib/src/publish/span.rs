@@ -44,10 +44,17 @@ mod otel {
     }
 
     impl PublishSpan {
-        pub(crate) fn start(topic: &str, partition: i32, messages: &[&StoredMessage]) -> Self {
+        /// The span of the request carrying `batch[i]` for each `i` of `chunk`.
+        pub(crate) fn start(
+            topic: &str,
+            partition: i32,
+            batch: &[StoredMessage],
+            chunk: &[usize],
+        ) -> Self {
             let tracer = global::tracer(TRACER_NAME);
-            let messages: Vec<(String, Option<TraceContext>)> = messages
+            let messages: Vec<(String, Option<TraceContext>)> = chunk
                 .iter()
+                .map(|&i| &batch[i])
                 .map(|m| {
                     (
                         m.message.message_id.hyphenated().to_string(),
@@ -130,7 +137,8 @@ impl PublishSpan {
     pub(crate) fn start(
         _topic: &str,
         _partition: i32,
-        _messages: &[&crate::schema::StoredMessage],
+        _batch: &[crate::schema::StoredMessage],
+        _chunk: &[usize],
     ) -> Self {
         PublishSpan
     }
