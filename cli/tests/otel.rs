@@ -696,9 +696,11 @@ fn assert_publish_spans(
         assert_eq!(int_attr(a, "messaging.kafka.offset"), Some(first.1));
         ids_on_spans.extend(ids.iter().cloned());
         for link in &span.links {
-            let id = string_attr(&link.attributes, "messaging.message.id").unwrap();
+            let id = string_attr(&link.attributes, "messaging.message.id")
+                .unwrap_or_else(|| panic!("a link names its message id: {link:?}"));
             assert!(ids.contains(&id), "a link of this request's message: {id}");
-            let offset = int_attr(&link.attributes, "messaging.kafka.offset").unwrap();
+            let offset = int_attr(&link.attributes, "messaging.kafka.offset")
+                .unwrap_or_else(|| panic!("a link carries its message's offset: {link:?}"));
             links.insert(
                 id,
                 (
