@@ -830,9 +830,9 @@ def emf_metric_count(cell: dict) -> int:
     dimension set, service and table; a counter only when not zero, gauges when measured):
     every run claims leases and reports OwnedBuckets and RoundDuration; ColdStart counted
     in every hour (an upper bound); PendingMessages and OldestPendingAge when a run lasts
-    past its first round (the backlog sample); Published and BatchDuration when messages
-    were published. Not counted: failures, refusals, lost leases, poison items (0 in
-    these runs)."""
+    past its first round (the backlog sample); Published, BatchDuration and
+    CommitToAckLatency when messages were published. Not counted: failures, refusals,
+    lost leases, poison items (0 in these runs)."""
     runs = [r for _, r in runs_of(cell) if r.get("stop_reason") not in SKIPPED]
     if not runs:
         return 0
@@ -840,7 +840,7 @@ def emf_metric_count(cell: dict) -> int:
     if any((r.get("billed_ms") or 0) / 1000 > RENEW_INTERVAL_S for r in runs):
         n += 2
     if cell["per_hour"]["published"] > 0:
-        n += 2
+        n += 3
     return n
 
 
@@ -879,7 +879,8 @@ def log_line_bytes(relay_id_len: int = DEPLOYED_RELAY_ID_LEN) -> dict:
         **{m: 1 for m in names}, "RoundDuration": [12.5] * 7, "BatchDuration": [4.5] * 5},
         separators=(",", ":"))
     return {"app": len(app) + 1, "done": len(done) + 1, "platform": len(start) + len(report) + 2,
-            "emf": len(emf) + 1, "duration_value": len("12.5,")}
+            "emf": len(emf) + 1, "duration_value": len("12.5,"),
+            "latency_value": len("1065.104,")}
 
 
 def log_bytes_h(cell: dict, buckets: int = BUCKETS) -> float:
@@ -888,7 +889,8 @@ def log_bytes_h(cell: dict, buckets: int = BUCKETS) -> float:
     its INFO lines (relay starting, claimed buckets, an ownership line per bucket claimed
     and per bucket released, the idle decision, relay stopped, the successor decision,
     the Kafka connection when it published, invocation done) and one EMF document, plus a
-    value per batch for BatchDuration (the batches: BatchWriteItem requests)."""
+    value per batch for BatchDuration (the batches: BatchWriteItem requests) and one per
+    published message for CommitToAckLatency."""
     size = log_line_bytes()
     total = 0.0
     for w, r in runs_of(cell):
@@ -901,6 +903,7 @@ def log_bytes_h(cell: dict, buckets: int = BUCKETS) -> float:
         total += w * (lines * size["app"] + size["done"] + size["emf"])
     total += cell["per_hour"]["dynamodb_requests"].get("BatchWriteItem", 0.0) \
         * size["duration_value"]
+    total += cell["per_hour"]["published"] * size["latency_value"]
     return total
 
 

@@ -32,10 +32,12 @@ pub(crate) struct Args {
     pub(crate) emf_interval: Duration,
     /// Export the relay's metrics over OTLP/HTTP (protobuf) with the instrument names of
     /// the reference implementation (dekaf.outbox.*, attribute outbox.name from
-    /// OUTBOX_METRICS_NAME). Also on without the flag when OTEL_EXPORTER_OTLP_ENDPOINT or
-    /// OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set; the standard OTEL_* variables
-    /// configure it (default endpoint http://localhost:4318, OTEL_METRIC_EXPORT_INTERVAL
-    /// 60000 ms, OTEL_SERVICE_NAME outbox-relay); OTEL_SDK_DISABLED=true turns it off.
+    /// OUTBOX_METRICS_NAME), and its publish spans (one per produce request, linked to
+    /// each message's traceparent; OTEL_TRACES_EXPORTER=none: no spans). Also on without
+    /// the flag when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is
+    /// set; the standard OTEL_* variables configure it (default endpoint
+    /// http://localhost:4318, OTEL_METRIC_EXPORT_INTERVAL 60000 ms, OTEL_SERVICE_NAME
+    /// outbox-relay); OTEL_SDK_DISABLED=true turns it off.
     #[arg(long)]
     pub(crate) otlp: bool,
     /// Answer liveness and readiness probes over HTTP on ADDR (e.g. 0.0.0.0:8080):

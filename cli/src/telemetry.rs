@@ -1,7 +1,8 @@
-//! `outboxctl relay`'s OpenTelemetry metrics: the library's `dekaf.outbox.*` instruments
-//! ([`dynamo_outbox::metrics::otel`]) exported over OTLP/HTTP with protobuf, configured by
-//! the standard OpenTelemetry environment, and the fan-out that gives the relay several
-//! metrics sinks at once (EMF, OTLP, the health endpoint).
+//! `outboxctl relay`'s OpenTelemetry metrics and traces: the library's `dekaf.outbox.*`
+//! instruments ([`dynamo_outbox::metrics::otel`]) and its publish spans (one per produce
+//! request, linked to each message's trace context) exported over OTLP/HTTP with protobuf,
+//! configured by the standard OpenTelemetry environment, and the fan-out that gives the
+//! relay several metrics sinks at once (EMF, OTLP, the health endpoint).
 //!
 //! On when `--otlp` is given or `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` /
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` is set; off otherwise, and with `OTEL_SDK_DISABLED=true`
@@ -14,6 +15,13 @@
 //! (default `outbox-relay`) and `OTEL_RESOURCE_ATTRIBUTES` (`service.instance.id`
 //! defaults to the relay id). Only the `http/protobuf` protocol is built in.
 //!
+//! The spans go to `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is, else
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1/traces`, else `http://localhost:4318/v1/traces`,
+//! through the SDK's batch span processor (`OTEL_BSP_*`; every 5 s by default, and at the
+//! stop), with the same timeout and headers; `OTEL_TRACES_EXPORTER=none` exports no
+//! spans. The tracer provider is installed as the global one, which the library's Kafka
+//! publisher records its spans on.
+//!
 //! The SDK's periodic reader exports from a thread of its own; the HTTP request runs on
 //! the relay's tokio runtime (hyper, the client the AWS SDK already brings), and a failed
 //! export is logged at `warn` and dropped: metrics never hold the relay up (its stop waits
@@ -22,20 +30,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use dynamo_outbox::metrics::otel::{OtelMetrics, METER_NAME};
 use dynamo_outbox::metrics::RelayMetrics;
+use dynamo_outbox::otlp::{self, OtlpHttpClient};
 use dynamo_outbox::protocol::store::WriteKind;
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry::{Key, KeyValue};
-use opentelemetry_http::{HttpClient, HttpError};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::SdkTracerProvider;
 
 use crate::{usage, Failure};
 
@@ -51,6 +53,8 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct OtlpConfig {
     /// The full metrics URL (`.../v1/metrics`).
     pub(crate) endpoint: String,
+    /// The full traces URL (`.../v1/traces`); `None` with `OTEL_TRACES_EXPORTER=none`.
+    pub(crate) traces_endpoint: Option<String>,
     pub(crate) interval: Duration,
     pub(crate) timeout: Duration,
 }
@@ -102,22 +106,32 @@ impl OtlpConfig {
         if !flag && signal.is_none() && base.is_none() {
             return Ok(None);
         }
-        let (field, endpoint) = match (signal, base) {
-            (Some(s), _) => ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", s),
-            (None, Some(b)) => (
-                "OTEL_EXPORTER_OTLP_ENDPOINT",
-                format!("{}/v1/metrics", b.trim_end_matches('/')),
-            ),
-            (None, None) => ("--otlp", format!("{DEFAULT_ENDPOINT}/v1/metrics")),
+        let signal_endpoint = |signal: Option<String>, name: &'static str, path: &str| {
+            let (field, endpoint) = match (signal, &base) {
+                (Some(s), _) => (name, s),
+                (None, Some(b)) => (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    format!("{}/{path}", b.trim_end_matches('/')),
+                ),
+                (None, None) => ("--otlp", format!("{DEFAULT_ENDPOINT}/{path}")),
+            };
+            check_url(field, &endpoint).map(|()| endpoint)
         };
-        let uri: http::Uri = endpoint
-            .parse()
-            .map_err(|e| usage(format!("{field}: {endpoint:?} is not a URL ({e})")))?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
-            return Err(usage(format!(
-                "{field}: {endpoint:?} must be an http:// or https:// URL with a host"
-            )));
-        }
+        let endpoint =
+            signal_endpoint(signal, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "v1/metrics")?;
+        let traces_endpoint = match set(&lookup, "OTEL_TRACES_EXPORTER").as_deref() {
+            None | Some("otlp") => Some(signal_endpoint(
+                set(&lookup, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "v1/traces",
+            )?),
+            Some("none") => None,
+            Some(other) => {
+                return Err(usage(format!(
+                    "OTEL_TRACES_EXPORTER: {other:?} is not supported by outboxctl (otlp or none)"
+                )))
+            }
+        };
         for name in [
             "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
             "OTEL_EXPORTER_OTLP_PROTOCOL",
@@ -133,6 +147,7 @@ impl OtlpConfig {
         }
         Ok(Some(OtlpConfig {
             endpoint,
+            traces_endpoint,
             interval: millis(&lookup, &["OTEL_METRIC_EXPORT_INTERVAL"], DEFAULT_INTERVAL)?,
             timeout: millis(
                 &lookup,
@@ -146,11 +161,25 @@ impl OtlpConfig {
     }
 }
 
-/// The running export: the relay's sink, and the provider to shut down at the end.
+/// `endpoint` (from `field`) is an http:// or https:// URL with a host.
+fn check_url(field: &str, endpoint: &str) -> Result<(), Failure> {
+    let uri: http::Uri = endpoint
+        .parse()
+        .map_err(|e| usage(format!("{field}: {endpoint:?} is not a URL ({e})")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+        return Err(usage(format!(
+            "{field}: {endpoint:?} must be an http:// or https:// URL with a host"
+        )));
+    }
+    Ok(())
+}
+
+/// The running export: the relay's sink, and the providers to shut down at the end.
 #[derive(Debug)]
 pub(crate) struct Otlp {
     pub(crate) metrics: Arc<OtelMetrics>,
     provider: SdkMeterProvider,
+    tracer_provider: Option<SdkTracerProvider>,
 }
 
 impl Otlp {
@@ -164,10 +193,11 @@ impl Otlp {
         let Some(config) = OtlpConfig::from_lookup(flag, |n| std::env::var(n).ok())? else {
             return Ok(None);
         };
-        let client = HyperClient::new(&config)?;
+        let others: Vec<&str> = config.traces_endpoint.iter().map(String::as_str).collect();
+        let client = OtlpHttpClient::new(&config.endpoint, "metrics", &others, config.timeout)?;
         let exporter = opentelemetry_otlp::MetricExporter::builder()
             .with_http()
-            .with_http_client(client)
+            .with_http_client(client.clone())
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(config.endpoint.clone())
             .with_timeout(config.timeout)
@@ -178,7 +208,7 @@ impl Otlp {
             .build();
         let provider = SdkMeterProvider::builder()
             .with_reader(reader)
-            .with_resource(resource(relay_id))
+            .with_resource(otlp::resource(DEFAULT_SERVICE_NAME, Some(relay_id)))
             .build();
         let metrics = Arc::new(OtelMetrics::new(&provider.meter(METER_NAME), outbox_name)?);
         tracing::info!(
@@ -186,10 +216,28 @@ impl Otlp {
             interval_ms = config.interval.as_millis() as u64,
             "exporting metrics over OTLP/HTTP"
         );
-        Ok(Some(Otlp { metrics, provider }))
+        let tracer_provider = match &config.traces_endpoint {
+            None => None,
+            Some(endpoint) => {
+                let provider = otlp::tracer_provider(
+                    &client.for_signal(endpoint, "spans"),
+                    otlp::resource(DEFAULT_SERVICE_NAME, Some(relay_id)),
+                )?;
+                // The library's publish spans go to the global provider.
+                opentelemetry::global::set_tracer_provider(provider.clone());
+                tracing::info!(endpoint = %endpoint, "exporting publish spans over OTLP/HTTP");
+                Some(provider)
+            }
+        };
+        Ok(Some(Otlp {
+            metrics,
+            provider,
+            tracer_provider,
+        }))
     }
 
-    /// Exports what is left and stops the reader (bounded by the export timeout).
+    /// Exports what is left and stops the reader and the span processor (each bounded by
+    /// the export timeout).
     pub(crate) async fn shutdown(self) {
         let provider = self.provider;
         let done = tokio::task::spawn_blocking(move || provider.shutdown()).await;
@@ -198,121 +246,14 @@ impl Otlp {
             Ok(Err(e)) => tracing::warn!(error = %e, "OTLP metrics: the final export failed"),
             Err(e) => tracing::warn!(error = %e, "OTLP metrics: the shutdown did not finish"),
         }
-    }
-}
-
-/// The SDK's resource (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`), with
-/// `service.name` `outbox-relay` and `service.instance.id` the relay id where they are not
-/// given.
-fn resource(relay_id: &str) -> Resource {
-    let detected = Resource::builder().build();
-    let mut builder = Resource::builder();
-    let service = detected.get(&Key::from_static_str("service.name"));
-    if service.is_none_or(|s| s.as_str() == "unknown_service") {
-        builder = builder.with_service_name(DEFAULT_SERVICE_NAME);
-    }
-    if detected
-        .get(&Key::from_static_str("service.instance.id"))
-        .is_none()
-    {
-        builder =
-            builder.with_attribute(KeyValue::new("service.instance.id", relay_id.to_string()));
-    }
-    builder.build()
-}
-
-/// OTLP/HTTP requests on the relay's runtime, over hyper (TLS by rustls for `https://`).
-#[derive(Clone)]
-struct HyperClient {
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
-    runtime: tokio::runtime::Handle,
-    timeout: Duration,
-    endpoint: String,
-}
-
-impl std::fmt::Debug for HyperClient {
-    // The requests carry OTEL_EXPORTER_OTLP_HEADERS (often a token): never shown.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HyperClient")
-            .field("endpoint", &self.endpoint)
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
-    }
-}
-
-impl HyperClient {
-    fn new(config: &OtlpConfig) -> Result<Self, Failure> {
-        let mut roots = rustls::RootCertStore::empty();
-        if config.endpoint.starts_with("https://") {
-            let found = rustls_native_certs::load_native_certs();
-            let (added, _) = roots.add_parsable_certificates(found.certs);
-            if added == 0 {
-                return Err(usage(format!(
-                    "OTLP endpoint {}: no trusted root certificates found on this system",
-                    config.endpoint
-                )));
+        if let Some(tracer_provider) = self.tracer_provider {
+            let done = tokio::task::spawn_blocking(move || tracer_provider.shutdown()).await;
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "OTLP spans: the final export failed"),
+                Err(e) => tracing::warn!(error = %e, "OTLP spans: the shutdown did not finish"),
             }
         }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| usage(format!("OTLP TLS: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
-        Ok(HyperClient {
-            client,
-            runtime: tokio::runtime::Handle::current(),
-            timeout: config.timeout,
-            endpoint: config.endpoint.clone(),
-        })
-    }
-}
-
-#[async_trait::async_trait]
-impl HttpClient for HyperClient {
-    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
-        let (parts, body) = request.into_parts();
-        let request = Request::from_parts(parts, Full::new(body));
-        let (client, timeout) = (self.client.clone(), self.timeout);
-        // The reader's thread has no runtime: the request runs on the relay's.
-        let exchange = self.runtime.spawn(async move {
-            let response = tokio::time::timeout(timeout, async {
-                let response = client.request(request).await?;
-                let (parts, body) = response.into_parts();
-                let body = body.collect().await?.to_bytes();
-                Ok::<_, HttpError>(Response::from_parts(parts, body))
-            })
-            .await;
-            match response {
-                Ok(r) => r,
-                Err(_) => Err(format!("no answer within {} ms", timeout.as_millis()).into()),
-            }
-        });
-        let result = match exchange.await {
-            Ok(r) => r,
-            Err(e) => Err(e.into()),
-        };
-        match &result {
-            Ok(r) if !r.status().is_success() => tracing::warn!(
-                endpoint = %self.endpoint,
-                status = r.status().as_u16(),
-                "OTLP metrics export refused; these data points are dropped"
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(
-                endpoint = %self.endpoint,
-                error = %e,
-                "OTLP metrics export failed; these data points are dropped"
-            ),
-        }
-        result
     }
 }
 
@@ -374,6 +315,9 @@ impl RelayMetrics for Fanout {
             .iter()
             .for_each(|m| m.batch_duration(bucket, duration));
     }
+    fn commit_to_ack(&self, bucket: u32, latency: Duration) {
+        self.0.iter().for_each(|m| m.commit_to_ack(bucket, latency));
+    }
 }
 
 #[cfg(test)]
@@ -408,6 +352,35 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(base.endpoint, "http://collector:4318/v1/metrics");
+        assert_eq!(
+            base.traces_endpoint.as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        assert_eq!(
+            flag.traces_endpoint.as_deref(),
+            Some("http://localhost:4318/v1/traces")
+        );
+        let traces = config(
+            false,
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"),
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "https://otlp.example/spans",
+                ),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            traces.traces_endpoint.as_deref(),
+            Some("https://otlp.example/spans"),
+            "used as it is"
+        );
+        let no_spans = config(true, &[("OTEL_TRACES_EXPORTER", "none")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(no_spans.traces_endpoint, None);
         assert_eq!(base.interval, Duration::from_secs(5));
         assert_eq!(base.timeout, Duration::from_millis(2500));
         let signal = config(
@@ -444,7 +417,15 @@ mod tests {
 
     #[test]
     fn bad_settings_name_the_variable() {
-        let cases: [(&[(&str, &str)], &str); 5] = [
+        let cases: [(&[(&str, &str)], &str); 7] = [
+            (
+                &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "ftp://c/v1/traces")],
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            ),
+            (
+                &[("OTEL_TRACES_EXPORTER", "jaeger")],
+                "OTEL_TRACES_EXPORTER",
+            ),
             (
                 &[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")],
                 "OTEL_EXPORTER_OTLP_ENDPOINT",

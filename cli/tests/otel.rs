@@ -1,8 +1,9 @@
-//! `outboxctl relay` outside Lambda: its OpenTelemetry metrics received by a real OTLP/HTTP
-//! receiver (a small one in this test: it decodes each `ExportMetricsServiceRequest` with
-//! opentelemetry-proto's types, as a collector does), and its health endpoint answering
-//! probes, with the relay binary publishing messages on the local stack. Run through
-//! scripts/stack.sh; never skipped.
+//! `outboxctl relay` outside Lambda: its OpenTelemetry metrics and publish spans received by
+//! a real OTLP/HTTP receiver (a small one in this test: it decodes each
+//! `ExportMetricsServiceRequest` and `ExportTraceServiceRequest` with opentelemetry-proto's
+//! types, as a collector does), and its health endpoint answering probes, with the relay
+//! binary publishing messages on the local stack. Run through scripts/stack.sh; never
+//! skipped.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -11,33 +12,41 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dynamo_outbox::DynamoDbOutboxWriter;
+use dynamo_outbox::{DynamoDbOutboxWriter, TraceContext};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
 use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, Metric};
+use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, Span};
 use outbox_testkit::*;
 use prost::Message as _;
 
-/// Every request the receiver got: path, content type, authorization header, decoded body.
+/// Every metrics request the receiver got: path, content type, authorization header,
+/// decoded body.
 type Received = Arc<Mutex<Vec<(String, String, String, ExportMetricsServiceRequest)>>>;
+/// Every traces request the receiver got (`/v1/traces`): content type, authorization
+/// header, decoded body.
+type Traces = Arc<Mutex<Vec<(String, String, ExportTraceServiceRequest)>>>;
 
 /// An OTLP/HTTP receiver on a free loopback port: answers every request of every
-/// connection with 200 and an empty `ExportMetricsServiceResponse`.
-fn receiver() -> (String, Received) {
+/// connection with 200 and an empty body; `/v1/traces` bodies are decoded as
+/// `ExportTraceServiceRequest`, every other as `ExportMetricsServiceRequest`.
+fn receiver() -> (String, Received, Traces) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let received: Received = Arc::default();
-    let store = received.clone();
+    let traces: Traces = Arc::default();
+    let (store, spans) = (received.clone(), traces.clone());
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
-            let store = store.clone();
-            std::thread::spawn(move || serve_otlp(stream, &store));
+            let (store, spans) = (store.clone(), spans.clone());
+            std::thread::spawn(move || serve_otlp(stream, &store, &spans));
         }
     });
-    (endpoint, received)
+    (endpoint, received, traces)
 }
 
-fn serve_otlp(stream: TcpStream, store: &Received) {
+fn serve_otlp(stream: TcpStream, store: &Received, spans: &Traces) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut stream = stream;
     loop {
@@ -65,12 +74,21 @@ fn serve_otlp(stream: TcpStream, store: &Received) {
         }
         let mut body = vec![0; length];
         reader.read_exact(&mut body).unwrap();
-        let request = ExportMetricsServiceRequest::decode(body.as_slice())
-            .expect("the body is an ExportMetricsServiceRequest");
-        store
-            .lock()
-            .unwrap()
-            .push((path, content_type, authorization, request));
+        if path == "/v1/traces" {
+            let request = ExportTraceServiceRequest::decode(body.as_slice())
+                .expect("the body is an ExportTraceServiceRequest");
+            spans
+                .lock()
+                .unwrap()
+                .push((content_type, authorization, request));
+        } else {
+            let request = ExportMetricsServiceRequest::decode(body.as_slice())
+                .expect("the body is an ExportMetricsServiceRequest");
+            store
+                .lock()
+                .unwrap()
+                .push((path, content_type, authorization, request));
+        }
         stream
             .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")
             .unwrap();
@@ -202,24 +220,41 @@ struct RunningRelay {
 }
 
 /// A table of four buckets and a topic of two partitions with 30 messages enqueued (in two
-/// transactions), and their ids.
-async fn thirty_messages() -> (dynamo_outbox::OutboxOptions, String, BTreeSet<String>) {
+/// transactions), and their ids; every third one carries a trace context (by id).
+async fn thirty_messages() -> (
+    dynamo_outbox::OutboxOptions,
+    String,
+    BTreeSet<String>,
+    BTreeMap<String, TraceContext>,
+) {
     let client = dynamodb().await;
     let options = fresh_table(&client, 4).await;
     let topic = random_name("otel");
     create_topic(&topic, 2);
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let mut traced = BTreeMap::new();
     let messages: Vec<_> = (0..30)
         .map(|i| {
-            writer
+            let m = writer
                 .message(topic.as_str())
                 .with_key(format!("k{}", i % 7))
-                .with_value(format!("m{i}"))
+                .with_value(format!("m{i}"));
+            if i % 3 != 0 {
+                return m;
+            }
+            let context = TraceContext::parse(
+                "traceparent",
+                &format!("00-4bf92f3577b34da6a3ce929d0e0e{i:04x}-00f067aa0ba9{i:04x}-01"),
+                None,
+            )
+            .unwrap();
+            traced.insert(m.message_id.to_string(), context.clone());
+            m.with_trace_context(&context)
         })
         .collect();
     writer.enqueue(&messages[..20]).await.unwrap();
     writer.enqueue(&messages[20..]).await.unwrap();
-    (options, topic, id_set(&messages))
+    (options, topic, id_set(&messages), traced)
 }
 
 /// `outboxctl relay` over the table of `options`, exporting to `endpoint` every 500 ms
@@ -423,7 +458,7 @@ fn assert_instrument_names(metrics: &BTreeMap<String, Metric>) {
         .collect();
     assert_eq!(
         names, expected,
-        "the reference's instruments and the quarantine counter, no others"
+        "the reference's instruments, the quarantine counter and the commit-to-ack histogram, no others"
     );
     for name in [
         "dekaf.outbox.pending.messages",
@@ -519,7 +554,8 @@ fn assert_ownership_and_backlog(got: &[(String, String, String, ExportMetricsSer
     );
 }
 
-/// The two histograms: seconds (not milliseconds), one point each, named by `outbox.name`.
+/// The histograms: seconds (not milliseconds), one point each, named by `outbox.name`; the
+/// commit-to-ack histogram counts every published message.
 fn assert_histograms(metrics: &BTreeMap<String, Metric>) {
     for name in [
         "dekaf.outbox.publish.duration",
@@ -541,12 +577,173 @@ fn assert_histograms(metrics: &BTreeMap<String, Metric>) {
             "{name}: seconds, not milliseconds"
         );
     }
+    // Commit to ack: one value per acknowledged message (cumulative: the last point counts
+    // all 30), in seconds, each between the commit and now.
+    let name = dynamo_outbox::metrics::otel::COMMIT_TO_ACK;
+    assert_eq!(metrics[name].unit.as_str(), "s", "{name}");
+    let Some(metric::Data::Histogram(h)) = &metrics[name].data else {
+        panic!("{name} is a histogram");
+    };
+    assert_eq!(h.data_points.len(), 1);
+    let p = &h.data_points[0];
+    assert_eq!(p.count, 30, "{name}: one value per published message");
+    assert_eq!(
+        string_attr(&p.attributes, "outbox.name").as_deref(),
+        Some("orders")
+    );
+    assert_eq!(
+        p.explicit_bounds,
+        dynamo_outbox::metrics::otel::LATENCY_BOUNDARIES.to_vec()
+    );
+    let (min, max) = (p.min.unwrap(), p.max.unwrap());
+    assert!(
+        0.0 <= min && min <= max && max < 120.0,
+        "{name}: seconds from commit to ack: {min}..{max}"
+    );
+}
+
+fn attr<'a>(
+    attrs: &'a [KeyValue],
+    key: &str,
+) -> Option<&'a opentelemetry_proto::tonic::common::v1::any_value::Value> {
+    attrs
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+}
+
+fn int_attr(attrs: &[KeyValue], key: &str) -> Option<i64> {
+    match attr(attrs, key)? {
+        any_value::Value::IntValue(v) => Some(*v),
+        _ => None,
+    }
+}
+
+/// The publish spans (one per produce request, OpenTelemetry's messaging conventions):
+/// every message id on one of them; a link to each traced message's context carrying its
+/// id and its offset in Kafka, on the span of its partition; no link for the others.
+fn assert_publish_spans(
+    traces: &[(String, String, ExportTraceServiceRequest)],
+    token: &str,
+    topic: &str,
+    written: &BTreeSet<String>,
+    traced: &BTreeMap<String, TraceContext>,
+) {
+    let mut spans: Vec<Span> = Vec::new();
+    for (content_type, authorization, request) in traces {
+        assert_eq!(content_type, "application/x-protobuf");
+        assert_eq!(
+            authorization,
+            &format!("Bearer {token}"),
+            "OTEL_EXPORTER_OTLP_HEADERS"
+        );
+        for rs in &request.resource_spans {
+            let resource = rs.resource.as_ref().unwrap();
+            assert_eq!(
+                string_attr(&resource.attributes, "service.name").as_deref(),
+                Some("orders-relay")
+            );
+            for ss in &rs.scope_spans {
+                assert_eq!(ss.scope.as_ref().unwrap().name, "dynamo-outbox");
+                spans.extend(ss.spans.iter().cloned());
+            }
+        }
+    }
+    assert!(!spans.is_empty(), "the relay exported publish spans");
+    // Kafka's own account: each message's partition and offset.
+    let placed: BTreeMap<String, (i32, i64)> = read_topic(topic)
+        .iter()
+        .map(|r| (r.message_id().unwrap(), (r.partition, r.offset)))
+        .collect();
+    let mut ids_on_spans = BTreeSet::new();
+    let mut links: BTreeMap<String, (Vec<u8>, Vec<u8>, i64, String)> = BTreeMap::new();
+    for span in &spans {
+        assert_eq!(span.name, format!("send {topic}"));
+        assert_eq!(span.kind, SpanKind::Producer as i32, "{}", span.name);
+        assert!(span.parent_span_id.is_empty(), "a root span");
+        let a = &span.attributes;
+        assert_eq!(string_attr(a, "messaging.system").as_deref(), Some("kafka"));
+        assert_eq!(
+            string_attr(a, "messaging.operation.type").as_deref(),
+            Some("send")
+        );
+        assert_eq!(
+            string_attr(a, "messaging.destination.name").as_deref(),
+            Some(topic)
+        );
+        let partition = string_attr(a, "messaging.destination.partition.id").unwrap();
+        let Some(any_value::Value::ArrayValue(ids)) = attr(a, "outbox.message.ids") else {
+            panic!("outbox.message.ids on {span:?}");
+        };
+        let ids: Vec<String> = ids
+            .values
+            .iter()
+            .map(|v| match v.value.as_ref() {
+                Some(any_value::Value::StringValue(s)) => s.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        match ids.as_slice() {
+            [one] => assert_eq!(string_attr(a, "messaging.message.id").as_ref(), Some(one)),
+            many => assert_eq!(
+                int_attr(a, "messaging.batch.message_count"),
+                Some(many.len() as i64)
+            ),
+        }
+        // The first record's offset, as Kafka placed it.
+        let first = &placed[&ids[0]];
+        assert_eq!(first.0.to_string(), partition);
+        assert_eq!(int_attr(a, "messaging.kafka.offset"), Some(first.1));
+        ids_on_spans.extend(ids.iter().cloned());
+        for link in &span.links {
+            let id = string_attr(&link.attributes, "messaging.message.id")
+                .unwrap_or_else(|| panic!("a link names its message id: {link:?}"));
+            assert!(ids.contains(&id), "a link of this request's message: {id}");
+            let offset = int_attr(&link.attributes, "messaging.kafka.offset")
+                .unwrap_or_else(|| panic!("a link carries its message's offset: {link:?}"));
+            links.insert(
+                id,
+                (
+                    link.trace_id.clone(),
+                    link.span_id.clone(),
+                    offset,
+                    partition.clone(),
+                ),
+            );
+        }
+    }
+    assert!(
+        written.is_subset(&ids_on_spans),
+        "every message id is on a publish span: missing {:?}",
+        written.difference(&ids_on_spans).collect::<Vec<_>>()
+    );
+    let linked: BTreeSet<&String> = links.keys().collect();
+    assert_eq!(
+        linked,
+        traced.keys().collect::<BTreeSet<_>>(),
+        "a link for each message with a trace context, none for the others"
+    );
+    for (id, context) in traced {
+        let (trace_id, span_id, offset, partition) = &links[id];
+        assert_eq!(
+            trace_id,
+            &context.trace_id().to_vec(),
+            "{id}: the writer's trace"
+        );
+        assert_eq!(
+            span_id,
+            &context.parent_id().to_vec(),
+            "{id}: the writer's span"
+        );
+        let (p, o) = placed[id];
+        assert_eq!((p.to_string(), o), (partition.clone(), *offset), "{id}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_probes() {
-    let (options, topic, written) = thirty_messages().await;
-    let (endpoint, received) = receiver();
+    let (options, topic, written, traced) = thirty_messages().await;
+    let (endpoint, received, traces) = receiver();
     let relay_id = random_name("otel-relay");
     let token = random_name("token");
     let relay = start_relay(&options, &endpoint, &relay_id, &token);
@@ -567,6 +764,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
     assert_counters_and_gauges(&metrics);
     assert_ownership_and_backlog(&got);
     assert_histograms(&metrics);
+    assert_publish_spans(&traces.lock().unwrap(), &token, &topic, &written, &traced);
 }
 
 /// Readiness is not a constant: a relay whose DynamoDB refuses every connection is live

@@ -258,13 +258,15 @@ impl RequestCounter {
         counts.consistent_reads.clear();
     }
 
-    /// Counts one attempt: its HTTP status (`None`: no answer) and, when `refused` is
-    /// `Some(attempt)`, a refused condition on attempt number `attempt` (1 = the first).
+    /// An attempt that is no strongly consistent read (the unit tests' shorthand).
+    #[cfg(test)]
     fn record(&self, operation: &str, status: Option<u16>, refused: Option<u32>) {
         self.record_read(operation, status, refused, false);
     }
 
-    /// [`record`](Self::record), and a strongly consistent read when `consistent`.
+    /// Counts one attempt: its HTTP status (`None`: no answer); when `refused` is
+    /// `Some(attempt)`, a refused condition on attempt number `attempt` (1 = the first);
+    /// when `consistent`, a strongly consistent read.
     fn record_read(
         &self,
         operation: &str,

@@ -29,6 +29,13 @@
 //! one is overwritten by the next call with its key. A request without a key is
 //! [`DynamoDbOutboxWriter::enqueue`].
 //!
+//! # Trace context
+//! Every message is stamped with the caller's W3C trace context: its own `traceparent`
+//! header, else the request's `traceparent` / `tracestate`, else the fallback the caller of
+//! [`EnqueueService::enqueue_json_traced`] gives (the enqueue function: the invocation's
+//! X-Ray trace header), else (feature `otel`) the current OpenTelemetry span's
+//! ([`crate::trace_context`]).
+//!
 //! # Commit notification
 //! With a notifier (feature `eventbridge`: `EnqueueService::with_notifier`, or
 //! [`NOTIFY_EVENT_BUS`](crate::notification::NOTIFY_EVENT_BUS) read by
@@ -58,6 +65,7 @@ use crate::error::{Error, Result};
 use crate::notification::{CommitNotification, EventBridgeNotifier, NOTIFY_TIMEOUT};
 use crate::options::OutboxOptions;
 use crate::schema::{self, Keys};
+use crate::trace_context::TraceContext;
 use crate::writer::{transaction_error, DynamoDbOutboxWriter, Reserved};
 
 /// The environment variable saying how long an idempotency key answers with the first
@@ -156,7 +164,26 @@ impl EnqueueService {
         payload: &Value,
         deadline: Option<Instant>,
     ) -> Result<EnqueueOutcome> {
-        let request = parse_request(payload, self.writer.options().bucket_count)?;
+        self.enqueue_json_traced(payload, deadline, None).await
+    }
+
+    /// [`Self::enqueue_json`], stamping `fallback` (the enqueue function: the invocation's
+    /// X-Ray trace header in W3C form) on every message that neither the request's
+    /// `traceparent` nor a header of its own gives a trace context.
+    pub async fn enqueue_json_traced(
+        &self,
+        payload: &Value,
+        deadline: Option<Instant>,
+        fallback: Option<&TraceContext>,
+    ) -> Result<EnqueueOutcome> {
+        let mut request = parse_request(payload, self.writer.options().bucket_count)?;
+        if let Some(context) = fallback {
+            request.messages = request
+                .messages
+                .into_iter()
+                .map(|m| m.with_trace_context(context))
+                .collect();
+        }
         self.enqueue(&request, deadline).await
     }
 

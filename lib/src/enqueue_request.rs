@@ -6,7 +6,9 @@
 //! {"messages": [{"topic": "orders", "key": "order-1", "value_base64": "eyJ9",
 //!                "headers": [{"key": "type", "value": "created"}, {"key": "trace", "value": null}],
 //!                "partition": 3}],
-//!  "idempotency_key": "optional"}
+//!  "idempotency_key": "optional",
+//!  "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+//!  "tracestate": "optional"}
 //! ```
 //!
 //! - `messages`: 1 to 100 messages.
@@ -14,10 +16,15 @@
 //! - `key` / `key_base64`, `value` / `value_base64`: a UTF-8 string or standard base64
 //!   (padded), never both; absent or `null` is a keyless record or a tombstone.
 //! - `headers`: a list of `{"key", "value" | "value_base64"}`; the key is a non-empty string,
-//!   a missing or `null` value is Kafka's null header value.
+//!   a missing or `null` value is Kafka's null header value. A `traceparent` header (the
+//!   message's own trace context, kept as it is) must hold a valid W3C traceparent.
 //! - `partition`: an explicit partition, `0..=2147483647`.
 //! - `idempotency_key`: 1 to 256 characters without control characters; with one, at most
 //!   99 messages (the idempotency marker is the transaction's 100th item).
+//! - `traceparent` / `tracestate`: the caller's W3C trace context
+//!   ([`TraceContext::parse`]: version `00`, a trace id and a parent id not all zeros,
+//!   lowercase hex), stamped on every message that has no `traceparent` header of its own;
+//!   `tracestate` only with `traceparent`.
 //!
 //! Unknown fields are rejected everywhere. Every error names the field and the rule, for
 //! example `messages[3].topic: must not be empty`; the caller writes nothing when parsing
@@ -31,6 +38,7 @@ use crate::error::{Error, Result};
 use crate::headers::Header;
 use crate::message::OutboxMessage;
 use crate::schema::MAX_TRANSACTION_ITEMS;
+use crate::trace_context::TraceContext;
 use crate::writer::Enqueued;
 
 /// Longest accepted `idempotency_key`, in characters.
@@ -90,7 +98,12 @@ pub fn parse_request_str(text: &str, bucket_count: u32) -> Result<EnqueueRequest
 /// buckets, and checks every message against [`OutboxMessage::validate`].
 pub fn parse_request(value: &Value, bucket_count: u32) -> Result<EnqueueRequest> {
     let obj = object(value, "request")?;
-    only_fields(obj, "request", "", &["messages", "idempotency_key"])?;
+    only_fields(
+        obj,
+        "request",
+        "",
+        &["messages", "idempotency_key", "traceparent", "tracestate"],
+    )?;
     let list = match obj.get("messages") {
         None | Some(Value::Null) => return Err(Error::message("messages", "is required")),
         Some(Value::Array(list)) => list,
@@ -113,10 +126,17 @@ pub fn parse_request(value: &Value, bucket_count: u32) -> Result<EnqueueRequest>
             ),
         ));
     }
+    let trace = trace_context(obj)?;
     let messages = list
         .iter()
         .enumerate()
-        .map(|(i, m)| parse_message(m, &format!("messages[{i}]"), bucket_count))
+        .map(|(i, m)| {
+            let message = parse_message(m, &format!("messages[{i}]"), bucket_count)?;
+            Ok(match &trace {
+                Some(context) => message.with_trace_context(context),
+                None => message,
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
     let idempotency_key = match obj.get("idempotency_key") {
         None | Some(Value::Null) => None,
@@ -157,6 +177,26 @@ pub fn parse_request(value: &Value, bucket_count: u32) -> Result<EnqueueRequest>
         messages,
         idempotency_key,
     })
+}
+
+/// The request's `traceparent` and `tracestate`, validated.
+fn trace_context(obj: &Map<String, Value>) -> Result<Option<TraceContext>> {
+    let text = |name: &str| match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.as_str())),
+        Some(other) => Err(Error::message(
+            name,
+            format!("must be a string, got {}", kind(other)),
+        )),
+    };
+    match (text("traceparent")?, text("tracestate")?) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(Error::message(
+            "tracestate",
+            "is given without traceparent (a tracestate belongs to a traceparent)",
+        )),
+        (Some(parent), state) => TraceContext::parse("traceparent", parent, state).map(Some),
+    }
 }
 
 fn parse_message(value: &Value, field: &str, bucket_count: u32) -> Result<OutboxMessage> {
@@ -254,10 +294,21 @@ fn parse_header(value: &Value, field: &str) -> Result<Header> {
             ))
         }
     };
-    Ok(Header {
-        key,
-        value: bytes(obj, field, "value")?,
-    })
+    let value = bytes(obj, field, "value")?;
+    if key == crate::trace_context::TRACEPARENT {
+        // A message's own trace context is kept as given: it must be one.
+        let text = value
+            .as_deref()
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .ok_or_else(|| {
+                Error::message(
+                    format!("{field}.value"),
+                    "a traceparent header must have a W3C traceparent as its value (UTF-8 text)",
+                )
+            })?;
+        TraceContext::parse(&format!("{field}.value"), text, None)?;
+    }
+    Ok(Header { key, value })
 }
 
 /// `name` as a UTF-8 string or `name_base64` as base64; neither (or `null`) is `None`.
@@ -497,6 +548,70 @@ mod tests {
             ),
         ];
         assert_refused(&cases);
+    }
+
+    #[test]
+    fn the_callers_trace_context_is_stamped_on_messages_without_their_own() {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let own = "00-11111111111111111111111111111111-2222222222222222-00";
+        let r = parse(json!({
+            "messages": [
+                {"topic": "t", "headers": [{"key": "type", "value": "x"}]},
+                {"topic": "t", "headers": [{"key": "traceparent", "value": own}]}
+            ],
+            "traceparent": parent,
+            "tracestate": "rojo=1"
+        }))
+        .unwrap();
+        assert_eq!(
+            r.messages[0].headers,
+            vec![
+                Header::new("type", "x"),
+                Header::new("traceparent", parent),
+                Header::new("tracestate", "rojo=1")
+            ]
+        );
+        assert_eq!(
+            r.messages[1].headers,
+            vec![Header::new("traceparent", own)],
+            "a message's own traceparent is kept"
+        );
+        let plain = parse(json!({"messages": [{"topic": "t"}]})).unwrap();
+        assert!(
+            plain.messages[0].headers.is_empty(),
+            "no context, no headers"
+        );
+        assert_refused(&[
+            (
+                json!({"messages": [{"topic": "t"}], "traceparent": "00-abc-def-01"}),
+                "traceparent: \"00-abc-def-01\" is not a W3C traceparent: the trace id must be 32",
+            ),
+            (
+                json!({"messages": [{"topic": "t"}],
+                       "traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01"}),
+                "traceparent: ",
+            ),
+            (
+                json!({"messages": [{"topic": "t"}], "traceparent": 7}),
+                "traceparent: must be a string",
+            ),
+            (
+                json!({"messages": [{"topic": "t", "headers": [{"key": "traceparent", "value": "x"}]}]}),
+                "messages[0].headers[0].value: \"x\" is not a W3C traceparent",
+            ),
+            (
+                json!({"messages": [{"topic": "t", "headers": [{"key": "traceparent"}]}]}),
+                "messages[0].headers[0].value: a traceparent header must have",
+            ),
+            (
+                json!({"messages": [{"topic": "t"}], "tracestate": "a=b"}),
+                "tracestate: is given without traceparent",
+            ),
+            (
+                json!({"messages": [{"topic": "t"}], "traceparent": parent, "tracestate": "nokey"}),
+                "tracestate: \"nokey\" is not a W3C tracestate",
+            ),
+        ]);
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //! crates.
 //!
 //! - Writing: [`DynamoDbOutboxWriter`] ([`writer`]), [`OutboxMessage`] ([`message`]),
-//!   [`Header`] ([`headers`]), [`OutboxOptions`] ([`options`]).
+//!   [`Header`] ([`headers`]), [`OutboxOptions`] ([`options`]), the W3C trace context a
+//!   message carries to its consumer ([`trace_context`]).
 //! - Relaying: [`Relay`], [`RunReport`], [`StopReason`] ([`relay`]), [`RelayOptions`],
 //!   [`DynamoDbOutboxStore`] (the table as a relay uses it), the Kafka publisher and its
 //!   configuration ([`publish`]), the measurements ([`metrics`]).
@@ -59,11 +60,15 @@ pub mod message;
 pub mod metrics;
 pub mod notification;
 pub mod options;
+#[cfg(feature = "otlp")]
+#[doc(hidden)]
+pub mod otlp;
 pub mod publish;
 pub mod relay;
 #[doc(hidden)]
 pub mod status;
 pub mod table;
+pub mod trace_context;
 pub mod writer;
 
 pub mod protocol;
@@ -76,4 +81,5 @@ pub use notification::LocalNotifier;
 pub use options::{OutboxOptions, RelayOptions};
 pub use protocol::store::DynamoDbOutboxStore;
 pub use relay::{Relay, RunReport, StopReason};
+pub use trace_context::TraceContext;
 pub use writer::DynamoDbOutboxWriter;

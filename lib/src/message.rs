@@ -5,6 +5,7 @@ use uuid::Uuid;
 use crate::clock::ticks_from_system_time;
 use crate::error::{Error, Result};
 use crate::headers::Header;
+use crate::trace_context::TraceContext;
 
 /// A Kafka record waiting in the outbox.
 ///
@@ -62,6 +63,14 @@ impl OutboxMessage {
     /// Appends a header.
     pub fn with_header(mut self, header: Header) -> Self {
         self.headers.push(header);
+        self
+    }
+
+    /// Stamps the W3C trace context `context` as the `traceparent` (and `tracestate`)
+    /// headers, unless the message already carries a `traceparent` header of its own,
+    /// which it keeps ([`crate::trace_context`]).
+    pub fn with_trace_context(mut self, context: &TraceContext) -> Self {
+        crate::trace_context::stamp(&mut self.headers, Some(context));
         self
     }
 

@@ -42,6 +42,12 @@ pub trait RelayMetrics: Debug + Send + Sync {
     fn round_duration(&self, _duration: Duration) {}
     /// One batch (fetch, publish, delete) took `duration`.
     fn batch_duration(&self, _bucket: u32, _duration: Duration) {}
+    /// The broker acknowledged a message of `bucket` `latency` after its commit: from the
+    /// message's enqueue timestamp (`CreatedAtUtc`, the writer's clock) to the relay's
+    /// clock when the publish of its batch returned acknowledged; zero when the writer's
+    /// clock is ahead. Called once per acknowledged message (a message published again
+    /// after a failed delete counts again, as Kafka holds it again).
+    fn commit_to_ack(&self, _bucket: u32, _latency: Duration) {}
 }
 
 /// Discards every measurement.

@@ -4,7 +4,13 @@
 //! counter (`ADD Sequence :n`, `UPDATED_NEW`) before the transaction commits: the order of
 //! two messages in a bucket is the order of their reservations. A reservation whose
 //! transaction never commits leaves a gap, which the relay tolerates.
+//!
+//! Every message is written with its trace context ([`crate::trace_context`]): its own
+//! `traceparent` header if it has one, else the context given with
+//! [`OutboxMessage::with_trace_context`], else (feature `otel`) the current OpenTelemetry
+//! span's, else none.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -139,6 +145,11 @@ impl DynamoDbOutboxWriter {
     /// Checks every message, the topic allow-list ([`OutboxOptions::allowed_topics`]) and
     /// DynamoDB's limits without sending anything.
     pub fn check(&self, messages: &[OutboxMessage]) -> Result<()> {
+        self.check_stamped(&with_current_trace(messages))
+    }
+
+    /// [`Self::check`] of messages already stamped with their trace context.
+    fn check_stamped(&self, messages: &[OutboxMessage]) -> Result<()> {
         if messages.is_empty() {
             return Err(Error::message("messages", "must not be empty"));
         }
@@ -189,7 +200,9 @@ impl DynamoDbOutboxWriter {
     /// Reserves sequence numbers and builds the items, in the order of `messages`.
     #[instrument(skip_all, fields(messages = messages.len()))]
     pub(crate) async fn reserve(&self, messages: &[OutboxMessage]) -> Result<Vec<Reserved>> {
-        self.check(messages)?;
+        let messages = with_current_trace(messages);
+        let messages = messages.as_ref();
+        self.check_stamped(messages)?;
         let mut by_bucket: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for (i, m) in messages.iter().enumerate() {
             by_bucket.entry(m.bucket()).or_default().push(i);
@@ -352,6 +365,27 @@ impl DynamoDbOutboxWriter {
     }
 }
 
+/// `messages` as the writer writes them: with the `otel` feature, each one without a
+/// `traceparent` header of its own gets the current OpenTelemetry span's context (when
+/// there is a valid one); without the feature, unchanged ([`crate::trace_context`]).
+fn with_current_trace(messages: &[OutboxMessage]) -> Cow<'_, [OutboxMessage]> {
+    #[cfg(feature = "otel")]
+    if let Some(context) = crate::trace_context::TraceContext::current() {
+        if messages
+            .iter()
+            .any(|m| !crate::trace_context::has_traceparent(&m.headers))
+        {
+            return Cow::Owned(
+                messages
+                    .iter()
+                    .map(|m| m.clone().with_trace_context(&context))
+                    .collect(),
+            );
+        }
+    }
+    Cow::Borrowed(messages)
+}
+
 /// Turns a failed `TransactWriteItems` into [`Error`], keeping the cancellation reasons.
 pub fn transaction_error<R>(err: SdkError<TransactWriteItemsError, R>) -> Error
 where
@@ -388,6 +422,42 @@ mod tests {
             .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
             .build();
         Client::from_conf(config)
+    }
+
+    #[test]
+    fn messages_get_the_current_trace_only_with_the_otel_feature_and_a_span() {
+        let own = "00-11111111111111111111111111111111-2222222222222222-00";
+        let plain = OutboxMessage::new("t", 8);
+        let with_own =
+            OutboxMessage::new("t", 8).with_header(crate::Header::new("traceparent", own));
+        let both = [plain.clone(), with_own.clone()];
+        // Outside any span (and always without the feature): written as they are.
+        assert!(matches!(with_current_trace(&both), Cow::Borrowed(_)));
+        #[cfg(feature = "otel")]
+        {
+            use opentelemetry::trace::{
+                SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+            };
+            let span = SpanContext::new(
+                TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
+                SpanId::from_hex("00f067aa0ba902b7").unwrap(),
+                TraceFlags::SAMPLED,
+                false,
+                TraceState::default(),
+            );
+            let _inside = opentelemetry::Context::new()
+                .with_remote_span_context(span)
+                .attach();
+            let stamped = with_current_trace(&both);
+            assert_eq!(
+                stamped[0].headers,
+                vec![crate::Header::new(
+                    "traceparent",
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                )]
+            );
+            assert_eq!(stamped[1].headers, with_own.headers, "its own is kept");
+        }
     }
 
     #[test]

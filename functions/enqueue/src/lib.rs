@@ -5,6 +5,12 @@
 //! commit notification: see [`dynamo_outbox::enqueue`]), which `outboxctl enqueue` runs
 //! too. A rejected request fails with `errorType` `ValidationError` and writes nothing.
 //!
+//! Each message carries the caller's trace context as `traceparent` / `tracestate`
+//! headers: the request's `traceparent` field when it has one (a malformed one is a
+//! `ValidationError`), else the invocation's X-Ray trace header (`Lambda-Runtime-Trace-Id`:
+//! `Root=1-{8 hex}-{24 hex};Parent={16 hex};Sampled=1` becomes `00-{the 32 hex}-{parent}-01`),
+//! else none; a message with a `traceparent` header of its own keeps it.
+//!
 //! The DynamoDB client is built once per execution environment (in `main`). The write
 //! gives up [`DEADLINE_MARGIN`] before the invocation's deadline, so that the function
 //! returns an error instead of being timed out; the commit notification never waits for
@@ -25,6 +31,7 @@ use dynamo_outbox::notification::EventBridgeNotifier;
 use dynamo_outbox::notification::NOTIFY_TIMEOUT;
 #[cfg(doc)]
 use dynamo_outbox::OutboxOptions;
+use dynamo_outbox::TraceContext;
 use lambda_runtime::LambdaEvent;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -103,9 +110,15 @@ impl EnqueueFunction {
         // No usable deadline (a local emulator): the SDK's own timeouts bound the write.
         let deadline = dynamo_outbox::lambda::time_left(context.deadline, SystemTime::now())
             .map(|left| Instant::now() + left.saturating_sub(DEADLINE_MARGIN));
+        // The caller's trace: the request's traceparent when it has one, else the
+        // invocation's X-Ray trace header in W3C form.
+        let xray = context
+            .xray_trace_id
+            .as_deref()
+            .and_then(TraceContext::from_xray);
         let outcome = self
             .service
-            .enqueue_json(&payload, deadline)
+            .enqueue_json_traced(&payload, deadline, xray.as_ref())
             .instrument(tracing::info_span!("enqueue", request_id = %context.request_id))
             .await?;
         Ok(outcome.response)

@@ -486,3 +486,92 @@ async fn a_topic_outside_the_allow_list_is_a_validation_error_and_leaves_the_tab
         );
     }
 }
+
+/// The stored headers of the message with id `id` (a response's `message_id`).
+async fn stored_headers(
+    client: &aws_sdk_dynamodb::Client,
+    options: &dynamo_outbox::OutboxOptions,
+    id: &Value,
+) -> Vec<dynamo_outbox::Header> {
+    let store = dynamo_outbox::DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let keys = store.keys().clone();
+    scan_all(client, &options.table_name)
+        .await
+        .iter()
+        .filter(|i| {
+            i["PK"]
+                .as_s()
+                .is_ok_and(|pk| keys.message_bucket(pk).is_some())
+        })
+        .map(|i| schema::parse_message(&keys, i).unwrap())
+        .find(|s| s.message.message_id.to_string() == id.as_str().unwrap())
+        .expect("the enqueued message is in the table")
+        .message
+        .headers
+}
+
+#[tokio::test]
+async fn the_callers_trace_context_is_stamped_from_the_request_or_the_xray_header() {
+    use dynamo_outbox::Header;
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let function = EnqueueFunction::new(client.clone(), options.clone()).unwrap();
+    let xray = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+    let from_xray = "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01";
+    let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let own = "00-11111111111111111111111111111111-2222222222222222-00";
+    let traced = |payload: Value| {
+        let mut e = event(payload, Duration::from_secs(10));
+        e.context.xray_trace_id = Some(xray.to_string());
+        e
+    };
+
+    // The invocation's X-Ray header, in W3C form; a message's own traceparent is kept.
+    let response = function
+        .handle(traced(json!({"messages": [
+            {"topic": "orders"},
+            {"topic": "orders", "headers": [{"key": "traceparent", "value": own}]}
+        ]})))
+        .await
+        .expect("enqueue");
+    let ids = serde_json::to_value(&response).unwrap()["messages"].clone();
+    assert_eq!(
+        stored_headers(&client, &options, &ids[0]["message_id"]).await,
+        vec![Header::new("traceparent", from_xray)]
+    );
+    assert_eq!(
+        stored_headers(&client, &options, &ids[1]["message_id"]).await,
+        vec![Header::new("traceparent", own)]
+    );
+
+    // The request's traceparent wins over the X-Ray header.
+    let response = function
+        .handle(traced(json!({"messages": [{"topic": "orders"}],
+                               "traceparent": given, "tracestate": "rojo=1"})))
+        .await
+        .expect("enqueue");
+    let ids = serde_json::to_value(&response).unwrap()["messages"].clone();
+    assert_eq!(
+        stored_headers(&client, &options, &ids[0]["message_id"]).await,
+        vec![
+            Header::new("traceparent", given),
+            Header::new("tracestate", "rojo=1")
+        ]
+    );
+
+    // A malformed traceparent is refused, naming the field and the rule, and writes nothing.
+    let before = pending_messages(&client, &options).await;
+    let e = function
+        .handle(traced(json!({"messages": [{"topic": "orders"}],
+                               "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"})))
+        .await
+        .unwrap_err();
+    assert_eq!(e.error_type, "ValidationError");
+    assert!(
+        e.message
+            .starts_with("traceparent: \"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7\" is not a W3C traceparent: must be four fields"),
+        "{}",
+        e.message
+    );
+    assert_eq!(pending_messages(&client, &options).await, before);
+}

@@ -36,6 +36,9 @@
 //!   invocation, and the run time used when the invocation has no usable deadline.
 //! - [`env::SHUTDOWN_MARGIN`] (`OUTBOX_SHUTDOWN_MARGIN`, default 3s): time left unused
 //!   before the invocation's deadline; the graceful stop ends before it.
+//! - The standard OpenTelemetry variables of [`SpanExport`]: with an OTLP endpoint (the
+//!   ADOT collector layer's `http://localhost:4318`), the relay's publish spans are
+//!   exported, flushed before each invocation returns.
 //! - `OUTBOX_IDLE_STOP` defaults to [`DEFAULT_IDLE_STOP`] here (the library's default is
 //!   never), and `OUTBOX_MAX_IN_FLIGHT_BYTES` to an eighth of the function's memory
 //!   (`AWS_LAMBDA_FUNCTION_MEMORY_SIZE`; 32 MiB at 256 MB).
@@ -50,6 +53,7 @@ use dynamo_outbox::metrics::emf::EmfMetrics;
 use dynamo_outbox::notification::event::Wake;
 use dynamo_outbox::notification::{decide, Decision, Skip, Successor};
 use dynamo_outbox::options::{parse_duration, MAX_RELAY_ID_LEN};
+use dynamo_outbox::otlp::{self, OtlpHttpClient};
 use dynamo_outbox::publish::{KafkaConfig, LazyKafkaPublisher};
 use dynamo_outbox::{
     DynamoDbOutboxStore, OutboxOptions, Relay, RelayOptions, RunReport, StopReason,
@@ -70,6 +74,8 @@ pub mod env {
 /// How often a running invocation writes its metrics (and once more at its end): the
 /// alarms evaluate one-minute periods, so a long run reports in every one of them.
 pub const METRICS_FLUSH_INTERVAL: Duration = Duration::from_secs(60);
+/// `service.name` of the exported spans when `OTEL_SERVICE_NAME` does not name one.
+pub const DEFAULT_SERVICE_NAME: &str = "outbox-relay";
 /// Default of [`RelaySettings::max_run_time`].
 pub const DEFAULT_MAX_RUN_TIME: Duration = Duration::from_secs(50);
 /// Default of [`RelaySettings::shutdown_margin`].
@@ -92,6 +98,116 @@ pub struct RelaySettings {
     pub max_run_time: Duration,
     /// Time kept free before the invocation's deadline (3 s).
     pub shutdown_margin: Duration,
+    /// Where the publish spans go, when an OTLP endpoint is configured ([`SpanExport`]).
+    pub spans: Option<SpanExport>,
+}
+
+/// The OTLP/HTTP export of the relay's publish spans (one per produce request, linked to
+/// each message's trace context), configured by the standard OpenTelemetry variables: on
+/// when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as it is) or `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// (+ `/v1/traces`) is set, off with `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`.
+/// Every invocation flushes its spans before it returns (Lambda may freeze the execution
+/// environment right after), each request bounded by [`SpanExport::timeout`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpanExport {
+    /// The full traces URL (`.../v1/traces`); the ADOT collector layer listens on
+    /// `http://localhost:4318`.
+    pub endpoint: String,
+    /// How long one export may take (`OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` /
+    /// `OTEL_EXPORTER_OTLP_TIMEOUT`, milliseconds; [`DEFAULT_SPAN_EXPORT_TIMEOUT`]): the
+    /// flush at the end of an invocation waits at most this long, inside the shutdown
+    /// margin.
+    pub timeout: Duration,
+}
+
+/// Default of [`SpanExport::timeout`]: short, since an invocation waits for it.
+pub const DEFAULT_SPAN_EXPORT_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl SpanExport {
+    /// The export the variables read through `lookup` configure; `None` when off.
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> dynamo_outbox::Result<Option<Self>> {
+        let get = |name: &str| {
+            lookup(name)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let bad = |field: &str, rule: String| dynamo_outbox::Error::InvalidOption {
+            field: field.into(),
+            rule,
+        };
+        if get("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+            return Ok(None);
+        }
+        match get("OTEL_TRACES_EXPORTER").as_deref() {
+            None | Some("otlp") => {}
+            Some("none") => return Ok(None),
+            Some(other) => {
+                return Err(bad(
+                    "OTEL_TRACES_EXPORTER",
+                    format!("{other:?} is not supported by the relay function (otlp or none)"),
+                ))
+            }
+        }
+        let (field, endpoint) = match (
+            get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+            get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        ) {
+            (Some(e), _) => ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", e),
+            (None, Some(b)) => (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("{}/v1/traces", b.trim_end_matches('/')),
+            ),
+            (None, None) => return Ok(None),
+        };
+        let scheme_ok = ["http://", "https://"].iter().any(|p| {
+            endpoint
+                .strip_prefix(p)
+                .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
+        });
+        if !scheme_ok {
+            return Err(bad(
+                field,
+                format!("{endpoint:?} must be an http:// or https:// URL with a host"),
+            ));
+        }
+        for name in [
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ] {
+            if let Some(p) = get(name) {
+                if p != "http/protobuf" {
+                    return Err(bad(
+                        name,
+                        format!("{p:?} is not supported by the relay function (http/protobuf)"),
+                    ));
+                }
+                break;
+            }
+        }
+        let mut timeout = DEFAULT_SPAN_EXPORT_TIMEOUT;
+        for name in [
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ] {
+            if let Some(v) = get(name) {
+                timeout = match v.parse::<u64>() {
+                    Ok(ms) if ms > 0 => Duration::from_millis(ms),
+                    _ => {
+                        return Err(bad(
+                            name,
+                            format!(
+                                "{v:?} is not a whole number of milliseconds greater than zero"
+                            ),
+                        ))
+                    }
+                };
+                break;
+            }
+        }
+        Ok(Some(SpanExport { endpoint, timeout }))
+    }
 }
 
 impl RelaySettings {
@@ -126,6 +242,7 @@ impl RelaySettings {
             Some(v) => parse_duration(env::SHUTDOWN_MARGIN, &v)?,
             None => DEFAULT_SHUTDOWN_MARGIN,
         };
+        let spans = SpanExport::from_lookup(&lookup)?;
         if max_run_time < Duration::from_secs(1) {
             return Err(dynamo_outbox::Error::InvalidOption {
                 field: env::MAX_RUN_TIME.into(),
@@ -138,6 +255,7 @@ impl RelaySettings {
             kafka,
             max_run_time,
             shutdown_margin,
+            spans,
         })
     }
 }
@@ -387,19 +505,38 @@ impl RelaySummary {
     }
 }
 
-/// Writes the metrics gathered so far to stdout as EMF documents.
-fn flush(metrics: &EmfMetrics) {
-    if let Err(e) = metrics.flush_to(&mut std::io::stdout().lock()) {
+/// Where the EMF documents go: stdout (CloudWatch Logs), or the writer given to
+/// [`RelayFunction::with_metrics_output`].
+#[derive(Clone, Default)]
+struct MetricsOutput(Option<Arc<std::sync::Mutex<dyn std::io::Write + Send>>>);
+
+impl std::fmt::Debug for MetricsOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "writer" } else { "stdout" })
+    }
+}
+
+/// Writes the metrics gathered so far as EMF documents to `out` (stdout by default).
+fn flush(metrics: &EmfMetrics, out: &MetricsOutput) {
+    let written = match &out.0 {
+        None => metrics.flush_to(&mut std::io::stdout().lock()),
+        Some(out) => {
+            let mut guard = out.lock().unwrap_or_else(|e| e.into_inner());
+            let mut writer: &mut dyn std::io::Write = &mut *guard;
+            metrics.flush_to(&mut writer)
+        }
+    };
+    if let Err(e) = written {
         warn!(error = %e, "writing metrics failed");
     }
 }
 
-/// Flushes `metrics` every `interval`, until aborted.
-async fn flush_every(metrics: Arc<EmfMetrics>, interval: Duration) {
+/// Flushes `metrics` to `out` every `interval`, until aborted.
+async fn flush_every(metrics: Arc<EmfMetrics>, out: MetricsOutput, interval: Duration) {
     let mut ticks = tokio::time::interval_at(Instant::now() + interval, interval);
     loop {
         ticks.tick().await;
-        flush(&metrics);
+        flush(&metrics, &out);
     }
 }
 
@@ -419,16 +556,34 @@ pub struct RelayFunction {
     /// CloudWatch metrics (Embedded Metric Format), flushed to stdout every
     /// [`METRICS_FLUSH_INTERVAL`] of a run and at its end.
     metrics: Arc<EmfMetrics>,
+    /// Where the metrics go (stdout unless [`Self::with_metrics_output`] says otherwise).
+    metrics_output: MetricsOutput,
     /// Counts the DynamoDB client's attempts, when it has the counter attached.
     requests: Option<RequestCounter>,
+    /// The tracer provider exporting the publish spans, when [`RelaySettings::spans`] is
+    /// set (installed as the global one, which the Kafka publisher records on).
+    tracer: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
 }
 
 impl RelayFunction {
-    /// The function over `client` (built once per execution environment).
+    /// The function over `client` (built once per execution environment). With
+    /// [`RelaySettings::spans`], it installs the global tracer provider exporting the
+    /// publish spans; it must then run inside a tokio runtime (the exports run on it).
     pub fn new(
         client: aws_sdk_dynamodb::Client,
         settings: RelaySettings,
     ) -> dynamo_outbox::Result<Self> {
+        let tracer = match &settings.spans {
+            None => None,
+            Some(export) => {
+                let client = OtlpHttpClient::new(&export.endpoint, "spans", &[], export.timeout)?;
+                let provider =
+                    otlp::tracer_provider(&client, otlp::resource(DEFAULT_SERVICE_NAME, None))?;
+                opentelemetry::global::set_tracer_provider(provider.clone());
+                info!(endpoint = %export.endpoint, "exporting publish spans over OTLP/HTTP");
+                Some(provider)
+            }
+        };
         let store = DynamoDbOutboxStore::new(client, settings.outbox.clone())?;
         let metrics = Arc::new(EmfMetrics::from_env(settings.outbox.table_name.clone()));
         // The first invocation of this execution environment is its cold start.
@@ -440,8 +595,16 @@ impl RelayFunction {
             publisher,
             successor: None,
             metrics,
+            metrics_output: MetricsOutput::default(),
             requests: None,
+            tracer,
         })
+    }
+
+    /// Writes the EMF documents to `out` instead of stdout (a test reading them back).
+    pub fn with_metrics_output(mut self, out: impl std::io::Write + Send + 'static) -> Self {
+        self.metrics_output = MetricsOutput(Some(Arc::new(std::sync::Mutex::new(out))));
+        self
     }
 
     /// Reports each invocation's DynamoDB attempts from `counter`, which must be attached
@@ -477,7 +640,9 @@ impl RelayFunction {
             .requests
             .as_ref()
             .map(|c| (c.snapshot(), c.consistent_reads()));
-        let mut summary = self.invoke(event).await?;
+        let result = self.invoke(event).await;
+        self.flush_spans().await;
+        let mut summary = result?;
         if let (Some(counter), Some((before, consistent_before))) = (&self.requests, before) {
             // Lambda runs one invocation at a time per execution environment, so the
             // difference is this invocation's.
@@ -503,6 +668,25 @@ impl RelayFunction {
         Ok(summary)
     }
 
+    /// Exports the spans of this invocation before it returns (Lambda may freeze the
+    /// environment right after): at most the export timeout; a failure is logged.
+    async fn flush_spans(&self) {
+        let (Some(provider), Some(export)) = (&self.tracer, &self.settings.spans) else {
+            return;
+        };
+        let provider = provider.clone();
+        let flush = tokio::task::spawn_blocking(move || provider.force_flush());
+        match tokio::time::timeout(export.timeout + Duration::from_millis(250), flush).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => warn!(error = %e, "exporting the invocation's spans failed"),
+            Ok(Err(e)) => warn!(error = %e, "exporting the invocation's spans did not finish"),
+            Err(_) => warn!(
+                timeout_ms = export.timeout.as_millis() as u64,
+                "exporting the invocation's spans took too long; the rest goes with the next flush"
+            ),
+        }
+    }
+
     /// Runs the relay until `deadline`, its metrics flushed every minute and at the end; a
     /// run that published nothing and failed to publish drops the Kafka client.
     async fn run_relay(
@@ -525,10 +709,14 @@ impl RelayFunction {
         // EMF documents on stdout, where CloudWatch Logs picks them up: every
         // METRICS_FLUSH_INTERVAL while the relay runs (the alarms evaluate one-minute
         // periods) and once at the end.
-        let flusher = tokio::spawn(flush_every(self.metrics.clone(), METRICS_FLUSH_INTERVAL));
+        let flusher = tokio::spawn(flush_every(
+            self.metrics.clone(),
+            self.metrics_output.clone(),
+            METRICS_FLUSH_INTERVAL,
+        ));
         let result = relay.run_until(deadline).await;
         flusher.abort();
-        flush(&self.metrics);
+        flush(&self.metrics, &self.metrics_output);
         let report = result?;
         if report.published == 0 && report.publish_failures > 0 {
             warn!("nothing published and publishing failed: the Kafka client is rebuilt by the next publish");
@@ -685,6 +873,78 @@ mod tests {
             ..RelayOptions::default()
         };
         options.validate().unwrap();
+    }
+
+    #[test]
+    fn span_export_follows_the_opentelemetry_variables() {
+        let export = |vars: &[(&str, &str)]| {
+            let vars: HashMap<&str, &str> = vars.iter().copied().collect();
+            SpanExport::from_lookup(|n| vars.get(n).map(|v| v.to_string()))
+        };
+        assert_eq!(export(&[]).unwrap(), None, "off without an endpoint");
+        assert_eq!(
+            export(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318/")]).unwrap(),
+            Some(SpanExport {
+                endpoint: "http://localhost:4318/v1/traces".into(),
+                timeout: DEFAULT_SPAN_EXPORT_TIMEOUT
+            })
+        );
+        assert_eq!(
+            export(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://wrong:4318"),
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "https://otlp.example/spans"
+                ),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "750"),
+            ])
+            .unwrap(),
+            Some(SpanExport {
+                endpoint: "https://otlp.example/spans".into(),
+                timeout: Duration::from_millis(750)
+            })
+        );
+        for off in [
+            ("OTEL_SDK_DISABLED", "true"),
+            ("OTEL_TRACES_EXPORTER", "none"),
+        ] {
+            assert_eq!(
+                export(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"), off]).unwrap(),
+                None,
+                "{off:?}"
+            );
+        }
+        for (bad, field) in [
+            (
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4318"),
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+            ),
+            (("OTEL_TRACES_EXPORTER", "jaeger"), "OTEL_TRACES_EXPORTER"),
+            (
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+            ),
+            (
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "2s"),
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+            ),
+        ] {
+            let vars = [
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "http://c:4318/v1/traces",
+                ),
+                bad,
+            ];
+            let vars = if bad.0 == "OTEL_EXPORTER_OTLP_ENDPOINT" {
+                vec![bad]
+            } else {
+                vars.to_vec()
+            };
+            let e = export(&vars).unwrap_err();
+            assert!(e.to_string().starts_with(field), "{field}: {e}");
+            assert_eq!(e.error_type(), "Misconfiguration");
+        }
     }
 
     #[test]

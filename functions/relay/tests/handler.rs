@@ -581,3 +581,239 @@ async fn a_broken_kafka_connection_is_rebuilt_by_the_next_invocation() {
     );
     kafka.remove_log();
 }
+
+/// The `CommitToAckLatency` values of the EMF documents in `text` (one JSON document a
+/// line, as the function prints them), after checking each is a number or an array of
+/// numbers (the specification's target members) in milliseconds.
+fn commit_to_ack_values(text: &str) -> Vec<f64> {
+    let mut values = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let doc: Value = serde_json::from_str(line).expect("one EMF document a line");
+        let defined = doc["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+            .as_array()
+            .expect("a metric directive")
+            .iter()
+            .find(|m| m["Name"] == "CommitToAckLatency")
+            .cloned();
+        match (&doc["CommitToAckLatency"], defined) {
+            (Value::Null, None) => {}
+            (Value::Number(n), Some(d)) => {
+                assert_eq!(d["Unit"], "Milliseconds");
+                values.push(n.as_f64().unwrap());
+            }
+            (Value::Array(a), Some(d)) => {
+                assert_eq!(d["Unit"], "Milliseconds");
+                assert!(a.len() <= 100, "EMF's 100 values per metric");
+                values.extend(a.iter().map(|v| v.as_f64().expect("a number")));
+            }
+            other => panic!("CommitToAckLatency is not EMF: {other:?} in {line}"),
+        }
+    }
+    values
+}
+
+#[tokio::test]
+async fn the_emf_output_has_one_commit_to_ack_latency_per_published_message() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let topic = random_name("latency");
+    create_topic(&topic, 2);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    // More than fit in one EMF array (100 values): the values continue in a second document.
+    let created = Instant::now();
+    let mut written = enqueue(&writer, &topic, 0, 100).await;
+    written.extend(enqueue(&writer, &topic, 100, 30).await);
+
+    let out = Captured::default();
+    let function = RelayFunction::new(client.clone(), settings(&options, &[]))
+        .unwrap()
+        .with_metrics_output(out.clone());
+    let summary = function
+        .handle(event("req-latency", in_ms(Duration::from_secs(8))))
+        .await
+        .expect("relay invocation");
+    let waited = created.elapsed();
+    assert_eq!(summary.published, 130, "{summary:?}");
+    assert_delivered(&topic, &written);
+
+    let text = out.text();
+    let values = commit_to_ack_values(&text);
+    assert_eq!(
+        values.len(),
+        130,
+        "one latency per published message: {text}"
+    );
+    // Between the messages' creation and the end of the invocation (one host, one clock
+    // here; 50 ms for the two clocks' readings).
+    let bound = waited.as_secs_f64() * 1000.0 + 50.0;
+    assert!(
+        values.iter().all(|v| (0.0..bound).contains(v)),
+        "milliseconds within {bound}: {values:?}"
+    );
+    let published: f64 = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|d| d["Published"].as_f64())
+        .sum();
+    assert_eq!(published, 130.0, "{text}");
+}
+
+/// An OTLP/HTTP receiver on a free loopback port: decodes every request body as an
+/// `ExportTraceServiceRequest` and answers 200.
+fn trace_receiver() -> (
+    String,
+    std::sync::Arc<
+        std::sync::Mutex<
+            Vec<opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest>,
+        >,
+    >,
+) {
+    use prost::Message as _;
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let store = received.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut stream = stream;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut length = 0usize;
+                    loop {
+                        let mut header = String::new();
+                        reader.read_line(&mut header).unwrap();
+                        let header = header.trim_end();
+                        if header.is_empty() {
+                            break;
+                        }
+                        let (name, value) = header.split_once(':').unwrap();
+                        if name.eq_ignore_ascii_case("content-length") {
+                            length = value.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    reader.read_exact(&mut body).unwrap();
+                    let request = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::decode(
+                        body.as_slice(),
+                    )
+                    .expect("an ExportTraceServiceRequest");
+                    store.lock().unwrap().push(request);
+                    stream
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .unwrap();
+                }
+            });
+        }
+    });
+    (endpoint, received)
+}
+
+/// With an OTLP endpoint configured (as the ADOT collector layer is), an invocation's
+/// publish spans are at the receiver when the invocation returns, linked to the trace of
+/// each message that carries one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invocation_exports_its_publish_spans_before_it_returns() {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 2).await;
+    let topic = random_name("spans");
+    create_topic(&topic, 1);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let context = dynamo_outbox::TraceContext::parse(
+        "traceparent",
+        "00-5759e988bd862e3fe1be46a994272793-53995c3f42cd8ad8-01",
+        None,
+    )
+    .unwrap();
+    let traced = writer
+        .message(topic.as_str())
+        .with_key("order-1")
+        .with_trace_context(&context);
+    let plain = writer.message(topic.as_str()).with_key("order-2");
+    writer
+        .enqueue(&[traced.clone(), plain.clone()])
+        .await
+        .unwrap();
+
+    let (endpoint, received) = trace_receiver();
+    let function = RelayFunction::new(
+        client.clone(),
+        common::settings(
+            &options,
+            &[("OUTBOX_IDLE_STOP", "1s")],
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())],
+        ),
+    )
+    .unwrap();
+    let summary = function
+        .handle(event("req-spans", in_ms(Duration::from_secs(10))))
+        .await
+        .expect("relay invocation");
+    assert_eq!(summary.published, 2, "{summary:?}");
+
+    // No waiting: the invocation flushed before it returned.
+    let spans: Vec<_> = received
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.resource_spans.iter())
+        .flat_map(|rs| rs.scope_spans.iter())
+        .flat_map(|ss| ss.spans.iter().cloned())
+        .filter(|s| s.name == format!("send {topic}"))
+        .collect();
+    assert!(
+        !spans.is_empty(),
+        "the publish spans were exported before the return"
+    );
+    let text = |attrs: &[opentelemetry_proto::tonic::common::v1::KeyValue], key: &str| {
+        attrs.iter().find(|kv| kv.key == key).and_then(|kv| {
+            match kv.value.as_ref()?.value.as_ref()? {
+                Any::StringValue(s) => Some(s.clone()),
+                _ => None,
+            }
+        })
+    };
+    let links: Vec<_> = spans.iter().flat_map(|s| s.links.iter()).collect();
+    assert_eq!(links.len(), 1, "one traced message, one link: {spans:?}");
+    assert_eq!(links[0].trace_id, context.trace_id().to_vec());
+    assert_eq!(links[0].span_id, context.parent_id().to_vec());
+    assert_eq!(
+        text(&links[0].attributes, "messaging.message.id"),
+        Some(traced.message_id.to_string())
+    );
+    let ids: BTreeSet<String> = spans
+        .iter()
+        .flat_map(|s| {
+            match s
+                .attributes
+                .iter()
+                .find(|kv| kv.key == "outbox.message.ids")
+            {
+                Some(kv) => match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                    Some(Any::ArrayValue(a)) => a
+                        .values
+                        .iter()
+                        .filter_map(|v| match v.value.as_ref() {
+                            Some(Any::StringValue(s)) => Some(s.clone()),
+                            _ => None,
+                        })
+                        .collect::<Vec<_>>(),
+                    _ => Vec::new(),
+                },
+                None => Vec::new(),
+            }
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        id_set([&traced, &plain]),
+        "both ids on the publish spans"
+    );
+}

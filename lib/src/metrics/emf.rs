@@ -29,6 +29,7 @@
 //! | `PoisonItems` | Count | times a bucket was found stuck on an unreadable item |
 //! | `QuarantinedItems` | Count | poison items the relay moved to the dead-letter partition (`OUTBOX_POISON_POLICY=quarantine-after=N`) |
 //! | `BatchDuration` / `RoundDuration` | Milliseconds | one value per batch / acquisition round |
+//! | `CommitToAckLatency` | Milliseconds | one value per message the broker acknowledged: from its enqueue timestamp (`CreatedAtUtc`, the writer's clock) to the acknowledgement (the relay's clock; zero when the writer's is ahead) |
 //! | `ColdStart` | Count | 1 in the first flush after [`EmfMetrics::cold_start`] |
 //!
 //! A counter is emitted only when it is not zero: CloudWatch bills every metric that
@@ -40,7 +41,16 @@
 //! nothing to report renders no document. The specification's limits are kept: at most [`MAX_METRICS_PER_DOCUMENT`]
 //! metrics per document, [`MAX_DIMENSIONS`] dimensions per set, and
 //! [`MAX_VALUES_PER_METRIC`] values per metric (more duration values go to further
-//! documents; past [`MAX_SAMPLES`] per flush a uniform sample of them is kept).
+//! documents; past [`MAX_SAMPLES`] per flush a uniform sample of them is kept, past
+//! [`MAX_LATENCY_SAMPLES`] for `CommitToAckLatency`).
+//!
+//! `CommitToAckLatency` is a distribution the way the specification allows one: an array
+//! of values, each one sample, so CloudWatch's percentiles (`p50`, `p99`) and
+//! `SampleCount` apply; its sample count per flush is the number of acknowledged messages
+//! (up to [`MAX_LATENCY_SAMPLES`]). A `Values`/`Counts` object (PutMetricData's histogram
+//! form) is not among the specification's target members (a number or an array of
+//! numbers), and the project's EMF model (`scripts/alarms.py`) rejects a document with
+//! one whole, so it is not used.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -69,6 +79,9 @@ pub const MAX_DIMENSIONS: usize = 30;
 pub const MAX_VALUES_PER_METRIC: usize = 100;
 /// Duration values kept per metric between two flushes (a uniform sample beyond).
 pub const MAX_SAMPLES: usize = 1000;
+/// `CommitToAckLatency` values kept between two flushes (a uniform sample beyond): one
+/// per acknowledged message up to this many, at most a hundred documents per flush.
+pub const MAX_LATENCY_SAMPLES: usize = 10_000;
 /// The metrics every counter of which may be absent: with nothing published, failed,
 /// refused, lost or stuck, a flush reports at most these (gauges and durations, and the
 /// leases an invocation claims when it starts): the metric budget of an idle outbox.
@@ -80,9 +93,9 @@ pub const IDLE_METRICS: [&str; 6] = [
     "RoundDuration",
     "ColdStart",
 ];
-/// Every metric name a flush may report: 14 names, plus `RefusedWrites.<kind>` for the
-/// five kinds of [`WriteKind::ALL`], 19 metrics per dimension set at most.
-pub const METRIC_NAMES: [&str; 14] = [
+/// Every metric name a flush may report: 15 names, plus `RefusedWrites.<kind>` for the
+/// five kinds of [`WriteKind::ALL`], 20 metrics per dimension set at most.
+pub const METRIC_NAMES: [&str; 15] = [
     "Published",
     "PublishFailures",
     "PublishRejected",
@@ -96,6 +109,7 @@ pub const METRIC_NAMES: [&str; 14] = [
     "OldestPendingAge",
     "BatchDuration",
     "RoundDuration",
+    "CommitToAckLatency",
     "ColdStart",
 ];
 
@@ -138,6 +152,7 @@ struct State {
     quarantined_items: u64,
     batch_ms: Samples,
     round_ms: Samples,
+    commit_to_ack_ms: Samples,
     cold_start: bool,
 }
 
@@ -150,8 +165,13 @@ struct Samples {
 
 impl Samples {
     fn add(&mut self, v: f64) {
+        self.add_within(v, MAX_SAMPLES);
+    }
+
+    /// Adds `v`, keeping at most `cap` values (a uniform sample of all seen).
+    fn add_within(&mut self, v: f64, cap: usize) {
         self.seen += 1;
-        if self.values.len() < MAX_SAMPLES {
+        if self.values.len() < cap {
             self.values.push(v);
         } else {
             let i = rand::random::<u64>() % self.seen;
@@ -336,6 +356,7 @@ impl EmfMetrics {
         for (name, samples) in [
             ("BatchDuration", state.batch_ms),
             ("RoundDuration", state.round_ms),
+            ("CommitToAckLatency", state.commit_to_ack_ms),
         ] {
             if !samples.values.is_empty() {
                 m.push(Metric {
@@ -478,6 +499,12 @@ impl RelayMetrics for EmfMetrics {
 
     fn batch_duration(&self, _bucket: u32, duration: Duration) {
         self.lock().batch_ms.add(millis(duration));
+    }
+
+    fn commit_to_ack(&self, _bucket: u32, latency: Duration) {
+        self.lock()
+            .commit_to_ack_ms
+            .add_within(millis(latency), MAX_LATENCY_SAMPLES);
     }
 }
 
@@ -708,7 +735,52 @@ mod tests {
     }
 
     #[test]
-    fn every_metric_name_is_known_and_the_total_is_19() {
+    fn commit_to_ack_reports_one_value_per_acknowledged_message() {
+        let m = table_metrics();
+        m.published(0, 250);
+        for i in 0..250u64 {
+            m.commit_to_ack(0, Duration::from_micros(1500 + i * 1000));
+        }
+        let docs = m.flush_at(1_764_500_000_000);
+        assert_eq!(docs.len(), 3, "250 values need three documents");
+        let mut values = Vec::new();
+        for doc in &docs {
+            let v = validate(doc);
+            match v.get("CommitToAckLatency") {
+                Some(Value::Array(a)) => values.extend(a.iter().map(|x| x.as_f64().unwrap())),
+                Some(x) => values.push(x.as_f64().unwrap()),
+                None => {}
+            }
+            let root: Value = serde_json::from_str(doc).unwrap();
+            let unit = root["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["Name"] == "CommitToAckLatency")
+                .map(|d| d["Unit"].clone());
+            assert_eq!(unit, Some(json!("Milliseconds")));
+        }
+        assert_eq!(values.len(), 250, "the sample count is the published count");
+        assert_eq!(values[0], 1.5);
+        assert_eq!(values[249], 250.5);
+        // Past the cap, a bounded uniform sample.
+        for _ in 0..(MAX_LATENCY_SAMPLES + 500) {
+            m.commit_to_ack(0, Duration::from_millis(3));
+        }
+        let kept: usize = m
+            .flush_at(1_764_500_060_000)
+            .iter()
+            .map(|d| match validate(d).get("CommitToAckLatency") {
+                Some(Value::Array(a)) => a.len(),
+                Some(_) => 1,
+                None => 0,
+            })
+            .sum();
+        assert_eq!(kept, MAX_LATENCY_SAMPLES);
+    }
+
+    #[test]
+    fn every_metric_name_is_known_and_the_total_is_20() {
         let m = table_metrics();
         m.cold_start();
         m.published(0, 1);
@@ -724,9 +796,10 @@ mod tests {
         m.backlog(0, 1, Some(Duration::from_secs(1)));
         m.batch_duration(0, Duration::from_millis(1));
         m.round_duration(Duration::from_millis(1));
+        m.commit_to_ack(0, Duration::from_millis(1));
         let v = validate(&m.flush_at(1_764_500_000_000)[0]);
         assert_eq!(v.len(), METRIC_NAMES.len() + WriteKind::ALL.len());
-        assert_eq!(v.len(), 19);
+        assert_eq!(v.len(), 20);
         assert_eq!(v["QuarantinedItems"], json!(1));
         for name in v.keys() {
             assert!(

@@ -21,6 +21,7 @@
 //! | `dekaf.outbox.pending.messages` | gauge, `{message}` | the whole table's backlog from the latest sample |
 //! | `dekaf.outbox.pending.oldest_age` | gauge, `s` | age of the oldest pending message: the sampled age plus the time since the sample; 0 with an empty backlog |
 //! | `dekaf.outbox.pending.available` | gauge, `1` | 1 while this relay has a backlog sample, else 0 |
+//! | `dekaf.outbox.commit_to_ack.duration` | histogram, `s` | this project's: per acknowledged message, from its enqueue timestamp (the writer's clock) to the acknowledgement (the relay's), [`LATENCY_BOUNDARIES`] |
 //!
 //! The backlog is sampled by the owner of bucket zero only (every 30 s, each bucket capped
 //! at `OUTBOX_PENDING_COUNT_LIMIT`): the other relays of a fleet report
@@ -69,8 +70,10 @@ pub const PENDING_MESSAGES: &str = "dekaf.outbox.pending.messages";
 pub const PENDING_OLDEST_AGE: &str = "dekaf.outbox.pending.oldest_age";
 /// Whether a backlog sample is available, gauge (0 or 1).
 pub const PENDING_AVAILABLE: &str = "dekaf.outbox.pending.available";
-/// Every instrument's name: the reference's, and [`QUARANTINED`].
-pub const INSTRUMENT_NAMES: [&str; 10] = [
+/// Commit-to-ack latency per message, histogram in seconds (this project's instrument).
+pub const COMMIT_TO_ACK: &str = "dekaf.outbox.commit_to_ack.duration";
+/// Every instrument's name: the reference's, [`QUARANTINED`] and [`COMMIT_TO_ACK`].
+pub const INSTRUMENT_NAMES: [&str; 11] = [
     ACKNOWLEDGED,
     FAILURES,
     LEASE_EXPIRATIONS,
@@ -81,11 +84,18 @@ pub const INSTRUMENT_NAMES: [&str; 10] = [
     PENDING_MESSAGES,
     PENDING_OLDEST_AGE,
     PENDING_AVAILABLE,
+    COMMIT_TO_ACK,
 ];
 /// Histogram bucket boundaries in seconds (5 ms to 10 s): the SDK's default boundaries
 /// are meant for milliseconds and would put every batch in the first two buckets.
 pub const DURATION_BOUNDARIES: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+/// Boundaries of the commit-to-ack histogram in seconds (5 ms to an hour): a message may
+/// wait behind a backlog or an outage for much longer than a batch takes.
+pub const LATENCY_BOUNDARIES: [f64; 17] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0,
+    3600.0,
 ];
 /// Longest `outbox.name`, as in the reference.
 pub const MAX_NAME_CHARS: usize = 64;
@@ -127,6 +137,7 @@ pub struct OtelMetrics {
     quarantined: Counter<u64>,
     publish_duration: Histogram<f64>,
     cycle_duration: Histogram<f64>,
+    commit_to_ack: Histogram<f64>,
     gauges: Arc<Mutex<Gauges>>,
     _observed: ObservedGauges,
 }
@@ -200,6 +211,15 @@ impl OtelMetrics {
                 CYCLE_DURATION,
                 "One acquisition round: heartbeat, read, plan, renew, release, claim.",
             ),
+            commit_to_ack: meter
+                .f64_histogram(COMMIT_TO_ACK)
+                .with_unit("s")
+                .with_description(
+                    "Per acknowledged message: from its enqueue timestamp (the writer's clock) \
+                     to the broker's acknowledgement (the relay's clock).",
+                )
+                .with_boundaries(LATENCY_BOUNDARIES.to_vec())
+                .build(),
             attributes,
             gauges,
             _observed: observed,
@@ -324,6 +344,11 @@ impl RelayMetrics for OtelMetrics {
     fn batch_duration(&self, _bucket: u32, duration: Duration) {
         self.publish_duration
             .record(duration.as_secs_f64(), &self.attributes);
+    }
+
+    fn commit_to_ack(&self, _bucket: u32, latency: Duration) {
+        self.commit_to_ack
+            .record(latency.as_secs_f64(), &self.attributes);
     }
 }
 

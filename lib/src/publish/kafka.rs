@@ -38,6 +38,7 @@ use super::diagnose::connect_error;
 use super::msk_iam::MskIamTokenProvider;
 use super::record::{estimated_size, to_record};
 use super::route::{acknowledged_prefix, chunks, plan, TopicRoute, Unroutable};
+use super::span::PublishSpan;
 use super::{PublishOutcome, Publisher};
 use crate::error::{BoxError, Error, Rejection, Result};
 use crate::schema::StoredMessage;
@@ -368,14 +369,15 @@ impl KafkaPublisher {
         Ok(Arc::clone(partitions.entry(key).or_insert(client)))
     }
 
-    /// Produces `records` to one partition in one request, retrying what may succeed.
+    /// Produces `records` to one partition in one request, retrying what may succeed; the
+    /// offsets the broker gave them.
     async fn produce(
         &self,
         topic: &str,
         partition: i32,
         records: Vec<Record>,
         deadline: Instant,
-    ) -> Result<()> {
+    ) -> Result<Vec<i64>> {
         let attempts = self.inner.config.produce_attempts.max(1);
         let mut attempt = 1;
         loop {
@@ -388,7 +390,7 @@ impl KafkaPublisher {
             })
             .await;
             let e = match result {
-                Ok(Ok(_offsets)) => return Ok(()),
+                Ok(Ok(offsets)) => return Ok(offsets),
                 Ok(Err(e)) => e,
                 Err(_) => {
                     // the request may still be in flight: not known to be written
@@ -447,11 +449,16 @@ impl KafkaPublisher {
                 .iter()
                 .map(|&i| to_record(&batch[i].message, header, timestamp))
                 .collect();
-            match self
+            let span = PublishSpan::start(group.topic, group.partition, batch, chunk);
+            let produced = self
                 .produce(group.topic, group.partition, records, deadline)
-                .await
-            {
-                Ok(()) => {}
+                .await;
+            match &produced {
+                Ok(offsets) => span.acknowledged(offsets.first().copied()),
+                Err(e) => span.failed(e),
+            }
+            match produced {
+                Ok(_) => {}
                 Err(Error::KafkaRejected {
                     reason: Rejection::TooLarge | Rejection::InvalidRecord,
                     ..

@@ -11,6 +11,8 @@
 //!   failure still acknowledges. Pure.
 //! - `record`: an outbox message as an rskafka record, headers byte for byte.
 //! - `kafka`: [`KafkaPublisher`], rskafka clients, metadata cache, retries.
+//! - `span`: the publish span of each produce request (feature `otel`): OpenTelemetry's
+//!   messaging conventions, a link to each message's trace context.
 //! - `classify`: what a failed request means (retry, reject the records, give up).
 //! - `diagnose`: why a connect failed, in words the user can act on (TLS, SASL).
 //! - `msk_iam`: [`MskIamTokenProvider`], the Amazon MSK IAM token (a SigV4-presigned URL)
@@ -45,6 +47,7 @@ pub(crate) mod record;
 pub(crate) mod route;
 pub(crate) mod sasl;
 mod secret;
+mod span;
 mod tls;
 
 #[cfg(test)]

@@ -191,6 +191,7 @@ impl<P: Publisher> Relay<P> {
         }
         let outcome = self.publish_within(publishable, limit).await;
         let acked = outcome.acknowledged.min(publishable.len());
+        self.report_commit_to_ack(bucket, &publishable[..acked]);
         let sequences: Vec<u64> = publishable[..acked].iter().map(|m| m.sequence).collect();
         let deleted = self
             .delete_published(bucket, &sequences, limits.delete)
@@ -277,6 +278,20 @@ impl<P: Publisher> Relay<P> {
             .saturating_sub(head.message.created_at_ticks);
         self.metrics
             .head_age(bucket, crate::clock::ticks_to_duration(waited.max(0)));
+    }
+
+    /// Each acknowledged message's commit-to-ack latency: from its enqueue timestamp (the
+    /// writer's clock) to now (the relay's), zero when the writer's clock is ahead.
+    fn report_commit_to_ack(&self, bucket: u32, acknowledged: &[StoredMessage]) {
+        if acknowledged.is_empty() {
+            return;
+        }
+        let now = self.store.clock().now_ticks();
+        for m in acknowledged {
+            let waited = now.saturating_sub(m.message.created_at_ticks).max(0);
+            self.metrics
+                .commit_to_ack(bucket, crate::clock::ticks_to_duration(waited));
+        }
     }
 
     /// Step three, the allow-list check: the first message on a topic the relay's
