@@ -59,8 +59,8 @@ per-key order, default partitions, headers), and what the proxy saw:
   d. no-vpc: the template's settings for a function outside a VPC (SubnetIds and
      SecurityGroupIds empty, no MskClusterArn) with Confluent-style SASL/PLAIN over TLS
      (the CA as a secret): the template gives the relay the same environment as with
-     subnets (checked), and the run publishes as the others do.  What the template makes
-     of VpcConfig for these parameters is printed.
+     subnets and no VpcConfig (present with subnets; both checked), and the run publishes
+     as the others do.
 
 Prints what it checks; on a failure the function logs' last lines; exits 1 then.
 """
@@ -479,9 +479,14 @@ def setup_no_vpc(run: Run, pki: Pki) -> None:
                                       dict(run.common_params(), **params, **NO_VPC))
     check(with_vpc == without, f"{name}: the template's environment differs without a VPC: "
                                f"{with_vpc} / {without}")
+    outside = vpc_config(dict(run.common_params(), **params, **NO_VPC))
+    inside = vpc_config(dict(run.common_params(), **params, **WITH_VPC))
+    check(outside == "absent" and inside != "absent",
+          f"{name}: VpcConfig should be absent without subnets and present with them: "
+          f"{outside} / {inside}")
     step(f"{name}: SubnetIds and SecurityGroupIds empty, no MskClusterArn: the template gives "
-         f"the relay the same environment as with subnets; its VpcConfig resolves to "
-         f"{json.dumps(vpc_config(dict(run.common_params(), **params, **NO_VPC)))}")
+         f"the relay the same environment as with subnets and no VpcConfig (with subnets: "
+         f"{json.dumps(inside)})")
     relay, _ = run.relay(name, dict(params, **NO_VPC))
     run.publish_through(relay, name, proxy)
     verdicts = proxy.events_of("sasl")
