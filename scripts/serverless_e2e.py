@@ -327,6 +327,7 @@ class Function:
             args += ["--env", f"{k}={v}"]
         args += extra_args or []
         self.env_pids: set[int] = set()
+        self.last_trace_id: str | None = None
         self.proc = Proc(f"{name}.emulator", args, workdir)
         self.port = 0
 
@@ -344,6 +345,8 @@ class Function:
                                          "X-Amz-Invocation-Type": "RequestResponse"})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
+                # The invocation's X-Ray trace header (Lambda answers with it).
+                self.last_trace_id = r.headers.get("X-Amzn-Trace-Id")
                 return r.status, r.headers.get("X-Amz-Function-Error"), r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.headers.get("X-Amz-Function-Error"), e.read()
@@ -492,6 +495,16 @@ def b64d(s: str | None) -> bytes | None:
     return None if s is None else base64.b64decode(s)
 
 
+def w3c_traceparent(xray: str) -> bytes:
+    """The W3C traceparent of an X-Ray trace header (Root=1-{8 hex}-{24 hex};Parent={16
+    hex};Sampled={0|1}): the trace id is the Root's two hex parts joined, the span id the
+    Parent, the flags 01 when sampled (lib/src/trace_context.rs converts the same way)."""
+    fields = dict(part.split("=", 1) for part in xray.split(";") if "=" in part)
+    _, epoch, unique = fields["Root"].split("-")
+    flags = "01" if fields.get("Sampled") == "1" else "00"
+    return f"00-{epoch}{unique}-{fields['Parent']}-{flags}".encode()
+
+
 def as_published(headers: list[tuple[str, bytes | None]]) -> list[tuple[str, bytes | None]]:
     """The headers as the relay publishes them before its message-id header
     (lib/src/publish/record.rs): the writer's, in order, null values null, repeated keys
@@ -502,7 +515,9 @@ def as_published(headers: list[tuple[str, bytes | None]]) -> list[tuple[str, byt
 def check_topic(topic: str, sent: list[dict], wait: float) -> tuple[list[dict], int]:
     """Reads `topic` until it holds every id of `sent` (at most `wait` s); checks each id
     once and no other, per-key order (the `n` of each message), Kafka's default
-    partition of each key, the headers (as the relay publishes them).  Returns the records and how many keys."""
+    partition of each key, the headers (as the relay publishes them, with the trace context
+    the enqueue function stamped, `traceparent` of a sent message).  Returns the records
+    and how many keys."""
     expected = {m["message_id"]: m for m in sent}
     deadline = time.time() + wait
     while True:
@@ -530,7 +545,10 @@ def check_topic(topic: str, sent: list[dict], wait: float) -> tuple[list[dict], 
               f"{mid}: key {m['key']} in partition {rec['partition']}, Kafka's default "
               f"partitioner says {want_partition}")
         headers = [(k, b64d(v)) for k, v in rec["headers"]]
-        want = as_published(m["headers"]) + [(MESSAGE_ID_HEADER, mid.encode())]
+        # The enqueue function stamps the trace context of its invocation (its X-Ray
+        # header in W3C form) after the message's own headers.
+        stamped = [("traceparent", m["traceparent"])] if m.get("traceparent") else []
+        want = as_published(m["headers"]) + stamped + [(MESSAGE_ID_HEADER, mid.encode())]
         check(headers == want, f"{mid}: headers {headers}; sent {m['headers']}, which "
                                f"the relay publishes as {want}")
         per_key.setdefault(m["key"], []).append((rec["partition"], rec["offset"], m["n"]))
@@ -782,6 +800,9 @@ def enqueue_batch(enqueue: "Function", topic: str, phase: str) -> tuple[list[dic
     response = json.loads(body)
     results = response.get("messages", [])
     check(len(results) == 20, f"20 results from the enqueue function, got {response}")
+    check(bool(enqueue.last_trace_id), "the enqueue invocation's answer has no X-Amzn-Trace-Id")
+    for m in sent:
+        m["traceparent"] = w3c_traceparent(enqueue.last_trace_id)
     for m, r in zip(sent, results):
         uuid.UUID(r["message_id"])
         check(r["bucket"] == bucket_of(m["key"].encode()),
