@@ -83,7 +83,8 @@ async fn an_idle_relay_costs_what_the_formula_says_per_round() {
     );
 }
 
-/// A steady drain: one fetch per batch, one `BatchWriteItem` per 25 deletes, one gap probe
+/// A steady drain: one fetch per batch and one more per bucket after its last (which
+/// finds nothing), one `BatchWriteItem` per 25 deletes, one gap probe
 /// per real gap (a reserved number whose transaction never committed), nothing refused.
 #[tokio::test]
 async fn a_drain_costs_one_fetch_per_batch_one_delete_per_25_and_one_probe_per_gap() {
