@@ -1044,7 +1044,7 @@ def bill_markdown(cells: list[dict], label=lambda c: "") -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
-        b = c.get("bill") or bill(c)
+        b = c.get("bill") or bill(c, memory_mb=c.get("memory_mb", 256))
         u, n = b["usd"], b["counts"]
         lines.append(
             f"| {c['mode']} | {c['load']}{label(c)} | {u['lambda_compute']:,.2f} | "
@@ -1312,6 +1312,7 @@ def run_cell(args, mode_id: str, load: str, run_id: str, workdir: str) -> dict:
         "emulator_totals": final["totals"],
         "invocation_list": compact,
     }
+    cell["memory_mb"] = memory
     cell["bill"] = bill(cell, memory_mb=memory)
     return cell
 
@@ -1412,8 +1413,11 @@ def main() -> int:
             print(f"{os.path.basename(path)} (commit {result.get('commit')}):")
             # Priced again from the counts, with today's template (its alarm count) and
             # prices, not the bill stored with the result.
+            argv = result.get("argv") or []
+            memory = int(argv[argv.index("--memory") + 1]) if "--memory" in argv else 256
             for cell in result["cells"]:
                 cell.pop("bill", None)
+                cell.setdefault("memory_mb", memory)
             print(bill_markdown(result["cells"]))
             print()
         print("Your VPC adds (2 AZs): " + ", ".join(
