@@ -285,7 +285,15 @@ pub async fn redrive(store: &DynamoDbOutboxStore, d: &DeadLetter) -> Result<Redr
     let (message, bucket) = check_redrive(store, d)?;
     let keys = store.keys();
     let options = store.options();
-    let sequence = reserve_one(store, bucket).await?;
+    // The bucket's next sequence number, taken as a writer takes it.
+    let sequence = crate::writer::reserve_sequence_numbers(
+        store.client(),
+        &store.options().table_name,
+        store.keys(),
+        bucket,
+        1,
+    )
+    .await?;
     let item = schema::message_item(keys, &message, bucket, sequence)?;
     let build = |e: aws_sdk_dynamodb::error::BuildError| Error::Misconfiguration(e.to_string());
     let put = Put::builder()
@@ -322,34 +330,6 @@ pub async fn redrive(store: &DynamoDbOutboxStore, d: &DeadLetter) -> Result<Redr
         from_sequence: d.sequence.unwrap_or_default(),
         sequence,
     })
-}
-
-/// The bucket's next sequence number, taken as a writer takes it: `ADD Sequence :1` on its
-/// counter, the new value returned.
-async fn reserve_one(store: &DynamoDbOutboxStore, bucket: u32) -> Result<u64> {
-    let keys = store.keys();
-    let out = store
-        .client()
-        .update_item()
-        .table_name(&store.options().table_name)
-        .set_key(Some(
-            keys.key(keys.sequence_pk(bucket), schema::SEQUENCE_SK.into()),
-        ))
-        .update_expression("ADD #seq :n")
-        .expression_attribute_names("#seq", attr::SEQUENCE)
-        .expression_attribute_values(":n", schema::n(1))
-        .return_values(ReturnValue::UpdatedNew)
-        .send()
-        .await
-        .map_err(|e| from_sdk("UpdateItem", e))?;
-    out.attributes()
-        .and_then(|a| schema::get_n::<u64>(a, attr::SEQUENCE))
-        .filter(|s| *s >= 1)
-        .ok_or_else(|| Error::Corrupt {
-            pk: keys.sequence_pk(bucket),
-            sk: schema::SEQUENCE_SK.into(),
-            reason: "Sequence is missing or not a positive whole number after ADD".into(),
-        })
 }
 
 /// Deletes `d` from the dead-letter partition for good; `false` when it was already gone.

@@ -246,40 +246,14 @@ impl DynamoDbOutboxWriter {
 
     /// `ADD Sequence :n` on the bucket's counter; returns the new (last reserved) number.
     async fn reserve_numbers(&self, bucket: u32, count: u64) -> Result<u64> {
-        let out = self
-            .client
-            .update_item()
-            .table_name(&self.options.table_name)
-            .set_key(Some(
-                self.keys
-                    .key(self.keys.sequence_pk(bucket), schema::SEQUENCE_SK.into()),
-            ))
-            .update_expression("ADD #seq :n")
-            .expression_attribute_names("#seq", attr::SEQUENCE)
-            .expression_attribute_values(":n", schema::n(count))
-            .return_values(ReturnValue::UpdatedNew)
-            .send()
-            .await
-            .map_err(|e| from_sdk("UpdateItem", e))?;
-        let last: u64 = out
-            .attributes()
-            .and_then(|a| schema::get_n(a, attr::SEQUENCE))
-            .ok_or_else(|| Error::Corrupt {
-                pk: self.keys.sequence_pk(bucket),
-                sk: schema::SEQUENCE_SK.into(),
-                reason: "Sequence is missing or not a whole number after ADD".into(),
-            })?;
-        if last < count {
-            return Err(Error::Corrupt {
-                pk: self.keys.sequence_pk(bucket),
-                sk: schema::SEQUENCE_SK.into(),
-                reason: format!(
-                    "Sequence {last} is smaller than the {count} numbers just reserved"
-                ),
-            });
-        }
-        debug!(bucket, last, count, "reserved sequence numbers");
-        Ok(last)
+        reserve_sequence_numbers(
+            &self.client,
+            &self.options.table_name,
+            &self.keys,
+            bucket,
+            count,
+        )
+        .await
     }
 
     /// Writes 1 to 100 messages that have no business write, all or nothing, and notifies.
@@ -410,6 +384,47 @@ where
         };
     }
     from_sdk("TransactWriteItems", err)
+}
+
+/// `ADD Sequence :n` on `bucket`'s counter, as every writer takes sequence numbers (the
+/// library's writer, and a redriven dead letter); returns the new (last reserved) number.
+pub(crate) async fn reserve_sequence_numbers(
+    client: &Client,
+    table_name: &str,
+    keys: &Keys,
+    bucket: u32,
+    count: u64,
+) -> Result<u64> {
+    let out = client
+        .update_item()
+        .table_name(table_name)
+        .set_key(Some(
+            keys.key(keys.sequence_pk(bucket), schema::SEQUENCE_SK.into()),
+        ))
+        .update_expression("ADD #seq :n")
+        .expression_attribute_names("#seq", attr::SEQUENCE)
+        .expression_attribute_values(":n", schema::n(count))
+        .return_values(ReturnValue::UpdatedNew)
+        .send()
+        .await
+        .map_err(|e| from_sdk("UpdateItem", e))?;
+    let last: u64 = out
+        .attributes()
+        .and_then(|a| schema::get_n(a, attr::SEQUENCE))
+        .ok_or_else(|| Error::Corrupt {
+            pk: keys.sequence_pk(bucket),
+            sk: schema::SEQUENCE_SK.into(),
+            reason: "Sequence is missing or not a whole number after ADD".into(),
+        })?;
+    if last < count {
+        return Err(Error::Corrupt {
+            pk: keys.sequence_pk(bucket),
+            sk: schema::SEQUENCE_SK.into(),
+            reason: format!("Sequence {last} is smaller than the {count} numbers just reserved"),
+        });
+    }
+    debug!(bucket, last, count, "reserved sequence numbers");
+    Ok(last)
 }
 
 #[cfg(test)]
