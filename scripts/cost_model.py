@@ -1186,7 +1186,7 @@ def run_cell(args, mode_id: str, load: str, run_id: str, workdir: str) -> dict:
     published_h = ph("published")
     # The strongly consistent Query attempts an hour, when the binary reports them (its
     # summaries carry dynamodb_consistent_reads; older ones do not: None).
-    if any("dynamodb_consistent_reads" in (summary_of(r) or {}) for r in tick_recs + bell_recs):
+    if ta["dynamodb_consistent_reads"] or ba["dynamodb_consistent_reads"]:
         n = ta["invocations"]
         tick_part = ((3600 / period) * ta["dynamodb_consistent_reads"]["Query"] / n
                      if n else 0.0)
