@@ -1213,7 +1213,8 @@ def main() -> int:
                    help="the relay function's timeout, seconds (default 30; the template's "
                         "RelayTimeout is 70)")
     p.add_argument("--memory", type=int, default=sls.MEMORY_MB,
-                   help=f"the relay's memory, MB (default {sls.MEMORY_MB}, the template's)")
+                   help=f"the relay's memory, MB (default {sls.MEMORY_MB}; the template's "
+                   "RelayMemorySize is 128)")
     p.add_argument("--cpu-share", action="store_true",
                    help="the relay gets --memory/1769 of one CPU, as on Lambda "
                    "(lambda_runtime.py --cpu-share)")

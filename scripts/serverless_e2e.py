@@ -92,6 +92,8 @@ NAME = "serverless-e2e"
 
 # The template's settings (template.yaml): Globals and the functions' properties.
 BUCKET_COUNT = 8
+# Globals' MemorySize, the enqueue function's; the emulator gives the relay the same
+# (the template's RelayMemorySize is 128: continuity_e2e.py --memory 128 --cpu-share).
 MEMORY_MB = 256
 ENQUEUE_TIMEOUT_S = 10
 # The template reserves none by default (RelayReservedConcurrency empty); the emulator needs a

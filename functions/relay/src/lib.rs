@@ -41,7 +41,7 @@
 //!   exported, flushed before each invocation returns.
 //! - `OUTBOX_IDLE_STOP` defaults to [`DEFAULT_IDLE_STOP`] here (the library's default is
 //!   never), and `OUTBOX_MAX_IN_FLIGHT_BYTES` to an eighth of the function's memory
-//!   (`AWS_LAMBDA_FUNCTION_MEMORY_SIZE`; 32 MiB at 256 MB).
+//!   (`AWS_LAMBDA_FUNCTION_MEMORY_SIZE`; 16 MiB at the template's 128 MB).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -225,7 +225,7 @@ impl RelaySettings {
         }
         if lookup(dynamo_outbox::options::env::MAX_IN_FLIGHT_BYTES).is_none() {
             // Lambda says the function's memory size: an eighth of it for batches, so
-            // the 256 MB default holds 32 MiB of messages in flight with headroom.
+            // the template's 128 MB holds 16 MiB of messages in flight with headroom.
             if let Some(mb) = lookup("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
                 .and_then(|v| v.trim().parse::<usize>().ok())
             {
