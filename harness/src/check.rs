@@ -107,6 +107,8 @@ pub struct Figures {
     pub records: usize,
     /// Acknowledged messages found neither in Kafka nor in the table.
     pub lost: usize,
+    /// The first few of them, to trace through the relays' logs.
+    pub lost_examples: Vec<Ack>,
     /// Acknowledged messages without a record in Kafka (lost or never drained): with
     /// `unacked_records`, the id sets of acknowledged and delivered messages differ by
     /// these.
@@ -287,13 +289,15 @@ pub fn check(h: &History) -> Figures {
     // Lost: in neither Kafka nor the table (what is still in the table is "never drained").
     let left: std::collections::HashSet<&str> =
         h.left_in_table.iter().map(String::as_str).collect();
-    f.lost = h
+    let lost: Vec<&Ack> = h
         .acks
         .iter()
         .filter(|a| {
             !copies.contains_key(a.message_id.as_str()) && !left.contains(a.message_id.as_str())
         })
-        .count();
+        .collect();
+    f.lost = lost.len();
+    f.lost_examples = lost.into_iter().take(3).cloned().collect();
     f.undelivered = h
         .acks
         .iter()

@@ -130,7 +130,7 @@ impl Fleet {
             .env(
                 "RUST_LOG",
                 std::env::var("OUTBOX_HARNESS_RELAY_LOG")
-                    .unwrap_or_else(|_| "info,aws=warn,rskafka=warn".into()),
+                    .unwrap_or_else(|_| DEFAULT_RELAY_LOG.into()),
             )
             .env("NO_COLOR", "1")
             .env_remove("OUTBOX_TEST_CLOCK_OFFSET")
@@ -468,6 +468,12 @@ fn strip_ansi(line: &str) -> String {
     out
 }
 
+/// The relays' log filter unless `OUTBOX_HARNESS_RELAY_LOG` says otherwise: the debug
+/// events of each batch (what it fetched, what Kafka acknowledged at which offsets, what
+/// it deleted), so that a lost message can be traced ([`trace_message`]).
+pub const DEFAULT_RELAY_LOG: &str =
+    "info,aws=warn,rskafka=warn,dynamo_outbox::relay::batch=debug,dynamo_outbox::publish::kafka=debug";
+
 /// What a relay log says.
 #[derive(Debug, Default, PartialEq)]
 pub struct ParsedLog {
@@ -568,6 +574,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn trace_message_finds_the_batches_that_held_a_message() {
+        let dir = std::env::temp_dir().join(format!("harness-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("h-r01.log"),
+            "\
+2026-11-30T14:35:16.1Z  INFO run: dynamo_outbox::relay: bucket ownership bucket=3 ownership=\"owns\"
+2026-11-30T14:35:16.2Z DEBUG run: dynamo_outbox::relay::batch: fetched bucket=3 after=None fetched=5 first_sequence=10 last_sequence=14
+2026-11-30T14:35:16.3Z DEBUG run: dynamo_outbox::publish::kafka: produce acknowledged topic=\"t\" partition=1 records=5 first_offset=40 last_offset=44 bucket=3 first_sequence=10 last_sequence=14
+2026-11-30T14:35:16.4Z DEBUG run: dynamo_outbox::relay::batch: deleted published messages bucket=3 acknowledged=5 deleted=5 first_sequence=10 last_deleted_sequence=14
+2026-11-30T14:35:16.5Z DEBUG run: dynamo_outbox::relay::batch: fetched bucket=3 after=14 fetched=2 first_sequence=15 last_sequence=16
+2026-11-30T14:35:16.6Z DEBUG run: dynamo_outbox::relay::batch: fetched bucket=13 after=None fetched=5 first_sequence=10 last_sequence=14
+",
+        )
+        .unwrap();
+        let lines = trace_message(&dir, 3, 12);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(lines.len(), 4, "{lines:#?}");
+        assert!(lines[0].contains("h-r01:") && lines[0].contains("fetched bucket=3 after=None"));
+        assert!(lines[1].contains("first_offset=40"));
+        assert!(lines[2].contains("deleted=5"));
+        assert!(lines[3].contains("bucket ownership"));
+        let none = trace_message(std::path::Path::new("/nonexistent-harness-dir"), 3, 12);
+        assert!(none[0].contains("no relay logs"), "{none:?}");
+    }
+
+    #[test]
     fn parses_ownership_and_refusals() {
         let text = "\
 2026-11-30T14:35:16.123456Z  INFO run{relay_id=r1}: dynamo_outbox::relay: bucket ownership bucket=3 ownership=\"owns\"
@@ -636,4 +669,52 @@ mod tests {
         );
         assert_eq!(summary_refused("{\"_aws\":{}}\n"), None);
     }
+}
+
+/// The lines of the relay logs in `dir` about message `sequence` of `bucket`: the debug
+/// events of its bucket ("fetched", "produce acknowledged", "deleted published messages")
+/// whose sequence range holds it, and the bucket's ownership events, each prefixed with
+/// its log's name (at most 40 lines, those on the message first).
+pub fn trace_message(dir: &Path, bucket: u32, sequence: u64) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return vec![format!("(no relay logs in {})", dir.display())];
+    };
+    let mut logs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    logs.sort();
+    let bucket_field = bucket.to_string();
+    let (mut on_it, mut ownership) = (Vec::new(), Vec::new());
+    for log in logs {
+        let name = log
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let Ok(text) = std::fs::read_to_string(&log) else {
+            continue;
+        };
+        for raw in text.lines() {
+            let line = strip_ansi(raw);
+            if field(&line, "bucket") != Some(bucket_field.as_str()) {
+                continue;
+            }
+            let num = |name: &str| field(&line, name).and_then(|v| v.parse::<u64>().ok());
+            let last = num("last_sequence")
+                .or_else(|| num("last_deleted_sequence"))
+                .or_else(|| num("first_sequence"));
+            let holds = matches!((num("first_sequence"), last), (Some(a), Some(b)) if a <= sequence && sequence <= b);
+            if holds {
+                on_it.push(format!("  {name}: {line}"));
+            } else if line.contains("bucket ownership") {
+                ownership.push(format!("  {name}: {line}"));
+            }
+        }
+    }
+    if on_it.is_empty() {
+        on_it.push("  (no relay log line names it: never fetched?)".into());
+    }
+    on_it.truncate(30);
+    on_it.extend(ownership.into_iter().take(40 - on_it.len()));
+    on_it
 }

@@ -528,6 +528,18 @@ impl Outcome {
         }
         if f.lost > 0 {
             m.push(format!("{} acknowledged messages lost", f.lost));
+            for a in &f.lost_examples {
+                m.push(format!(
+                    "lost {} (key {} #{}, topic {}, bucket {} sequence {}); the relays' log lines on it:\n{}",
+                    a.message_id,
+                    a.key,
+                    a.counter,
+                    a.topic,
+                    a.bucket,
+                    a.sequence,
+                    fleet::trace_message(&self.dir, a.bucket, a.sequence).join("\n")
+                ));
+            }
         }
         if f.never_drained > 0 {
             m.push(format!("{} messages never drained", f.never_drained));

@@ -454,7 +454,20 @@ impl KafkaPublisher {
                 .produce(group.topic, group.partition, records, deadline)
                 .await;
             match &produced {
-                Ok(offsets) => span.acknowledged(offsets.first().copied()),
+                Ok(offsets) => {
+                    debug!(
+                        topic = group.topic,
+                        partition = group.partition,
+                        records = chunk.len(),
+                        first_offset = offsets.first().copied(),
+                        last_offset = offsets.last().copied(),
+                        bucket = batch[chunk[0]].bucket,
+                        first_sequence = batch[chunk[0]].sequence,
+                        last_sequence = batch[chunk[chunk.len() - 1]].sequence,
+                        "produce acknowledged"
+                    );
+                    span.acknowledged(offsets.first().copied())
+                }
                 Err(e) => span.failed(e),
             }
             match produced {

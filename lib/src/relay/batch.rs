@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::outcome::{BatchReport, BatchResult, Settled};
 use super::state::{Owned, RunState};
@@ -196,6 +196,16 @@ impl<P: Publisher> Relay<P> {
         let deleted = self
             .delete_published(bucket, &sequences, limits.delete)
             .await;
+        if let (Some(first), Some(last)) = (sequences.first(), sequences.get(deleted.max(1) - 1)) {
+            debug!(
+                bucket,
+                acknowledged = sequences.len(),
+                deleted,
+                first_sequence = first,
+                last_deleted_sequence = (deleted > 0).then_some(*last),
+                "deleted published messages"
+            );
+        }
         let full =
             fetched.messages.len() as u32 >= size.count || fetched.bytes >= self.batch_bytes();
         let published = Published {
@@ -256,7 +266,17 @@ impl<P: Publisher> Relay<P> {
             .fetch_bounded(bucket, owned.last_removed, size.count, size.bytes);
         match tokio::time::timeout_at(limit, fetching).await {
             Err(_) => Ok(ControlFlow::Break(BatchResult::FetchCut)),
-            Ok(Ok(f)) => Ok(ControlFlow::Continue(f)),
+            Ok(Ok(f)) => {
+                debug!(
+                    bucket,
+                    after = owned.last_removed,
+                    fetched = f.messages.len(),
+                    first_sequence = f.messages.first().map(|m| m.sequence),
+                    last_sequence = f.messages.last().map(|m| m.sequence),
+                    "fetched"
+                );
+                Ok(ControlFlow::Continue(f))
+            }
             Ok(Err(e @ Error::Corrupt { .. })) => Ok(ControlFlow::Break(BatchResult::Poison {
                 error: e,
                 at: None,
