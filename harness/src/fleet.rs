@@ -589,13 +589,24 @@ mod tests {
 ",
         )
         .unwrap();
+        std::fs::write(
+            dir.join("deliveries.jsonl"),
+            "{\"topic\":\"t\",\"partition\":1,\"offset\":40,\"message_id\":\"aaaaaaaa-1\"}\n\
+             {\"topic\":\"t\",\"partition\":1,\"offset\":42,\"message_id\":\"cccccccc-1\"}\n\
+             {\"topic\":\"t\",\"partition\":2,\"offset\":41,\"message_id\":\"bbbbbbbb-1\"}\n",
+        )
+        .unwrap();
         let lines = trace_message(&dir, 3, 12);
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(lines.len(), 4, "{lines:#?}");
+        assert_eq!(lines.len(), 5, "{lines:#?}");
         assert!(lines[0].contains("h-r01:") && lines[0].contains("fetched bucket=3 after=None"));
         assert!(lines[1].contains("first_offset=40"));
-        assert!(lines[2].contains("deleted=5"));
-        assert!(lines[3].contains("bucket ownership"));
+        assert_eq!(
+            lines[2],
+            "    Kafka read back t/1: 40:aaaaaaaa 41:none 42:cccccccc 43:none 44:none"
+        );
+        assert!(lines[3].contains("deleted=5"));
+        assert!(lines[4].contains("bucket ownership"));
         let none = trace_message(std::path::Path::new("/nonexistent-harness-dir"), 3, 12);
         assert!(none[0].contains("no relay logs"), "{none:?}");
     }
@@ -706,6 +717,9 @@ pub fn trace_message(dir: &Path, bucket: u32, sequence: u64) -> Vec<String> {
             let holds = matches!((num("first_sequence"), last), (Some(a), Some(b)) if a <= sequence && sequence <= b);
             if holds {
                 on_it.push(format!("  {name}: {line}"));
+                if line.contains("produce acknowledged") {
+                    on_it.push(kafka_at(dir, &line));
+                }
             } else if line.contains("bucket ownership") {
                 ownership.push(format!("  {name}: {line}"));
             }
@@ -717,4 +731,40 @@ pub fn trace_message(dir: &Path, bucket: u32, sequence: u64) -> Vec<String> {
     on_it.truncate(30);
     on_it.extend(ownership.into_iter().take(40 - on_it.len()));
     on_it
+}
+
+/// What the harness read back from Kafka (the scenario's `deliveries.jsonl`) at the offsets
+/// a "produce acknowledged" log line names: each offset with the first 8 characters of its
+/// record's message id, or "none".
+fn kafka_at(dir: &Path, produce_line: &str) -> String {
+    let topic = field(produce_line, "topic").unwrap_or_default();
+    let num = |name: &str| field(produce_line, name).and_then(|v| v.parse::<i64>().ok());
+    let (Some(partition), Some(first), Some(last)) =
+        (num("partition"), num("first_offset"), num("last_offset"))
+    else {
+        return "    (the line names no offsets)".into();
+    };
+    let text = std::fs::read_to_string(dir.join("deliveries.jsonl")).unwrap_or_default();
+    let mut at: BTreeMap<i64, String> = BTreeMap::new();
+    for d in text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    {
+        let offset = d["offset"].as_i64().unwrap_or(-1);
+        if d["topic"] == topic
+            && d["partition"].as_i64() == Some(partition)
+            && (first..=last).contains(&offset)
+        {
+            let id = d["message_id"].as_str().unwrap_or("(no id)");
+            at.insert(offset, id.chars().take(8).collect());
+        }
+    }
+    let held: Vec<String> = (first..=last)
+        .take(50)
+        .map(|o| format!("{o}:{}", at.get(&o).map_or("none", String::as_str)))
+        .collect();
+    format!(
+        "    Kafka read back {topic}/{partition}: {}",
+        held.join(" ")
+    )
 }
