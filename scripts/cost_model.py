@@ -99,7 +99,7 @@ from collections import Counter, defaultdict
 
 import boto3
 from botocore.config import Config
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
@@ -286,8 +286,8 @@ class Reader(threading.Thread):
                       "enable.auto.commit": False, "auto.offset.reset": "earliest",
                       "fetch.wait.max.ms": 50, "fetch.error.backoff.ms": 50})
         try:
-            c.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING)
-                      for p in range(self.partitions)])
+            # From offset 0, not OFFSET_BEGINNING (scripts/kafka.py says why).
+            c.assign([TopicPartition(self.topic, p, 0) for p in range(self.partitions)])
             self.assigned.set()
             while not self.stop.is_set():
                 msgs = c.consume(num_messages=500, timeout=0.05)

@@ -41,7 +41,6 @@ from typing import NoReturn
 
 try:
     from confluent_kafka import (
-        OFFSET_BEGINNING,
         TIMESTAMP_CREATE_TIME,
         TIMESTAMP_LOG_APPEND_TIME,
         Consumer,
@@ -204,9 +203,13 @@ def cmd_read(args: argparse.Namespace) -> int:
     )
     records = []
     try:
-        consumer.assign(
-            [TopicPartition(args.name, p, OFFSET_BEGINNING) for p in parts]
-        )
+        # From offset 0 itself, not OFFSET_BEGINNING: that is resolved by
+        # ListOffsets(earliest), which tansu answers with the batch written first
+        # (by time), not the lowest offset, so after concurrent first produces to a
+        # partition (the batch at offset 1 stored before the one at 0) it skips the
+        # record at offset 0.  Where 0 is gone (a cluster with retention),
+        # auto.offset.reset=earliest applies.
+        consumer.assign([TopicPartition(args.name, p, 0) for p in parts])
         # A partition is done when the consumer has reached the high watermark
         # reported by the fetch responses (partition EOF, then position >=
         # cached high watermark).  ListOffsets(Latest) was seen to lag behind
