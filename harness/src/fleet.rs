@@ -569,6 +569,93 @@ pub fn parse_log(text: &str) -> ParsedLog {
     out
 }
 
+/// The lines of the relay logs in `dir` about message `sequence` of `bucket`: the debug
+/// events of its bucket ("fetched", "produce acknowledged", "deleted published messages")
+/// whose sequence range holds it, and the bucket's ownership events, each prefixed with
+/// its log's name (at most 40 lines, those on the message first).
+pub fn trace_message(dir: &Path, bucket: u32, sequence: u64) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return vec![format!("(no relay logs in {})", dir.display())];
+    };
+    let mut logs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    logs.sort();
+    let bucket_field = bucket.to_string();
+    let (mut on_it, mut ownership) = (Vec::new(), Vec::new());
+    for log in logs {
+        let name = log
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let Ok(text) = std::fs::read_to_string(&log) else {
+            continue;
+        };
+        for raw in text.lines() {
+            let line = strip_ansi(raw);
+            if field(&line, "bucket") != Some(bucket_field.as_str()) {
+                continue;
+            }
+            let num = |name: &str| field(&line, name).and_then(|v| v.parse::<u64>().ok());
+            let last = num("last_sequence")
+                .or_else(|| num("last_deleted_sequence"))
+                .or_else(|| num("first_sequence"));
+            let holds = matches!((num("first_sequence"), last), (Some(a), Some(b)) if a <= sequence && sequence <= b);
+            if holds {
+                on_it.push(format!("  {name}: {line}"));
+                if line.contains("produce acknowledged") {
+                    on_it.push(kafka_at(dir, &line));
+                }
+            } else if line.contains("bucket ownership") {
+                ownership.push(format!("  {name}: {line}"));
+            }
+        }
+    }
+    if on_it.is_empty() {
+        on_it.push("  (no relay log line names it: never fetched?)".into());
+    }
+    on_it.truncate(30);
+    on_it.extend(ownership.into_iter().take(40 - on_it.len()));
+    on_it
+}
+
+/// What the harness read back from Kafka (the scenario's `deliveries.jsonl`) at the offsets
+/// a "produce acknowledged" log line names: each offset with the first 8 characters of its
+/// record's message id, or "none".
+fn kafka_at(dir: &Path, produce_line: &str) -> String {
+    let topic = field(produce_line, "topic").unwrap_or_default();
+    let num = |name: &str| field(produce_line, name).and_then(|v| v.parse::<i64>().ok());
+    let (Some(partition), Some(first), Some(last)) =
+        (num("partition"), num("first_offset"), num("last_offset"))
+    else {
+        return "    (the line names no offsets)".into();
+    };
+    let text = std::fs::read_to_string(dir.join("deliveries.jsonl")).unwrap_or_default();
+    let mut at: BTreeMap<i64, String> = BTreeMap::new();
+    for d in text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    {
+        let offset = d["offset"].as_i64().unwrap_or(-1);
+        if d["topic"] == topic
+            && d["partition"].as_i64() == Some(partition)
+            && (first..=last).contains(&offset)
+        {
+            let id = d["message_id"].as_str().unwrap_or("(no id)");
+            at.insert(offset, id.chars().take(8).collect());
+        }
+    }
+    let held: Vec<String> = (first..=last)
+        .take(50)
+        .map(|o| format!("{o}:{}", at.get(&o).map_or("none", String::as_str)))
+        .collect();
+    format!(
+        "    Kafka read back {topic}/{partition}: {}",
+        held.join(" ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -680,91 +767,4 @@ mod tests {
         );
         assert_eq!(summary_refused("{\"_aws\":{}}\n"), None);
     }
-}
-
-/// The lines of the relay logs in `dir` about message `sequence` of `bucket`: the debug
-/// events of its bucket ("fetched", "produce acknowledged", "deleted published messages")
-/// whose sequence range holds it, and the bucket's ownership events, each prefixed with
-/// its log's name (at most 40 lines, those on the message first).
-pub fn trace_message(dir: &Path, bucket: u32, sequence: u64) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return vec![format!("(no relay logs in {})", dir.display())];
-    };
-    let mut logs: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "log"))
-        .collect();
-    logs.sort();
-    let bucket_field = bucket.to_string();
-    let (mut on_it, mut ownership) = (Vec::new(), Vec::new());
-    for log in logs {
-        let name = log
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let Ok(text) = std::fs::read_to_string(&log) else {
-            continue;
-        };
-        for raw in text.lines() {
-            let line = strip_ansi(raw);
-            if field(&line, "bucket") != Some(bucket_field.as_str()) {
-                continue;
-            }
-            let num = |name: &str| field(&line, name).and_then(|v| v.parse::<u64>().ok());
-            let last = num("last_sequence")
-                .or_else(|| num("last_deleted_sequence"))
-                .or_else(|| num("first_sequence"));
-            let holds = matches!((num("first_sequence"), last), (Some(a), Some(b)) if a <= sequence && sequence <= b);
-            if holds {
-                on_it.push(format!("  {name}: {line}"));
-                if line.contains("produce acknowledged") {
-                    on_it.push(kafka_at(dir, &line));
-                }
-            } else if line.contains("bucket ownership") {
-                ownership.push(format!("  {name}: {line}"));
-            }
-        }
-    }
-    if on_it.is_empty() {
-        on_it.push("  (no relay log line names it: never fetched?)".into());
-    }
-    on_it.truncate(30);
-    on_it.extend(ownership.into_iter().take(40 - on_it.len()));
-    on_it
-}
-
-/// What the harness read back from Kafka (the scenario's `deliveries.jsonl`) at the offsets
-/// a "produce acknowledged" log line names: each offset with the first 8 characters of its
-/// record's message id, or "none".
-fn kafka_at(dir: &Path, produce_line: &str) -> String {
-    let topic = field(produce_line, "topic").unwrap_or_default();
-    let num = |name: &str| field(produce_line, name).and_then(|v| v.parse::<i64>().ok());
-    let (Some(partition), Some(first), Some(last)) =
-        (num("partition"), num("first_offset"), num("last_offset"))
-    else {
-        return "    (the line names no offsets)".into();
-    };
-    let text = std::fs::read_to_string(dir.join("deliveries.jsonl")).unwrap_or_default();
-    let mut at: BTreeMap<i64, String> = BTreeMap::new();
-    for d in text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-    {
-        let offset = d["offset"].as_i64().unwrap_or(-1);
-        if d["topic"] == topic
-            && d["partition"].as_i64() == Some(partition)
-            && (first..=last).contains(&offset)
-        {
-            let id = d["message_id"].as_str().unwrap_or("(no id)");
-            at.insert(offset, id.chars().take(8).collect());
-        }
-    }
-    let held: Vec<String> = (first..=last)
-        .take(50)
-        .map(|o| format!("{o}:{}", at.get(&o).map_or("none", String::as_str)))
-        .collect();
-    format!(
-        "    Kafka read back {topic}/{partition}: {}",
-        held.join(" ")
-    )
 }
