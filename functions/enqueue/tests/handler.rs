@@ -159,6 +159,8 @@ async fn a_retried_call_with_the_same_idempotency_key_returns_the_first_result()
         .handle(event(request.clone(), Duration::from_secs(10)))
         .await
         .expect("first call");
+    // The marker's window starts when the first call writes it, somewhere inside the call.
+    let first_done = std::time::Instant::now();
     assert_eq!(pending_messages(&client, &options).await, 2);
     let marker_pk =
         dynamo_outbox::protocol::schema::Keys::new(&options).idempotency_pk("order-42/create");
@@ -196,9 +198,10 @@ async fn a_retried_call_with_the_same_idempotency_key_returns_the_first_result()
     assert_ne!(third, first);
     assert_eq!(pending_messages(&client, &options).await, 4);
 
-    // After the retention window (counted from before the first call) the key writes again.
+    // After the retention window (counted from the end of the first call, which wrote the
+    // marker before it returned) the key writes again.
     tokio::time::sleep(
-        (retention + Duration::from_millis(100)).saturating_sub(first_call.elapsed()),
+        (retention + Duration::from_millis(100)).saturating_sub(first_done.elapsed()),
     )
     .await;
     let later = function
