@@ -18,81 +18,40 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
 use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point, Metric};
 use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, Span};
+use outbox_testkit::otlp::OtlpReceiver;
 use outbox_testkit::*;
 use prost::Message as _;
 
-/// Every metrics request the receiver got: path, content type, authorization header,
-/// decoded body.
-type Received = Arc<Mutex<Vec<(String, String, String, ExportMetricsServiceRequest)>>>;
-/// Every traces request the receiver got (`/v1/traces`): content type, authorization
-/// header, decoded body.
-type Traces = Arc<Mutex<Vec<(String, String, ExportTraceServiceRequest)>>>;
+/// Every metrics request the receiver got (every path but `/v1/traces`): path, content
+/// type, authorization header, decoded body.
+type Exports = Vec<(String, String, String, ExportMetricsServiceRequest)>;
 
-/// An OTLP/HTTP receiver on a free loopback port: answers every request of every
-/// connection with 200 and an empty body; `/v1/traces` bodies are decoded as
-/// `ExportTraceServiceRequest`, every other as `ExportMetricsServiceRequest`.
-fn receiver() -> (String, Received, Traces) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let received: Received = Arc::default();
-    let traces: Traces = Arc::default();
-    let (store, spans) = (received.clone(), traces.clone());
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let (store, spans) = (store.clone(), spans.clone());
-            std::thread::spawn(move || serve_otlp(stream, &store, &spans));
-        }
-    });
-    (endpoint, received, traces)
+fn metrics_exports(receiver: &OtlpReceiver) -> Exports {
+    receiver
+        .requests()
+        .into_iter()
+        .filter(|r| r.path != "/v1/traces")
+        .map(|r| {
+            let decoded = ExportMetricsServiceRequest::decode(r.body.as_slice())
+                .expect("the body is an ExportMetricsServiceRequest");
+            (r.path, r.content_type, r.authorization, decoded)
+        })
+        .collect()
 }
 
-fn serve_otlp(stream: TcpStream, store: &Received, spans: &Traces) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut stream = stream;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let path = line.split(' ').nth(1).unwrap_or("").to_string();
-        let (mut length, mut content_type, mut authorization) =
-            (0usize, String::new(), String::new());
-        loop {
-            let mut header = String::new();
-            reader.read_line(&mut header).unwrap();
-            let header = header.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            let (name, value) = header.split_once(':').unwrap();
-            match name.to_ascii_lowercase().as_str() {
-                "content-length" => length = value.trim().parse().unwrap(),
-                "content-type" => content_type = value.trim().to_string(),
-                "authorization" => authorization = value.trim().to_string(),
-                _ => {}
-            }
-        }
-        let mut body = vec![0; length];
-        reader.read_exact(&mut body).unwrap();
-        if path == "/v1/traces" {
-            let request = ExportTraceServiceRequest::decode(body.as_slice())
+/// Every traces request the receiver got (`/v1/traces`): content type, authorization
+/// header, decoded body.
+fn trace_exports(receiver: &OtlpReceiver) -> Vec<(String, String, ExportTraceServiceRequest)> {
+    receiver
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/traces")
+        .map(|r| {
+            let decoded = ExportTraceServiceRequest::decode(r.body.as_slice())
                 .expect("the body is an ExportTraceServiceRequest");
-            spans
-                .lock()
-                .unwrap()
-                .push((content_type, authorization, request));
-        } else {
-            let request = ExportMetricsServiceRequest::decode(body.as_slice())
-                .expect("the body is an ExportMetricsServiceRequest");
-            store
-                .lock()
-                .unwrap()
-                .push((path, content_type, authorization, request));
-        }
-        stream
-            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")
-            .unwrap();
-    }
+            (r.content_type, r.authorization, decoded)
+        })
+        .collect()
 }
 
 /// One HTTP GET: status and body.
@@ -334,7 +293,7 @@ fn assert_health_probes(lines: &mpsc::Receiver<String>) -> String {
 
 /// Every message in Kafka (none foreign), then an export that counted every one of them
 /// and one with a backlog sample.
-async fn wait_for_the_exports(topic: &str, written: &BTreeSet<String>, received: &Received) {
+async fn wait_for_the_exports(topic: &str, written: &BTreeSet<String>, receiver: &OtlpReceiver) {
     let read = tokio::task::spawn_blocking({
         let (topic, written) = (topic.to_string(), written.clone());
         move || {
@@ -356,8 +315,8 @@ async fn wait_for_the_exports(topic: &str, written: &BTreeSet<String>, received:
         "an export with publish.acknowledged = 30",
         Duration::from_secs(60),
         || {
-            let got = received.lock().unwrap();
-            got.iter()
+            metrics_exports(receiver)
+                .iter()
                 .any(|(_, _, _, r)| acknowledged(r) == Some(30.0))
                 .then_some(())
         },
@@ -367,8 +326,8 @@ async fn wait_for_the_exports(topic: &str, written: &BTreeSet<String>, received:
         "an export with a backlog sample",
         Duration::from_secs(60),
         || {
-            let got = received.lock().unwrap();
-            got.iter()
+            metrics_exports(receiver)
+                .iter()
                 .any(|(_, _, _, r)| metrics_of(r).contains_key("dekaf.outbox.pending.messages"))
                 .then_some(())
         },
@@ -743,18 +702,19 @@ fn assert_publish_spans(
 #[tokio::test(flavor = "multi_thread")]
 async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_probes() {
     let (options, topic, written, traced) = thirty_messages().await;
-    let (endpoint, received, traces) = receiver();
+    let receiver = OtlpReceiver::start();
+    let endpoint = receiver.endpoint.clone();
     let relay_id = random_name("otel-relay");
     let token = random_name("token");
     let relay = start_relay(&options, &endpoint, &relay_id, &token);
     let addr = assert_health_probes(&relay.lines);
-    wait_for_the_exports(&topic, &written, &received).await;
+    wait_for_the_exports(&topic, &written, &receiver).await;
     let (status, body) = get(&addr, "/readyz");
     assert_eq!(status, 200, "still ready after publishing: {body}");
 
     // A graceful stop: the last export after it still says 30, and so does the relay.
     let logs = stop_gracefully(relay);
-    let got = received.lock().unwrap();
+    let got = metrics_exports(&receiver);
     assert_exports_and_resource(&got, &token, &logs, &relay_id);
     let mut metrics = BTreeMap::new();
     for (_, _, _, r) in got.iter() {
@@ -764,7 +724,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
     assert_counters_and_gauges(&metrics);
     assert_ownership_and_backlog(&got);
     assert_histograms(&metrics);
-    assert_publish_spans(&traces.lock().unwrap(), &token, &topic, &written, &traced);
+    assert_publish_spans(&trace_exports(&receiver), &token, &topic, &written, &traced);
 }
 
 /// Readiness is not a constant: a relay whose DynamoDB refuses every connection is live

@@ -2,67 +2,26 @@
 //! a bucket parked behind a message on a topic outside `OUTBOX_ALLOWED_TOPICS` goes on
 //! after N attempts, the item is in the dead-letter partition, the relay logs it, and its
 //! OpenTelemetry export counts it (`dekaf.outbox.poison.quarantined`, received by a small
-//! OTLP/HTTP receiver here). A bad value is refused at start, naming the variable.
+//! OTLP/HTTP receiver, the testkit's). A bad value is refused at start, naming the variable.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 
 use dynamo_outbox::dead_letters::{self, Filter};
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
+use outbox_testkit::otlp::OtlpReceiver;
 use outbox_testkit::*;
 use prost::Message as _;
 
-type Received = Arc<Mutex<Vec<ExportMetricsServiceRequest>>>;
-
-/// An OTLP/HTTP receiver on a free loopback port that keeps every decoded export.
-fn receiver() -> (String, Received) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let received: Received = Arc::default();
-    let store = received.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let store = store.clone();
-            std::thread::spawn(move || serve(stream, &store));
-        }
-    });
-    (endpoint, received)
-}
-
-fn serve(stream: TcpStream, store: &Received) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut stream = stream;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let mut length = 0usize;
-        loop {
-            let mut header = String::new();
-            reader.read_line(&mut header).unwrap();
-            let header = header.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = header.split_once(':') {
-                if name.eq_ignore_ascii_case("content-length") {
-                    length = value.trim().parse().unwrap();
-                }
-            }
-        }
-        let mut body = vec![0; length];
-        reader.read_exact(&mut body).unwrap();
-        let request = ExportMetricsServiceRequest::decode(body.as_slice()).unwrap();
-        store.lock().unwrap().push(request);
-        stream
-            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")
-            .unwrap();
-    }
+/// Every metrics export the receiver got (not the publish spans, `/v1/traces`), decoded.
+fn metrics_exports(receiver: &OtlpReceiver) -> Vec<ExportMetricsServiceRequest> {
+    receiver
+        .requests()
+        .iter()
+        .filter(|r| r.path != "/v1/traces")
+        .map(|r| ExportMetricsServiceRequest::decode(r.body.as_slice()).unwrap())
+        .collect()
 }
 
 /// The value of the counter `name` in `request`, if it has one.
@@ -94,7 +53,8 @@ async fn outboxctl_relay_quarantines_after_n_attempts_and_its_export_counts_it()
     let after = msg(&topic);
     let placed = writer.enqueue(&[bad.clone(), after.clone()]).await.unwrap();
 
-    let (endpoint, received) = receiver();
+    let receiver = OtlpReceiver::start();
+    let endpoint = receiver.endpoint.clone();
     let out = tokio::task::spawn_blocking({
         let table = options.table_name.clone();
         let topic = topic.clone();
@@ -144,7 +104,7 @@ async fn outboxctl_relay_quarantines_after_n_attempts_and_its_export_counts_it()
     assert!(log.contains("quarantined a poison item"), "{log}");
     assert_eq!(pending_messages(&client, &options).await, 0);
     // The export counted it: 0 at first (the series exists from the start), 1 at the end.
-    let got = received.lock().unwrap();
+    let got = metrics_exports(&receiver);
     let values: Vec<i64> = got
         .iter()
         .filter_map(|r| counter(r, "dekaf.outbox.poison.quarantined"))

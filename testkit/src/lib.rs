@@ -1,12 +1,13 @@
 //! Test support of the outbox, shared by the integration tests, the benchmarks and the
 //! fault-injection harness: endpoints of the local stack from the environment (set by
 //! `scripts/stack.sh`), clients, random names, the independent Kafka reader, Lambda
-//! invocations and one configurable DynamoDB fault ([`Fault`]). No shipped crate depends
-//! on it but as a dev-dependency.
+//! invocations, an OTLP/HTTP receiver ([`otlp::OtlpReceiver`]) and one configurable
+//! DynamoDB fault ([`Fault`]). No shipped crate depends on it but as a dev-dependency.
 #![allow(unreachable_pub)]
 
 pub mod fault;
 pub mod lambda;
+pub mod otlp;
 
 pub use fault::{dynamodb_builder, faulty_dynamodb, Fault};
 

@@ -658,63 +658,6 @@ async fn the_emf_output_has_one_commit_to_ack_latency_per_published_message() {
     assert_eq!(published, 130.0, "{text}");
 }
 
-/// An OTLP/HTTP receiver on a free loopback port: decodes every request body as an
-/// `ExportTraceServiceRequest` and answers 200.
-fn trace_receiver() -> (
-    String,
-    std::sync::Arc<
-        std::sync::Mutex<
-            Vec<opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest>,
-        >,
-    >,
-) {
-    use prost::Message as _;
-    use std::io::{BufRead, BufReader, Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let store = received.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let store = store.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut stream = stream;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let mut length = 0usize;
-                    loop {
-                        let mut header = String::new();
-                        reader.read_line(&mut header).unwrap();
-                        let header = header.trim_end();
-                        if header.is_empty() {
-                            break;
-                        }
-                        let (name, value) = header.split_once(':').unwrap();
-                        if name.eq_ignore_ascii_case("content-length") {
-                            length = value.trim().parse().unwrap();
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    reader.read_exact(&mut body).unwrap();
-                    let request = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::decode(
-                        body.as_slice(),
-                    )
-                    .expect("an ExportTraceServiceRequest");
-                    store.lock().unwrap().push(request);
-                    stream
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                        .unwrap();
-                }
-            });
-        }
-    });
-    (endpoint, received)
-}
-
 /// With an OTLP endpoint configured (as the ADOT collector layer is), an invocation's
 /// publish spans are at the receiver when the invocation returns, linked to the trace of
 /// each message that carries one.
@@ -742,7 +685,8 @@ async fn an_invocation_exports_its_publish_spans_before_it_returns() {
         .await
         .unwrap();
 
-    let (endpoint, received) = trace_receiver();
+    let receiver = outbox_testkit::otlp::OtlpReceiver::start();
+    let endpoint = receiver.endpoint.clone();
     let function = RelayFunction::new(
         client.clone(),
         common::settings(
@@ -759,9 +703,17 @@ async fn an_invocation_exports_its_publish_spans_before_it_returns() {
     assert_eq!(summary.published, 2, "{summary:?}");
 
     // No waiting: the invocation flushed before it returned.
-    let spans: Vec<_> = received
-        .lock()
-        .unwrap()
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    let requests: Vec<ExportTraceServiceRequest> = receiver
+        .requests()
+        .iter()
+        .map(|r| {
+            use prost::Message as _;
+            ExportTraceServiceRequest::decode(r.body.as_slice())
+                .expect("an ExportTraceServiceRequest")
+        })
+        .collect();
+    let spans: Vec<_> = requests
         .iter()
         .flat_map(|r| r.resource_spans.iter())
         .flat_map(|rs| rs.scope_spans.iter())
