@@ -22,15 +22,14 @@ use outbox_testkit::otlp::OtlpReceiver;
 use outbox_testkit::*;
 use prost::Message as _;
 
-/// Every metrics request the receiver got (every path but `/v1/traces`): path, content
-/// type, authorization header, decoded body.
+/// Every metrics request the receiver got: path, content type, authorization header,
+/// decoded body.
 type Exports = Vec<(String, String, String, ExportMetricsServiceRequest)>;
 
 fn metrics_exports(receiver: &OtlpReceiver) -> Exports {
     receiver
-        .requests()
+        .metrics_requests()
         .into_iter()
-        .filter(|r| r.path != "/v1/traces")
         .map(|r| {
             let decoded = ExportMetricsServiceRequest::decode(r.body.as_slice())
                 .expect("the body is an ExportMetricsServiceRequest");
@@ -43,9 +42,8 @@ fn metrics_exports(receiver: &OtlpReceiver) -> Exports {
 /// header, decoded body.
 fn trace_exports(receiver: &OtlpReceiver) -> Vec<(String, String, ExportTraceServiceRequest)> {
     receiver
-        .requests()
+        .trace_requests()
         .into_iter()
-        .filter(|r| r.path == "/v1/traces")
         .map(|r| {
             let decoded = ExportTraceServiceRequest::decode(r.body.as_slice())
                 .expect("the body is an ExportTraceServiceRequest");

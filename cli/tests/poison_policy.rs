@@ -17,9 +17,8 @@ use prost::Message as _;
 /// Every metrics export the receiver got (not the publish spans, `/v1/traces`), decoded.
 fn metrics_exports(receiver: &OtlpReceiver) -> Vec<ExportMetricsServiceRequest> {
     receiver
-        .requests()
+        .metrics_requests()
         .iter()
-        .filter(|r| r.path != "/v1/traces")
         .map(|r| ExportMetricsServiceRequest::decode(r.body.as_slice()).unwrap())
         .collect()
 }

@@ -583,6 +583,7 @@ pub fn trace_message(dir: &Path, bucket: u32, sequence: u64) -> Vec<String> {
         .collect();
     logs.sort();
     let bucket_field = bucket.to_string();
+    let deliveries = std::fs::read_to_string(dir.join("deliveries.jsonl")).unwrap_or_default();
     let (mut on_it, mut ownership) = (Vec::new(), Vec::new());
     for log in logs {
         let name = log
@@ -605,7 +606,7 @@ pub fn trace_message(dir: &Path, bucket: u32, sequence: u64) -> Vec<String> {
             if holds {
                 on_it.push(format!("  {name}: {line}"));
                 if line.contains("produce acknowledged") {
-                    on_it.push(kafka_at(dir, &line));
+                    on_it.push(kafka_at(&deliveries, &line));
                 }
             } else if line.contains("bucket ownership") {
                 ownership.push(format!("  {name}: {line}"));
@@ -620,10 +621,10 @@ pub fn trace_message(dir: &Path, bucket: u32, sequence: u64) -> Vec<String> {
     on_it
 }
 
-/// What the harness read back from Kafka (the scenario's `deliveries.jsonl`) at the offsets
-/// a "produce acknowledged" log line names: each offset with the first 8 characters of its
-/// record's message id, or "none".
-fn kafka_at(dir: &Path, produce_line: &str) -> String {
+/// What the harness read back from Kafka (`deliveries`, the text of the scenario's
+/// `deliveries.jsonl`) at the offsets a "produce acknowledged" log line names: each offset
+/// with the first 8 characters of its record's message id, or "none".
+fn kafka_at(deliveries: &str, produce_line: &str) -> String {
     let topic = field(produce_line, "topic").unwrap_or_default();
     let num = |name: &str| field(produce_line, name).and_then(|v| v.parse::<i64>().ok());
     let (Some(partition), Some(first), Some(last)) =
@@ -631,9 +632,8 @@ fn kafka_at(dir: &Path, produce_line: &str) -> String {
     else {
         return "    (the line names no offsets)".into();
     };
-    let text = std::fs::read_to_string(dir.join("deliveries.jsonl")).unwrap_or_default();
     let mut at: BTreeMap<i64, String> = BTreeMap::new();
-    for d in text
+    for d in deliveries
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
     {

@@ -47,14 +47,29 @@ impl OtlpReceiver {
         OtlpReceiver { endpoint, requests }
     }
 
-    /// Every request so far.
-    pub fn requests(&self) -> Vec<OtlpRequest> {
+    /// The metrics exports so far (every request but the spans' `/v1/traces`).
+    pub fn metrics_requests(&self) -> Vec<OtlpRequest> {
+        self.requests_where(|path| path != TRACES_PATH)
+    }
+
+    /// The span exports so far (`/v1/traces`).
+    pub fn trace_requests(&self) -> Vec<OtlpRequest> {
+        self.requests_where(|path| path == TRACES_PATH)
+    }
+
+    fn requests_where(&self, keep: impl Fn(&str) -> bool) -> Vec<OtlpRequest> {
         self.requests
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .iter()
+            .filter(|r| keep(&r.path))
+            .cloned()
+            .collect()
     }
 }
+
+/// Where OTLP/HTTP exporters post spans.
+const TRACES_PATH: &str = "/v1/traces";
 
 /// Answers the requests of one connection until it closes.
 fn serve(stream: TcpStream, store: &Mutex<Vec<OtlpRequest>>) {

@@ -705,7 +705,7 @@ async fn an_invocation_exports_its_publish_spans_before_it_returns() {
     // No waiting: the invocation flushed before it returned.
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     let requests: Vec<ExportTraceServiceRequest> = receiver
-        .requests()
+        .trace_requests()
         .iter()
         .map(|r| {
             use prost::Message as _;

@@ -196,13 +196,13 @@ impl<P: Publisher> Relay<P> {
         let deleted = self
             .delete_published(bucket, &sequences, limits.delete)
             .await;
-        if let (Some(first), Some(last)) = (sequences.first(), sequences.get(deleted.max(1) - 1)) {
+        if let Some(first) = sequences.first() {
             debug!(
                 bucket,
                 acknowledged = sequences.len(),
                 deleted,
                 first_sequence = first,
-                last_deleted_sequence = (deleted > 0).then_some(*last),
+                last_deleted_sequence = deleted.checked_sub(1).map(|i| sequences[i]),
                 "deleted published messages"
             );
         }
