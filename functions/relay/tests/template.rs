@@ -936,6 +936,17 @@ fn reserved_concurrency_is_optional_and_off_by_default() {
     assert_eq!(t.matches("ReservedConcurrentExecutions:").count(), 1);
 }
 
+/// Tags: a stack's tags (`sam deploy --tags`) reach every resource CloudFormation tags;
+/// the functions' own tags reach the resources SAM generates for them only with
+/// PropagateTags, set once for both functions in the Globals.
+#[test]
+fn the_functions_tags_reach_the_resources_sam_generates_for_them() {
+    let t = template();
+    let globals = section(&t, "Globals").join("\n");
+    assert_eq!(value(&globals, "PropagateTags"), "true", "{globals}");
+    assert_eq!(t.matches("PropagateTags:").count(), 1);
+}
+
 /// Invocation reports: Lambda's START/REPORT lines are system logs at
 /// INFO; WARN dropped them.
 #[test]
