@@ -35,6 +35,7 @@
 #          scripts/streams.py: the doorbell)
 #        scripts/serverless_e2e.py --mode tick (the arm64 bootstraps under
 #          qemu-aarch64-static: a batch enqueued, one scheduled relay invocation)
+#        cargo test -p dynamo-outbox --lib (the library without optional features)
 #        cargo test --workspace --all-features (the local-stack test targets included)
 #
 # Build output goes to CARGO_TARGET_DIR (default ~/.cache/dynamo-outbox/target,
@@ -194,6 +195,13 @@ if [[ ${1:-} == --inside-stack ]]; then
         --arch aarch64 "${emulator[@]}" --relay-timeout 60 --init-timeout 30 || arm64=$?
     rm -rf "$sam_dir"
 
+    # The library as a service without its optional features builds it: every other
+    # step turns `otel` on, so only this one shows that a writer without it stamps no
+    # trace headers (writer::tests; a build of its own, about a minute).
+    step "cargo test -p dynamo-outbox --lib (no optional features)"
+    lib_plain=0
+    cargo test -p dynamo-outbox --lib || lib_plain=$?
+
     # Last, so that its summary lines ("test result: ...") close the output.
     # --no-fail-fast: every test binary runs and prints its summary even when
     # an earlier one failed (the exit status is still non-zero then).
@@ -221,6 +229,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     if ((setups != 0)); then
         echo "the Kafka setups' end-to-end test FAILED (exit $setups); see its output above" >&2
     fi
+    if ((lib_plain != 0)); then
+        echo "the library's unit tests without optional features FAILED (exit $lib_plain); see above" >&2
+    fi
     if ((e2e != 0)); then
         echo "lambda end-to-end test FAILED (exit $e2e); see its output above" >&2
         exit "$e2e"
@@ -245,6 +256,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     fi
     if ((setups != 0)); then
         exit "$setups"
+    fi
+    if ((lib_plain != 0)); then
+        exit "$lib_plain"
     fi
     exit 0
 fi

@@ -251,6 +251,82 @@ async fn enqueue_status_and_drain_against_the_stack() {
     assert!(text(&out.stdout).contains("drained: every bucket is empty (2 messages"));
 }
 
+/// `outboxctl status` with `OUTBOX_ALLOWED_TOPICS` set names a bucket parked behind a
+/// message on a topic outside the list: its bucket, sequence, topic, the reason and the
+/// command that moves it to the dead letters, in both forms.
+#[tokio::test]
+async fn status_names_a_bucket_parked_behind_a_disallowed_topic() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let table = options.table_name.as_str();
+    // Written by a writer without an allow-list (another service, or before the list).
+    let writer = dynamo_outbox::DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    writer
+        .enqueue(&[writer.message("audit").with_partition(2).with_value("v")])
+        .await
+        .unwrap();
+    writer
+        .enqueue(&[writer.message("orders").with_partition(2)])
+        .await
+        .unwrap();
+    writer
+        .enqueue(&[writer.message("orders").with_partition(1)])
+        .await
+        .unwrap();
+    let env = [
+        ("RUST_LOG", "warn"),
+        ("OUTBOX_ALLOWED_TOPICS", "orders,billing-*"),
+    ];
+    let args = ["status", "--json", "--table", table, "--bucket-count", "4"];
+    let out = outboxctl_env(&args, None, &env);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let parked: Vec<&serde_json::Value> = report["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["kind"] == "disallowed_topic_head")
+        .collect();
+    assert_eq!(parked.len(), 1, "{report:#}");
+    let w = parked[0];
+    assert_eq!(w["bucket"], 2, "{w:#}");
+    assert_eq!(w["parked"]["sequence"], 1, "{w:#}");
+    assert_eq!(w["parked"]["topic"], "audit", "{w:#}");
+    let reason = w["parked"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("topic \"audit\" is not allowed here")
+            && reason.contains("OUTBOX_ALLOWED_TOPICS: orders,billing-*"),
+        "{reason}"
+    );
+    assert_eq!(w["parked"]["command"], "outboxctl quarantine 2 1", "{w:#}");
+
+    // The human form says the same.
+    let out = outboxctl_env(&args[..1].iter().chain(&args[2..]).copied().collect::<Vec<_>>(), None, &env);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let human = text(&out.stdout);
+    for part in [
+        "bucket 2: parked behind",
+        "topic \"audit\"",
+        "outboxctl quarantine 2 1",
+        "outboxctl dead-letters",
+    ] {
+        assert!(human.contains(part), "{part}: {human}");
+    }
+
+    // Without the list, the same table has no parked head.
+    let out = outboxctl(&args, None);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        !report["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["kind"] == "disallowed_topic_head"),
+        "{report:#}"
+    );
+}
+
 fn run_owned(args: Vec<String>) -> Output {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     outboxctl(&refs, None)

@@ -475,6 +475,23 @@ mod tests {
         }
     }
 
+    /// Without the `otel` feature the writer has no trace context to stamp: inside a
+    /// `tracing` span (a service that traces without OpenTelemetry) its messages are
+    /// written as they are, their items without a `Headers` attribute. `scripts/test.sh`
+    /// runs the library's unit tests without features for this.
+    #[cfg(not(feature = "otel"))]
+    #[test]
+    fn without_the_otel_feature_a_writer_writes_no_trace_headers() {
+        let span = tracing::info_span!("place order");
+        let _inside = span.enter();
+        let batch = [OutboxMessage::new("orders", 8).with_key("order-1")];
+        let written = with_current_trace(&batch);
+        assert!(matches!(written, Cow::Borrowed(_)));
+        let keys = Keys::new(&OutboxOptions::new("orders-outbox"));
+        let item = schema::message_item(&keys, &written[0], written[0].bucket(), 1).unwrap();
+        assert!(!item.contains_key(attr::HEADERS), "{item:?}");
+    }
+
     #[test]
     fn the_allow_list_is_an_option_of_the_writer_checked_before_anything_is_sent() {
         let options = OutboxOptions::new("orders-outbox");
