@@ -29,7 +29,11 @@ future; a lease is unlapsed while ExpiresAtUtc is after now, both in .NET ticks)
 "owner gap" figures: every such interval, the longest, a histogram; those before the
 bucket's first owner (the wake-up of an idle fleet) apart from the later ones (handovers
 between relays).  An interval's length is measured between samples, so it is known to
-about one sampling period.
+about one sampling period.  The idle fleet's first owner is timed more closely by a
+second thread that reads only the coordination partition, one read after another,
+until every bucket has had an owner ("first_owner"): a bucket's first claim landed
+after the start of the last read that did not show it and before the end of the first
+that did.
 
 Scenarios:
 
@@ -259,12 +263,12 @@ def kafka(bootstrap: str | None, *args: str) -> str:
 # ------------------------------------------------------------------ the writer
 
 def burst(table: str, business: str, prefix: str, topic: str, n: int, value_bytes: int,
-          nkeys: int, writers: int) -> tuple[list[dict], float, float]:
+          nkeys: int, writers: int) -> tuple[list[dict], float, float, float]:
     """n messages over nkeys keys, written by `writers` threads (a key belongs to one
     thread, so its messages are committed in order), each TransactWriteItems 99 messages
     and a business item (serverless_e2e.direct_write: ADD Sequence per bucket, then the
-    transaction).  Returns the messages, the first commit's start and the last commit's
-    end."""
+    transaction).  Returns the messages, the first commit's start, the last commit's
+    end and the first commit's end (the earliest return of one)."""
     keys = [f"customer-{i}" for i in range(nkeys)]
     per_thread: list[list[dict]] = [[] for _ in range(writers)]
     for i in range(n):
@@ -294,10 +298,90 @@ def burst(table: str, business: str, prefix: str, topic: str, n: int, value_byte
         t.join()
     check(not errors, f"the burst writers failed: {errors}")
     out = [m for ms in per_thread for m in ms]
-    return out, min(first), max(last)
+    return out, min(first), max(last), min(last)
 
 
 # ------------------------------------------------------------------ the monitor
+
+def live_owners(items: list[dict], now: int, lease_ticks: int) -> tuple[set, dict]:
+    """The active relays of a coordination read and the live owner of each bucket (the
+    rules in the module docstring)."""
+    active = set()
+    for i in items:
+        sk = i["SK"]["S"]
+        if not sk.startswith("RELAY#") or "StoppedAtUtc" in i:
+            continue
+        try:
+            seen = int(i["LastSeenUtc"]["N"])
+        except (KeyError, ValueError):
+            continue
+        if seen <= now + lease_ticks and now - seen < lease_ticks:
+            active.add(sk[len("RELAY#"):])
+    owner = {}
+    for i in items:
+        sk = i["SK"]["S"]
+        if not sk.startswith("LEASE#") or "Owner" not in i:
+            continue
+        try:
+            expires = int(i["ExpiresAtUtc"]["N"])
+        except (KeyError, ValueError):
+            expires = 0
+        b = int(sk[len("LEASE#"):])
+        if b < BUCKETS and expires > now and i["Owner"]["S"] in active:
+            owner[b] = i["Owner"]["S"]
+    return active, owner
+
+
+class FirstOwnerWatch(threading.Thread):
+    """Reads the coordination partition, one strongly consistent read after another,
+    until every bucket has had a live owner (or it is stopped): when each bucket's first
+    claim landed, to within one read (about one DynamoDB request, where the monitor's
+    sample is nine)."""
+
+    def __init__(self, monitor: "Monitor"):
+        super().__init__(daemon=True)
+        self.monitor = monitor
+        self.reads: list[tuple[float, float, set]] = []  # (start, end, owned buckets)
+        self.stop_flag = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_flag.is_set():
+            t0 = time.time()
+            try:
+                items = self.monitor.coordination()
+            except Exception:  # a lost read only widens the window
+                continue
+            _, owner = live_owners(items, now_ticks(t0), self.monitor.lease_ticks)
+            self.reads.append((t0, time.time(), set(owner)))
+            if len(set().union(*(r[2] for r in self.reads))) == BUCKETS:
+                return
+            self.stop_flag.wait(0.02)
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.join(timeout=10)
+
+    def figures(self, first_start: float, first_return: float) -> dict:
+        """Per bucket, the window in which its first claim landed; the longest time from
+        the first commit (its return, and its start) to a bucket's first owner."""
+        landed: dict[int, tuple[float, float]] = {}
+        prev_start = None
+        for start, end, owned in self.reads:
+            for b in owned:
+                if b not in landed:
+                    landed[b] = (prev_start if prev_start is not None else start, end)
+            prev_start = start
+        if not landed:
+            return {"buckets_owned": 0, "reads": len(self.reads)}
+        latest = max(hi for _, hi in landed.values())
+        return {
+            "buckets_owned": len(landed), "reads": len(self.reads),
+            "first_commit_returned_after_s": r3(first_return - first_start),
+            "after_first_commit_return_s": r3(latest - first_return),
+            "after_first_commit_start_s": r3(latest - first_start),
+            "window_s": r3(max(hi - lo for lo, hi in landed.values())),
+        }
+
 
 class Monitor(threading.Thread):
     """Samples the coordination partition and the head of each message partition."""
@@ -335,31 +419,7 @@ class Monitor(threading.Thread):
 
     def sample(self) -> dict:
         t = time.time()
-        items = self.coordination()
-        now = now_ticks(t)
-        active = set()
-        for i in items:
-            sk = i["SK"]["S"]
-            if not sk.startswith("RELAY#") or "StoppedAtUtc" in i:
-                continue
-            try:
-                seen = int(i["LastSeenUtc"]["N"])
-            except (KeyError, ValueError):
-                continue
-            if seen <= now + self.lease_ticks and now - seen < self.lease_ticks:
-                active.add(sk[len("RELAY#"):])
-        owner = {}
-        for i in items:
-            sk = i["SK"]["S"]
-            if not sk.startswith("LEASE#") or "Owner" not in i:
-                continue
-            try:
-                expires = int(i["ExpiresAtUtc"]["N"])
-            except (KeyError, ValueError):
-                expires = 0
-            b = int(sk[len("LEASE#"):])
-            if b < BUCKETS and expires > now and i["Owner"]["S"] in active:
-                owner[b] = i["Owner"]["S"]
+        active, owner = live_owners(self.coordination(), now_ticks(t), self.lease_ticks)
         heads = [self.head(b) for b in range(BUCKETS)]
         return {"t": t, "t_end": time.time(), "owner": owner, "heads": heads,
                 "active": sorted(active)}
@@ -682,11 +742,13 @@ def run_lambda_burst(args, workdir: str, started: list, messages: int,
          f"template, no schedule); streams.py poll with the template's mapping")
     monitor = Monitor(table, prefix, args.lease_seconds, args.monitor_interval)
     monitor.start()
+    watch = FirstOwnerWatch(monitor)
+    watch.start()
     time.sleep(1.0)
     if before:
         before()
-    sent, t_first, t_last = burst(table, business, prefix, topic, messages, args.value_bytes,
-                                  args.keys, args.writers)
+    sent, t_first, t_last, t_first_return = burst(
+        table, business, prefix, topic, messages, args.value_bytes, args.keys, args.writers)
     step(f"burst: {len(sent)} messages of ~{args.value_bytes} B over {args.keys} keys "
          f"committed in {t_last - t_first:.1f}s by {args.writers} writers")
     extra = during(monitor, t_first) if during else {}
@@ -695,6 +757,7 @@ def run_lambda_burst(args, workdir: str, started: list, messages: int,
          f"first commit")
     wait_relay_quiet(relay, batch_log, args.relay_timeout + 60)
     monitor.stop()
+    watch.stop()
     pc = stop_poller(poller, poller_stats, started)
     invs = invocations(relay)
     refused = check_invocations(invs, {"doorbell", "successor"})
@@ -721,7 +784,8 @@ def run_lambda_burst(args, workdir: str, started: list, messages: int,
                                             "schedule_ticks", "peak_concurrency") if k in totals},
         "poller": {k: pc[k] for k in ("batches", "records", "expired_records", "throttles",
                                       "function_errors", "dropped_records")},
-        "owner_gaps": monitor.gaps(t_first), "alarms": alarm_rep,
+        "owner_gaps": monitor.gaps(t_first),
+        "first_owner": watch.figures(t_first, t_first_return), "alarms": alarm_rep,
         "_monitor": monitor, "_t_first": t_first, "_stamps": stamps, "_relay": relay,
         **extra,
     }
@@ -749,8 +813,8 @@ def run_always_on(args, workdir: str, started: list) -> dict:
         check(time.time() < deadline, f"outboxctl relay holds {s and s['owner']} after 60s")
         time.sleep(0.2)
     step(f"always-on: `{args.outboxctl} relay` on table {table} holds all {BUCKETS} buckets")
-    sent, t_first, t_last = burst(table, business, prefix, topic, args.messages,
-                                  args.value_bytes, args.keys, args.writers)
+    sent, t_first, t_last, _ = burst(table, business, prefix, topic, args.messages,
+                                     args.value_bytes, args.keys, args.writers)
     step(f"always-on: burst of {len(sent)} committed in {t_last - t_first:.1f}s")
     drained_at = wait_drained(monitor, t_last, args.wait, "the always-on relay")
     monitor.stop()
@@ -790,9 +854,13 @@ def scenario_burst(args, workdir: str, started: list) -> dict:
     started.remove(relay)
     check_no_trouble_alarm(lam["alarms"], "a healthy drain")
     g = lam["owner_gaps"]
+    fo = lam["first_owner"]
     step(f"lambda: drain {lam['drain_s']}s, invocations {lam['relay']['by_trigger']}, "
          f"successors started {lam['relay']['successors_started']}, max owner gap "
-         f"{g['max_gap_s']}s ({g['max_gap_after_first_owner_s']}s after the first owner)")
+         f"{g['max_gap_s']}s ({g['max_gap_after_first_owner_s']}s after the first owner); "
+         f"every bucket owned {fo.get('after_first_commit_return_s')}s after the first "
+         f"commit returned ({fo.get('after_first_commit_start_s')}s after it started, "
+         f"known to {fo.get('window_s')}s)")
     result = {"scenario": "burst", "relay_timeout_s": args.relay_timeout,
               "relay_env": relay_template_env(), "lambda": public(lam)}
     if not args.no_compare:
