@@ -120,6 +120,9 @@ async fn list_show_redrive_and_purge_through_the_binary() {
     assert_eq!(audit[0]["message_id"], b.message_id.to_string());
     assert_eq!(audit[0]["bucket"], 3);
     assert_eq!(audit[0]["reason"], "moved by an operator");
+    // --older-than: all three were quarantined a moment ago.
+    let old = json(&run(&["list", "--older-than", "1h", "--json"]));
+    assert_eq!(old["dead_letters"].as_array().unwrap().len(), 0, "{old}");
     let table_text = text(&run(&["list", "--bucket", "1"]).stdout);
     assert!(
         table_text.contains("MESSAGE ID") && table_text.contains(&a.message_id.to_string()),
