@@ -30,10 +30,10 @@ future; a lease is unlapsed while ExpiresAtUtc is after now, both in .NET ticks)
 bucket's first owner (the wake-up of an idle fleet) apart from the later ones (handovers
 between relays).  An interval's length is measured between samples, so it is known to
 about one sampling period.  The idle fleet's first owner is timed more closely by a
-second thread that reads only the coordination partition, one read after another,
-until every bucket has had an owner ("first_owner"): a bucket's first claim landed
-after the start of the last read that did not show it and before the end of the first
-that did.
+thread that reads only the coordination partition, one read after another, until
+every bucket has had an owner ("first_owner"): a claim landed after the start of the
+last read that did not show it and before the end of the first that did, and a bucket's
+first message between the first commit's start and its return.
 
 Scenarios:
 
@@ -51,9 +51,10 @@ burst  A burst of --messages (3000) messages of --value-bytes (1000) over --keys
        --no-compare) the same burst into another fresh table with ONE always-on relay
        (`outboxctl relay` with the same table settings and its defaults, started and
        holding every bucket before the burst; SIGTERM once drained): its drain time, its
-       owner gaps, and the ratio of the two drain times.  The goals (ratio <= 1.1, max
-       owner gap after the first owner <= 2 s) are reported as goal_met; they fail the
-       run only with --enforce-goals.
+       owner gaps, and the ratio of the two drain times.  The goals (the longest owner
+       gap after the first owner and, at most, before it <= 2 s; with the comparison,
+       ratio <= 1.1) are reported under "goals"; they fail the run only with
+       --enforce-goals.
 
 outage A burst of --messages (1000) into a relay whose Kafka is a private tansu behind a
        TCP proxy in this script (tansu advertises the proxy, so every connection of
@@ -332,11 +333,26 @@ def live_owners(items: list[dict], now: int, lease_ticks: int) -> tuple[set, dic
     return active, owner
 
 
+def first_change(reads: list[tuple[float, float, bool]]) -> tuple[float, float] | None:
+    """When a condition a series of reads watched first held: after the start of the last
+    read before it that did not show it, before the end of the first that did (a
+    strongly consistent read sees every write completed before it started)."""
+    prev_start = None
+    for start, end, seen in reads:
+        if seen:
+            return (prev_start if prev_start is not None else start, end)
+        prev_start = start
+    return None
+
+
 class FirstOwnerWatch(threading.Thread):
-    """Reads the coordination partition, one strongly consistent read after another,
-    until every bucket has had a live owner (or it is stopped): when each bucket's first
-    claim landed, to within one read (about one DynamoDB request, where the monitor's
-    sample is nine)."""
+    """The idle fleet's first owner, timed to within one read (the monitor's sample is
+    nine reads): reads the coordination partition, one strongly consistent read after
+    another, until every bucket has had a live owner (or it is stopped).  Watching the
+    buckets' heads as closely too was tried: eight more readers slowed DynamoDB Local
+    (the first doorbell reached the function 1.08-1.19 s after the first commit's start
+    in three 3,000 bursts, against 0.51-0.81 s in six without them) and knew a message's
+    arrival no better than the first commit's own start and return do."""
 
     def __init__(self, monitor: "Monitor"):
         super().__init__(daemon=True)
@@ -345,7 +361,8 @@ class FirstOwnerWatch(threading.Thread):
         self.stop_flag = threading.Event()
 
     def run(self) -> None:
-        while not self.stop_flag.is_set():
+        seen: set = set()
+        while not self.stop_flag.is_set() and len(seen) < BUCKETS:
             t0 = time.time()
             try:
                 items = self.monitor.coordination()
@@ -353,8 +370,7 @@ class FirstOwnerWatch(threading.Thread):
                 continue
             _, owner = live_owners(items, now_ticks(t0), self.monitor.lease_ticks)
             self.reads.append((t0, time.time(), set(owner)))
-            if len(set().union(*(r[2] for r in self.reads))) == BUCKETS:
-                return
+            seen |= set(owner)
             self.stop_flag.wait(0.02)
 
     def stop(self) -> None:
@@ -362,24 +378,26 @@ class FirstOwnerWatch(threading.Thread):
         self.join(timeout=10)
 
     def figures(self, first_start: float, first_return: float) -> dict:
-        """Per bucket, the window in which its first claim landed; the longest time from
-        the first commit (its return, and its start) to a bucket's first owner."""
-        landed: dict[int, tuple[float, float]] = {}
-        prev_start = None
-        for start, end, owned in self.reads:
-            for b in owned:
-                if b not in landed:
-                    landed[b] = (prev_start if prev_start is not None else start, end)
-            prev_start = start
+        """Bounds of the longest time a bucket had a message and no owner before its
+        first owner.  A bucket's first message became visible after the first commit
+        started; some bucket's, before the first commit returned.  So the longest such
+        time is at most (the last bucket's first claim landed, at the latest) - (the first
+        commit's start), and at least (the first claim landed, at the earliest) - (the
+        first commit's return)."""
+        landed = {}
+        for b in range(BUCKETS):
+            w = first_change([(s, e, b in o) for s, e, o in self.reads])
+            if w is not None:
+                landed[b] = w
         if not landed:
-            return {"buckets_owned": 0, "reads": len(self.reads)}
-        latest = max(hi for _, hi in landed.values())
+            return {"buckets": 0, "reads": len(self.reads)}
         return {
-            "buckets_owned": len(landed), "reads": len(self.reads),
+            "buckets": len(landed), "reads": len(self.reads),
+            "longest_without_owner_s": {
+                "at_least": r3(max(0.0, min(lo for lo, _ in landed.values()) - first_return)),
+                "at_most": r3(max(hi for _, hi in landed.values()) - first_start)},
             "first_commit_returned_after_s": r3(first_return - first_start),
-            "after_first_commit_return_s": r3(latest - first_return),
-            "after_first_commit_start_s": r3(latest - first_start),
-            "window_s": r3(max(hi - lo for lo, hi in landed.values())),
+            "claim_window_s": r3(max(hi - lo for lo, hi in landed.values())),
         }
 
 
@@ -854,15 +872,19 @@ def scenario_burst(args, workdir: str, started: list) -> dict:
     started.remove(relay)
     check_no_trouble_alarm(lam["alarms"], "a healthy drain")
     g = lam["owner_gaps"]
-    fo = lam["first_owner"]
+    fo = lam["first_owner"].get("longest_without_owner_s", {})
     step(f"lambda: drain {lam['drain_s']}s, invocations {lam['relay']['by_trigger']}, "
          f"successors started {lam['relay']['successors_started']}, max owner gap "
          f"{g['max_gap_s']}s ({g['max_gap_after_first_owner_s']}s after the first owner); "
-         f"every bucket owned {fo.get('after_first_commit_return_s')}s after the first "
-         f"commit returned ({fo.get('after_first_commit_start_s')}s after it started, "
-         f"known to {fo.get('window_s')}s)")
+         f"before its first owner a bucket had a message and no owner for "
+         f"{fo.get('at_least')}-{fo.get('at_most')}s")
     result = {"scenario": "burst", "relay_timeout_s": args.relay_timeout,
-              "relay_env": relay_template_env(), "lambda": public(lam)}
+              "relay_env": relay_template_env(), "lambda": public(lam),
+              "goals": {
+                  "max_owner_gap_after_first_owner_le_2s":
+                      g["max_gap_after_first_owner_s"] <= 2.0,
+                  "max_owner_gap_before_first_owner_le_2s":
+                      fo.get("at_most") is not None and fo["at_most"] <= 2.0}}
     if not args.no_compare:
         on = run_always_on(args, workdir, started)
         step(f"always-on: drain {on['drain_s']}s, max owner gap "
@@ -870,10 +892,7 @@ def scenario_burst(args, workdir: str, started: list) -> dict:
         ratio = lam["drain_s"] / on["drain_s"]
         result["always_on"] = on
         result["drain_ratio"] = r3(ratio)
-        result["goals"] = {
-            "drain_ratio_le_1.1": ratio <= 1.1,
-            "max_owner_gap_after_first_owner_le_2s": g["max_gap_after_first_owner_s"] <= 2.0,
-        }
+        result["goals"]["drain_ratio_le_1.1"] = ratio <= 1.1
     return result
 
 
