@@ -367,10 +367,11 @@ class FirstOwnerWatch(threading.Thread):
             try:
                 items = self.monitor.coordination()
             except Exception:  # a lost read only widens the window
-                continue
-            _, owner = live_owners(items, now_ticks(t0), self.monitor.lease_ticks)
-            self.reads.append((t0, time.time(), set(owner)))
-            seen |= set(owner)
+                items = None
+            if items is not None:
+                _, owner = live_owners(items, now_ticks(t0), self.monitor.lease_ticks)
+                self.reads.append((t0, time.time(), set(owner)))
+                seen |= set(owner)
             self.stop_flag.wait(0.02)
 
     def stop(self) -> None:
