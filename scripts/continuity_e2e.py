@@ -206,6 +206,8 @@ def start_relay(args, workdir: str, started: list, table: str, prefix: str,
                      extra_args=["--template", TEMPLATE, "--template-function", "RelayFunction",
                                  "--param", "KafkaBootstrapServers=local:9092",
                                  "--memory", str(args.memory),
+                                 "--timed-log-file",
+                                 os.path.join(workdir, "RelayFunction.timed.log"),
                                  *(["--cpu-share"] if args.cpu_share else []),
                                  *(extra_args or [])])
     started.append(relay)
@@ -1337,7 +1339,9 @@ def main() -> int:
                    help="bus: wire the bus whatever the template says (must fail)")
     p.add_argument("--enforce-goals", action="store_true",
                    help="exit 1 when a goal (not a correctness check) is missed")
-    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the work directory (the relay's log with each line's arrival "
+                   "time is RelayFunction.timed.log there)")
     args = p.parse_args()
     if args.messages is None:
         args.messages = 1000 if args.scenario == "outage" else 3000

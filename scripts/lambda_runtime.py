@@ -125,7 +125,8 @@ exits with status 2 when it cannot create one.  Not modelled: Lambda's burst cre
 and the speed of its CPUs against this host's.
 
 The function's stdout and stderr go to our stderr (or --log-file), each line
-prefixed with "[NAME:ENV]", with Lambda's START / END / REPORT lines.
+prefixed with "[NAME:ENV]", with Lambda's START / END / REPORT lines; with
+--timed-log-file also to that file, each line prefixed with its arrival time as well.
 
 Standard library only (--template needs PyYAML, in the stack's venv).  Exit codes: 0 after a shutdown, 2 usage.
 """
@@ -372,6 +373,8 @@ class Service:
             "AWS_DEFAULT_REGION") or "us-east-1"
         self.arn = f"arn:aws:lambda:{self.region}:{args.account_id}:function:{self.name}"
         self.log_out = open(args.log_file, "a", buffering=1) if args.log_file else sys.stderr
+        self.timed_log = (open(args.timed_log_file, "a", buffering=1)
+                          if args.timed_log_file else None)
         self.log_lock = threading.Lock()
         self.binary = os.path.abspath(args.binary)
         self.task_root = args.cwd or os.path.dirname(self.binary)
@@ -385,6 +388,8 @@ class Service:
             try:
                 self.log_out.write(f"[{self.name}:{env.name}] {line}\n")
                 self.log_out.flush()
+                if self.timed_log is not None:
+                    self.timed_log.write(f"{time.time():.3f} [{self.name}:{env.name}] {line}\n")
             except ValueError:
                 pass
         target = inv or env.current
@@ -1157,6 +1162,10 @@ def main() -> int:
     p.add_argument("--port-file", help="write the client API port to this file once listening")
     p.add_argument("--stats-file", help="write the final stats JSON here on exit")
     p.add_argument("--log-file", help="append the function's logs here instead of stderr")
+    p.add_argument("--timed-log-file",
+                   help="also append each line of the function's logs here, prefixed with "
+                   "the time it arrived (seconds since the epoch, to the millisecond): the "
+                   "function's JSON lines carry no time of their own")
     p.add_argument("--schedule", type=float, metavar="SECONDS",
                    help="invoke asynchronously with a scheduled event every SECONDS")
     p.add_argument("--schedule-offset", type=float, metavar="SECONDS",
