@@ -435,7 +435,8 @@ def direct_write(table: str, business_table: str, prefix: str, topic: str,
     """What a service writing through the library does, in boto3: reserve numbers per
     bucket (ADD Sequence, UPDATED_NEW; in message order), then one TransactWriteItems
     with the business item and each message's Put (attribute_not_exists on the sort
-    key).  Returns each message with its id, bucket and sequence."""
+    key).  Returns each message with its id, bucket and sequence, and when the commit
+    started (the call) and was sent (its first attempt's request leaving the client)."""
     client = ddb()
     by_bucket: dict[int, list[dict]] = collections.OrderedDict()
     for m in messages:
@@ -474,9 +475,16 @@ def direct_write(table: str, business_table: str, prefix: str, topic: str,
         puts.append({"Put": {"TableName": table, "Item": item,
                              "ConditionExpression": "attribute_not_exists(#sk)",
                              "ExpressionAttributeNames": {"#sk": "SK"}}})
+    sent = []
+    # botocore's before-send: the request serialized and signed, about to leave the client
+    # (nothing of it can be in the table before this).
+    client.meta.events.register("before-send.dynamodb.TransactWriteItems",
+                                lambda **_: sent.append(time.time()))
     for m in messages:
         m["commit_started"] = time.time()
     client.transact_write_items(TransactItems=puts)
+    for m in messages:
+        m["commit_sent"] = sent[0] if sent else m["commit_started"]
     return messages
 
 
