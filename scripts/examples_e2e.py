@@ -64,8 +64,8 @@ def check(cond: bool, msg: str) -> None:
         fail(msg)
 
 
-def run(args: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(args, capture_output=True, text=True, timeout=120, **kw)
+def run(args: list[str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def scan(table: str) -> list[dict]:
@@ -187,8 +187,10 @@ def main() -> int:
     step("building outboxctl and the examples (dev profile)")
     # The features `cargo test --workspace --all-features` resolves: that step then finds
     # the library, the examples and outboxctl built (cargo test builds examples too).
+    # On a fresh machine this is the workspace's first debug build (about ten minutes on
+    # two cores): bounded, but far above that.
     out = run(["cargo", "build", "-q", "--workspace", "--all-features", "--examples",
-               "--bin", "outboxctl"], cwd=ROOT)
+               "--bin", "outboxctl"], timeout=2400, cwd=ROOT)
     check(out.returncode == 0, f"cargo build: {out.stderr}")
     built = time.monotonic()
 
