@@ -1300,45 +1300,40 @@ def scenario_bus(args, workdir: str, started: list) -> dict:
 
 # ------------------------------------------------------------------ main
 
-def warm_dynamodb(threads: int = 8, per_thread: int = 25) -> float:
-    """Serves DynamoDB Local some work before a scenario (--warm): each of `threads` writes
-    `per_thread` transactions of 99 items of 1 KB to a table of its own, with a strongly
-    consistent Query after each; then the table goes. A fresh stack's JVM has compiled
-    nothing yet, and DynamoDB itself has no such warm-up. Returns the seconds it took."""
-    ddb = boto3.client("dynamodb")
+WARM_THREADS, WARM_PER_THREAD = 8, 25
+
+
+def warm_dynamodb() -> float:
+    """Serves DynamoDB Local some work before a scenario (--warm): each of WARM_THREADS
+    threads writes WARM_PER_THREAD transactions of 99 items of 1 KB to a table of its own,
+    with a strongly consistent Query after each; then the table goes. A fresh stack's JVM
+    has compiled nothing yet, and DynamoDB itself has no such warm-up. Returns the seconds
+    it took."""
     table = f"warm-{uuid.uuid4().hex[:10]}"
-    keys = [{"AttributeName": "PK", "KeyType": "HASH"},
-            {"AttributeName": "SK", "KeyType": "RANGE"}]
-    ddb.create_table(TableName=table, KeySchema=keys, BillingMode="PAY_PER_REQUEST",
-                     AttributeDefinitions=[{"AttributeName": k["AttributeName"],
-                                            "AttributeType": "S"} for k in keys])
-    t0 = time.time()
-
-    errors: list[Exception] = []
-
-    def writer(i: int) -> None:
-        try:
-            write(i)
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
+    create_outbox_table(table)
+    errors: list[str] = []
 
     def write(i: int) -> None:
         c = boto3.client("dynamodb")
-        for j in range(per_thread):
-            c.transact_write_items(TransactItems=[
-                {"Put": {"TableName": table, "Item": {
-                    "PK": {"S": f"p{i}"}, "SK": {"S": f"{j}-{k}"}, "v": {"S": "x" * 1000}}}}
-                for k in range(99)])
-            c.query(TableName=table, KeyConditionExpression="PK = :p", Limit=10,
-                    ExpressionAttributeValues={":p": {"S": f"p{i}"}}, ConsistentRead=True)
+        try:
+            for j in range(WARM_PER_THREAD):
+                c.transact_write_items(TransactItems=[
+                    {"Put": {"TableName": table, "Item": {
+                        "PK": {"S": f"p{i}"}, "SK": {"S": f"{j}-{k}"}, "v": {"S": "x" * 1000}}}}
+                    for k in range(99)])
+                c.query(TableName=table, KeyConditionExpression="PK = :p", Limit=10,
+                        ExpressionAttributeValues={":p": {"S": f"p{i}"}}, ConsistentRead=True)
+        except Exception as e:  # reported below
+            errors.append(f"writer {i}: {e!r}")
 
-    workers = [threading.Thread(target=writer, args=(i,)) for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    t0 = time.time()
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(WARM_THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     took = time.time() - t0
-    ddb.delete_table(TableName=table)
+    boto3.client("dynamodb").delete_table(TableName=table)
     check(not errors, f"warming DynamoDB Local failed: {errors[:3]}")
     return took
 
@@ -1352,8 +1347,9 @@ def main() -> int:
     p.add_argument("--enqueue-binary", default=os.path.join(TARGET, "outbox-enqueue-function"))
     p.add_argument("--outboxctl", default=os.path.join(TARGET, "outboxctl"))
     p.add_argument("--warm", action="store_true",
-                   help="serve DynamoDB Local 200 transactions of 99 items before the "
-                   "scenario (its JVM is cold in a fresh stack; DynamoDB has no warm-up)")
+                   help=f"serve DynamoDB Local {WARM_THREADS * WARM_PER_THREAD} "
+                   "transactions of 99 items before the scenario (its JVM is cold in a "
+                   "fresh stack; DynamoDB has no warm-up)")
     p.add_argument("--relay-timeout", type=float, default=30.0,
                    help="the relay function's timeout, seconds (default 30; the template's "
                         "RelayTimeout is 70)")
@@ -1412,7 +1408,9 @@ def main() -> int:
     ok = False
     t0 = time.time()
     if args.warm:
-        step(f"DynamoDB Local warmed: 200 transactions of 99 items in {warm_dynamodb():.1f}s")
+        took = warm_dynamodb()
+        step(f"DynamoDB Local warmed: {WARM_THREADS * WARM_PER_THREAD} transactions of 99 "
+             f"items in {took:.1f}s")
     try:
         fn = {"burst": scenario_burst, "outage": scenario_outage, "bus": scenario_bus,
               "stuck": scenario_stuck}
