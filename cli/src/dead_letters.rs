@@ -174,7 +174,7 @@ async fn list(store: &DynamoDbOutboxStore, a: &ListArgs) -> Result<(), Failure> 
                 d.topic.clone().unwrap_or_else(|| "-".into()),
                 d.since().map_or_else(
                     || "-".into(),
-                    |t| format!("{} ago", human_duration((now - t) as f64 / 1e7)),
+                    |t| format!("{} ago", human_duration(now.saturating_sub(t) as f64 / 1e7)),
                 ),
                 d.reason.clone().unwrap_or_else(|| "-".into()),
             ]
@@ -236,7 +236,7 @@ fn show_text(d: &DeadLetter, now: i64) -> String {
                 format!(
                     "{} ({} ago)",
                     rfc3339(t),
-                    human_duration((now - t) as f64 / 1e7)
+                    human_duration(now.saturating_sub(t) as f64 / 1e7)
                 )
             },
         ),

@@ -340,11 +340,14 @@ fn bucket_status(coordination: &Coordination, r: BucketRead, now: i64) -> Bucket
         owned: owner.is_some() && expires.is_some_and(|e| e > now),
         owner,
         lease_expires_at: expires,
-        lease_expires_in_seconds: expires.map(|e| seconds(e - now)),
+        lease_expires_in_seconds: expires.map(|e| seconds(e.saturating_sub(now))),
         pending: r.backlog.pending,
         pending_capped: r.backlog.capped,
         oldest_created_at: r.backlog.oldest_created_at,
-        oldest_age_seconds: r.backlog.oldest_created_at.map(|c| seconds(now - c)),
+        oldest_age_seconds: r
+            .backlog
+            .oldest_created_at
+            .map(|c| seconds(now.saturating_sub(c))),
         head_sequence: r.backlog.head_sequence,
         head_bucket_count: r.backlog.head_bucket_count,
         head_unreadable: r.backlog.head_unreadable,
@@ -371,7 +374,7 @@ fn relay_statuses(coordination: &Coordination, now: i64, lease_ticks: i64) -> Ve
             RelayStatus {
                 relay_id: r.relay_id.clone(),
                 last_seen: r.last_seen,
-                last_seen_age_seconds: seconds(now - r.last_seen),
+                last_seen_age_seconds: seconds(now.saturating_sub(r.last_seen)),
                 stopped_at: r.stopped_at,
                 stopped: r.stopped_at.is_some(),
                 stops_at: r.stops_at,
@@ -543,7 +546,7 @@ fn sequence_behind(b: &BucketStatus, keys: &Keys) -> Option<Warning> {
 
 /// [`WarningKind::HeartbeatInFuture`] or [`WarningKind::HeartbeatStale`] of one relay.
 fn heartbeat_warning(r: &RelayStatus, now: i64) -> Option<Warning> {
-    let (kind, message) = if r.last_seen - now > duration_to_ticks(FUTURE_TOLERANCE) {
+    let (kind, message) = if r.last_seen.saturating_sub(now) > duration_to_ticks(FUTURE_TOLERANCE) {
         (
             WarningKind::HeartbeatInFuture,
             format!(
@@ -623,8 +626,11 @@ fn dead_letter_warning(count: u32, capped: bool, keys: &Keys) -> Option<Warning>
 
 /// UTC ticks as `YYYY-MM-DDTHH:MM:SSZ` (seconds truncated).
 pub fn rfc3339(ticks: i64) -> String {
-    let secs = (ticks - crate::clock::UNIX_EPOCH_TICKS).div_euclid(TICKS_PER_SECOND);
-    match chrono::DateTime::from_timestamp(secs, 0) {
+    // Ticks from any writer: far enough below the Unix epoch, the difference is no i64.
+    let secs = ticks
+        .checked_sub(crate::clock::UNIX_EPOCH_TICKS)
+        .map(|t| t.div_euclid(TICKS_PER_SECOND));
+    match secs.and_then(|s| chrono::DateTime::from_timestamp(s, 0)) {
         Some(t) => t.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
         // Outside chrono's range (about ±262,000 years): no such date to show.
         None => format!("{ticks} ticks"),
@@ -651,6 +657,68 @@ fn list(buckets: &[u32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticks_at_the_ends_of_i64_from_another_writer_show_without_overflow() {
+        // Numbers of items anyone can write: a lease expiring at i64::MIN, a heartbeat
+        // there and at i64::MAX, a head created at i64::MIN.
+        let (now, lease_ticks) = (639_316_440_000_000_000, 10 * TICKS_PER_SECOND);
+        let lease = |bucket, expires_at| crate::coordination::LeaseRecord {
+            bucket,
+            owner: Some("far".into()),
+            expires_at,
+            expiry_exact: true,
+        };
+        let relay = |id: &str, last_seen| crate::coordination::RelayRecord {
+            relay_id: id.into(),
+            last_seen,
+            stopped_at: None,
+            stops_at: None,
+        };
+        let coordination = Coordination {
+            leases: vec![lease(0, i64::MIN), lease(1, i64::MAX)],
+            relays: vec![relay("past", i64::MIN), relay("future", i64::MAX)],
+        };
+        let read = |bucket| BucketRead {
+            backlog: crate::store::sample::BucketBacklog {
+                bucket,
+                pending: 1,
+                capped: false,
+                oldest_created_at: Some(i64::MIN),
+                head_sequence: Some(1),
+                head_bucket_count: None,
+                head_unreadable: false,
+                head_unreadable_reason: None,
+                head_topic: None,
+            },
+            last_sequence: None,
+            last_bucket_count: None,
+            sequence_counter: None,
+        };
+        let lapsed = bucket_status(&coordination, read(0), now);
+        assert!(!lapsed.owned);
+        assert!(lapsed.lease_expires_in_seconds.unwrap() < 0.0);
+        assert!(lapsed.oldest_age_seconds.unwrap() > 0.0);
+        let far = bucket_status(&coordination, read(1), now);
+        assert!(far.owned && far.lease_expires_in_seconds.unwrap() > 0.0);
+
+        let relays = relay_statuses(&coordination, now, lease_ticks);
+        let of = |id: &str| relays.iter().find(|r| r.relay_id == id).unwrap();
+        assert!(of("past").last_seen_age_seconds > 0.0);
+        assert!(of("future").last_seen_age_seconds < 0.0);
+        assert_eq!(heartbeat_warning(of("past"), now), None);
+        assert_eq!(
+            heartbeat_warning(of("future"), now).map(|w| w.kind),
+            Some(WarningKind::HeartbeatInFuture)
+        );
+        assert_eq!(rfc3339(i64::MIN), format!("{} ticks", i64::MIN));
+        // i64::MAX ticks is in the year 29,228, inside chrono's range.
+        assert!(
+            rfc3339(i64::MAX).contains("29228-"),
+            "{}",
+            rfc3339(i64::MAX)
+        );
+    }
 
     #[test]
     fn rfc3339_of_ticks() {

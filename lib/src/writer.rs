@@ -222,7 +222,8 @@ impl DynamoDbOutboxWriter {
         let mut placed: Vec<Option<(u32, u64)>> = vec![None; messages.len()];
         for (bucket, last) in reservations {
             let idx = &by_bucket[&bucket];
-            let first = last + 1 - idx.len() as u64;
+            // `reserved_range` checked count <= last <= MAX_SEQUENCE.
+            let first = last - (idx.len() as u64 - 1);
             for (offset, &i) in idx.iter().enumerate() {
                 placed[i] = Some((bucket, first + offset as u64));
             }
@@ -408,22 +409,39 @@ pub(crate) async fn reserve_sequence_numbers(
         .send()
         .await
         .map_err(|e| from_sdk("UpdateItem", e))?;
-    let last: u64 = out
-        .attributes()
-        .and_then(|a| schema::get_n(a, attr::SEQUENCE))
-        .ok_or_else(|| Error::Corrupt {
-            pk: keys.sequence_pk(bucket),
-            sk: schema::SEQUENCE_SK.into(),
-            reason: "Sequence is missing or not a whole number after ADD".into(),
-        })?;
-    if last < count {
-        return Err(Error::Corrupt {
-            pk: keys.sequence_pk(bucket),
-            sk: schema::SEQUENCE_SK.into(),
-            reason: format!("Sequence {last} is smaller than the {count} numbers just reserved"),
-        });
-    }
+    let last = reserved_range(
+        keys,
+        bucket,
+        out.attributes()
+            .and_then(|a| schema::get_n(a, attr::SEQUENCE)),
+        count,
+    )?;
     debug!(bucket, last, count, "reserved sequence numbers");
+    Ok(last)
+}
+
+/// The last of `count` numbers just reserved in `bucket`, from the counter's value after
+/// the `ADD` (`None`: missing or not a whole number), checked to be a range of sequences
+/// a message's sort key can hold. The counter is an item anyone can write.
+fn reserved_range(keys: &Keys, bucket: u32, after_add: Option<u64>, count: u64) -> Result<u64> {
+    let corrupt = |reason: String| Error::Corrupt {
+        pk: keys.sequence_pk(bucket),
+        sk: schema::SEQUENCE_SK.into(),
+        reason,
+    };
+    let last = after_add
+        .ok_or_else(|| corrupt("Sequence is missing or not a whole number after ADD".into()))?;
+    if last < count {
+        return Err(corrupt(format!(
+            "Sequence {last} is smaller than the {count} numbers just reserved"
+        )));
+    }
+    if last > schema::MAX_SEQUENCE {
+        return Err(corrupt(format!(
+            "Sequence {last} is past {}, the largest sequence a message's 19-digit sort key holds",
+            schema::MAX_SEQUENCE
+        )));
+    }
     Ok(last)
 }
 
@@ -437,6 +455,35 @@ mod tests {
             .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
             .build();
         Client::from_conf(config)
+    }
+
+    #[test]
+    fn a_sequence_counter_past_the_sort_keys_range_is_refused_with_its_name() {
+        let keys = Keys::new(&OutboxOptions::new("orders"));
+        let pk = keys.sequence_pk(3);
+        assert_eq!(reserved_range(&keys, 3, Some(7), 3).unwrap(), 7);
+        assert_eq!(
+            reserved_range(&keys, 3, Some(schema::MAX_SEQUENCE), 1).unwrap(),
+            schema::MAX_SEQUENCE
+        );
+        for (after_add, count, says) in [
+            (None, 1, "missing or not a whole number"),
+            (Some(2), 3, "smaller than the 3 numbers"),
+            (Some(schema::MAX_SEQUENCE + 1), 1, "19-digit sort key"),
+            (Some(u64::MAX), 2, "19-digit sort key"),
+        ] {
+            match reserved_range(&keys, 3, after_add, count) {
+                Err(Error::Corrupt {
+                    pk: got_pk,
+                    sk,
+                    reason,
+                }) => {
+                    assert_eq!((got_pk.as_str(), sk.as_str()), (pk.as_str(), "SEQUENCE"));
+                    assert!(reason.contains(says), "{reason}");
+                }
+                other => panic!("{after_add:?}, {count}: {other:?}"),
+            }
+        }
     }
 
     #[test]

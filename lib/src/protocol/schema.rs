@@ -126,6 +126,9 @@ impl Keys {
     }
 }
 
+/// The largest sequence number a message's sort key holds (19 digits).
+pub const MAX_SEQUENCE: u64 = 9_999_999_999_999_999_999;
+
 /// Sort key of a message: the sequence number, 19 digits, zero padded.
 pub fn message_sk(sequence: u64) -> String {
     format!("{sequence:019}")

@@ -116,8 +116,9 @@ mod otel {
             for (i, (id, context)) in self.messages.iter().enumerate() {
                 let Some(context) = context else { continue };
                 let mut attributes = vec![KeyValue::new("messaging.message.id", id.clone())];
-                if let Some(base) = base_offset {
-                    attributes.push(KeyValue::new("messaging.kafka.offset", base + i as i64));
+                // The base offset is the broker's answer: no offset past i64 is named.
+                if let Some(offset) = base_offset.and_then(|b| b.checked_add(i as i64)) {
+                    attributes.push(KeyValue::new("messaging.kafka.offset", offset));
                 }
                 self.span.add_link(context.span_context(), attributes);
             }
