@@ -345,11 +345,14 @@ fn bad(variable: &str, path: &Path, rule: &str) -> Error {
     Error::Misconfiguration(format!("{variable}: {}: {rule}", path.display()))
 }
 
+/// What is wrong with a PEM file, without its content: the parser's errors carry lines of
+/// the file (a private key written on one line would be all of it), so only their kind is
+/// named.
 fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
     match e {
         rustls::pki_types::pem::Error::Io(io) => io.to_string(),
         rustls::pki_types::pem::Error::NoItemsFound => "no PEM item of that kind".into(),
-        other => format!("{other:?}"),
+        other => key_pem_error(other).into(),
     }
 }
 
@@ -458,6 +461,33 @@ mod tests {
         let (other_ca, _, _) = pki();
         let bundle = format!("# roots\n{ca}\nsome comment\n{other_ca}");
         assert_eq!(parse_ca_secret("arn:ca", &bundle).unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_key_file_on_one_line_is_an_error_that_shows_none_of_it() {
+        // A key pasted with its line breaks lost (spaces, or a JSON string's `\n` kept as
+        // two characters): the PEM parser's error holds the whole line.
+        let (_, cert, key) = pki();
+        let body: String = key.lines().filter(|l| !l.starts_with("-----")).collect();
+        for joined in [key.replace('\n', " "), key.replace('\n', "\\n")] {
+            let mut config = KafkaConfig::new(["h:1"]);
+            config.tls = true;
+            config.tls_cert_file = Some(with_file("cert.pem", &cert));
+            let key_path = with_file("key.pem", &joined);
+            config.tls_key_file = Some(key_path.clone());
+            let e = client_config(&config).await.unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "misconfiguration: KAFKA_TLS_KEY_FILE: {}: has no usable PEM private key (",
+                    key_path.display()
+                )),
+                "{e}"
+            );
+            assert!(!e.contains(&body[..24]), "{e}");
+            // Nor as the bytes a Debug of the parser's error would list.
+            let bytes = format!("{:?}", &body.as_bytes()[..12]);
+            assert!(!e.contains(&bytes[1..bytes.len() - 1]), "{e}");
+        }
     }
 
     #[tokio::test]
