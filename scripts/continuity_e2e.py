@@ -157,6 +157,7 @@ TICKS_PER_SECOND = 10_000_000
 SUCCESSOR_LEAD_S = 10.0  # lib/src/notification/successor.rs
 STOP_RESERVE_S = 2.0  # relay::DEFAULT_STOP_RESERVE (docs/protocol.md constants)
 OWNER_GAP_BOUND_S = 10.0  # the burst's check (module docstring); its goal is 2 s
+PER_COMMIT = 99  # messages per TransactWriteItems: its 100 items, one the business write
 
 
 def step(msg: str) -> None:
@@ -284,11 +285,10 @@ def burst(table: str, business: str, prefix: str, topic: str, n: int, value_byte
     messages became visible was not known (on DynamoDB a commit does not queue behind
     other writers' items).  Alone it returned in 0.30-0.49 s (twelve runs of 2026-12-03:
     the 99 items' own work); the writers behind it start then, and the relay's requests
-    meet all of them.  Returns
-    the messages, the first commit's start, the last commit's end, the first commit's
-    end (the earliest return of one), the first commit's request sent (the earliest
-    time one left the client, serialized and signed) and the buckets of the first
-    commit's messages."""
+    meet all of them.  Returns the messages, the first commit's start, the last commit's
+    end, the first commit's end (the earliest return of one), the first commit's request
+    sent (the earliest time one left the client, serialized and signed) and the buckets
+    of the first commit's messages."""
     keys = [f"customer-{i}" for i in range(nkeys)]
     per_thread: list[list[dict]] = [[] for _ in range(writers)]
     for i in range(n):
@@ -304,8 +304,8 @@ def burst(table: str, business: str, prefix: str, topic: str, n: int, value_byte
         try:
             if w != 0 and not lead.wait(timeout=120):
                 raise RuntimeError("the first commit did not return within 120 s")
-            for c in range(0, len(ms), 99):
-                chunk = ms[c:c + 99]
+            for c in range(0, len(ms), PER_COMMIT):
+                chunk = ms[c:c + PER_COMMIT]
                 direct_write(table, business, prefix, topic, chunk, order_id=f"{w}-{c}")
                 with lock:
                     first.append(chunk[0]["commit_started"])
@@ -325,7 +325,7 @@ def burst(table: str, business: str, prefix: str, topic: str, n: int, value_byte
         t.join()
     check(not errors, f"the burst writers failed: {errors}")
     out = [m for ms in per_thread for m in ms]
-    first_buckets = {m["bucket"] for m in per_thread[0][:99]}
+    first_buckets = {m["bucket"] for m in per_thread[0][:PER_COMMIT]}
     return out, min(first), max(last), min(last), min(sent), first_buckets
 
 
@@ -1349,7 +1349,7 @@ def warm_dynamodb() -> float:
                 c.transact_write_items(TransactItems=[
                     {"Put": {"TableName": table, "Item": {
                         "PK": {"S": f"p{i}"}, "SK": {"S": f"{j}-{k}"}, "v": {"S": "x" * 1000}}}}
-                    for k in range(99)])
+                    for k in range(PER_COMMIT)])
                 c.query(TableName=table, KeyConditionExpression="PK = :p", Limit=10,
                         ExpressionAttributeValues={":p": {"S": f"p{i}"}}, ConsistentRead=True)
         except Exception as e:  # reported below
