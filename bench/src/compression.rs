@@ -1,8 +1,9 @@
 //! Compression: produce-request bytes on the wire and publisher CPU per codec
 //! (`KAFKA_COMPRESSION`), for a backlog of ~1 KB JSON order events.
 //!
-//! A private tansu broker advertises a counting TCP proxy, so every connection of the
-//! publisher (bootstrap and produce) goes through it; the proxy reads the Kafka request
+//! A counting TCP proxy holds a proxy slot of the stack's broker (which advertises the
+//! proxy's address there), so every connection of the publisher (bootstrap and produce)
+//! goes through it; the proxy reads the Kafka request
 //! frames from the client and adds up the bytes of the Produce requests (API key 0: the
 //! 4-byte length and the frame). The proxy runs on a thread of its own with its own
 //! runtime; its CPU time is read from `/proc/thread-self/stat` and taken off the
@@ -16,7 +17,6 @@
 //! produce request per partition per batch); codecs alternate run by run.
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant as StdInstant};
@@ -55,12 +55,12 @@ const CODECS: [(KafkaCompression, &str); 5] = [
 
 /// Runs the benchmark and prints its table.
 pub async fn run(args: &CompressionArgs) -> Result<()> {
-    let proxy = CountingProxy::start()?;
-    // the broker advertises the proxy, so clients bootstrap from the proxy's address
-    let broker = outbox_testkit::PrivateTansu::start(proxy.addr, Stdio::null())?;
+    // the broker advertises the slot's address, where the proxy listens
+    let slot = outbox_testkit::kafka::ProxySlot::acquire()?;
     UPSTREAM
-        .set(broker.upstream)
-        .map_err(|_| "one private broker per process")?;
+        .set(slot.upstream)
+        .map_err(|_| "one proxy slot per process")?;
+    let proxy = CountingProxy::start(slot.listener)?;
     let messages = |topic: &str| backlog(topic, args.messages);
     let sample = messages("t");
     let value_bytes: usize = sample
@@ -126,7 +126,6 @@ pub async fn run(args: &CompressionArgs) -> Result<()> {
             wall * per_10k
         );
     }
-    drop(broker);
     Ok(())
 }
 
@@ -298,7 +297,7 @@ struct CountingProxy {
 }
 
 impl CountingProxy {
-    fn start() -> Result<Self> {
+    fn start(listener: std::net::TcpListener) -> Result<Self> {
         let produce_bytes = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&produce_bytes);
         let (tx, rx) = mpsc::channel();
@@ -309,7 +308,11 @@ impl CountingProxy {
                     let runtime = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()?;
-                    let listener = runtime.block_on(TcpListener::bind(("127.0.0.1", 0)))?;
+                    listener.set_nonblocking(true)?;
+                    let listener = {
+                        let _entered = runtime.enter();
+                        TcpListener::from_std(listener)?
+                    };
                     let task = std::fs::read_link("/proc/thread-self")?;
                     Ok((runtime, listener, task))
                 })();

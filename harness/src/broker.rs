@@ -1,9 +1,9 @@
-//! Scenario 6: a private tansu broker that advertises a fault-injecting TCP proxy, so every
+//! Scenario 6: a proxy slot of the stack's broker (which advertises the slot's address) served
+//! by a fault-injecting TCP proxy, so every
 //! Kafka connection of the relays (bootstrap and produce) goes through the proxy, which
 //! cuts connections, stalls them, or refuses new ones. Loopback only.
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,13 +58,6 @@ impl Drop for TcpFaultProxy {
 }
 
 impl TcpFaultProxy {
-    /// Binds a free loopback port (before the upstream exists, so a broker can advertise it).
-    pub async fn bind() -> std::io::Result<(TcpListener, SocketAddr)> {
-        let l = TcpListener::bind("127.0.0.1:0").await?;
-        let a = l.local_addr()?;
-        Ok((l, a))
-    }
-
     /// Serves `listener`, forwarding to `upstream`.
     pub fn start(listener: TcpListener, upstream: SocketAddr) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
@@ -180,31 +173,31 @@ where
     }
 }
 
-/// A private tansu broker whose advertised address is a [`TcpFaultProxy`].
+/// The stack's broker seen through a [`TcpFaultProxy`] that holds one of its proxy slots
+/// ([`outbox_testkit::kafka::ProxySlot`]): the broker advertises the proxy's address there,
+/// so a client bootstrapped from it never reaches the broker but through the proxy.
 #[derive(Debug)]
 pub struct ProxiedBroker {
-    _broker: outbox_testkit::PrivateTansu,
     /// The proxy (the address to bootstrap from).
     pub proxy: TcpFaultProxy,
 }
 
 impl ProxiedBroker {
-    /// Starts tansu (from the install cache) listening on a free loopback port and
-    /// advertising the proxy; waits until it answers through the proxy.
-    pub async fn start(log: &std::path::Path) -> Result<Self, String> {
-        let (listener, proxy_addr) = TcpFaultProxy::bind()
+    /// Takes a proxy slot of the stack's broker and serves it with the proxy; waits until
+    /// the broker answers through the proxy.
+    pub async fn start() -> Result<Self, String> {
+        let slot = tokio::task::spawn_blocking(outbox_testkit::kafka::ProxySlot::acquire)
             .await
-            .map_err(|e| format!("binding the Kafka proxy: {e}"))?;
-        let log =
-            std::fs::File::create(log).map_err(|e| format!("creating {}: {e}", log.display()))?;
-        let tansu = outbox_testkit::PrivateTansu::start(proxy_addr, Stdio::from(log))?;
-        let upstream = tansu.upstream;
+            .map_err(|e| format!("taking a Kafka proxy slot: {e}"))??;
+        let upstream = slot.upstream;
+        slot.listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("the proxy slot's listener: {e}"))?;
+        let listener = TcpListener::from_std(slot.listener)
+            .map_err(|e| format!("the proxy slot's listener: {e}"))?;
         let proxy = TcpFaultProxy::start(listener, upstream)
             .map_err(|e| format!("starting the Kafka proxy: {e}"))?;
-        let broker = ProxiedBroker {
-            _broker: tansu,
-            proxy,
-        };
+        let broker = ProxiedBroker { proxy };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if crate::kafka_py(&["--bootstrap", &broker.bootstrap(), "ping", "--timeout", "2"])
@@ -214,7 +207,7 @@ impl ProxiedBroker {
             }
             if Instant::now() >= deadline {
                 return Err(format!(
-                    "the private tansu on {upstream} did not answer in 30 s"
+                    "the broker's proxy slot {upstream} did not answer through the proxy in 30 s"
                 ));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

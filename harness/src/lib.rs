@@ -1,5 +1,5 @@
 //! A Jepsen-style fault-injection harness for the outbox, on the local stack
-//! (DynamoDB Local and tansu, started by `scripts/stack.sh`).
+//! (DynamoDB Local and Apache Kafka, started by `scripts/stack.sh`).
 //!
 //! Each scenario creates a fresh table and two topics, starts `outboxctl relay`
 //! processes, runs writers that enqueue continuously (each value carries its key and a
@@ -14,7 +14,7 @@
 //! - [`check`]: the history and the checker (pure).
 //! - [`fleet`]: relay processes, faults (SIGKILL, SIGSTOP/SIGCONT, SIGTERM), log parsing.
 //! - [`proxy`]: the fault-injecting HTTP proxy in front of DynamoDB Local.
-//! - [`broker`]: a private tansu behind a fault-injecting TCP proxy (cut, stall, refuse).
+//! - [`broker`]: the stack's broker behind a fault-injecting TCP proxy (cut, stall, refuse).
 //! - this file: scenarios, profiles, writers, the run of one scenario, the report.
 
 pub mod broker;
@@ -435,7 +435,7 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
                 burst: if long { 40 } else { 10 },
             },
             // A batch of 300 KB items (up to 4 MiB by default) takes DynamoDB Local and
-            // tansu on this 2-core machine longer than the harness's 1 s renew interval
+            // the broker on this 2-core machine longer than the harness's 1 s renew interval
             // leaves a produce request (a renew interval before the lease's validity):
             // twice the harness's timings, still ten times shorter than the defaults.
             relay_env: &[
@@ -841,7 +841,7 @@ async fn set_up(config: &Config, s: &Scenario, seed: u64) -> Result<Setup, Strin
         .map(|i| format!("harness-{}-{run_tag}-{i}", s.name))
         .collect();
     let private_broker = match &s.fault {
-        Fault::KafkaProxy => Some(broker::ProxiedBroker::start(&dir.join("tansu.log")).await?),
+        Fault::KafkaProxy => Some(broker::ProxiedBroker::start().await?),
         _ => None,
     };
     let bootstrap = private_broker.as_ref().map(|b| b.bootstrap());

@@ -6,6 +6,7 @@
 #![allow(unreachable_pub)]
 
 pub mod fault;
+pub mod kafka;
 pub mod lambda;
 pub mod otlp;
 
@@ -508,7 +509,7 @@ mod tests {
     #[test]
     #[cfg_attr(
         not(feature = "local-stack"),
-        ignore = "the integration tests need the local stack (DynamoDB Local, tansu, moto): run scripts/test.sh"
+        ignore = "the integration tests need the local stack (DynamoDB Local, Apache Kafka, moto): run scripts/test.sh"
     )]
     fn the_local_stack_is_up() {
         for name in ["AWS_ENDPOINT_URL_DYNAMODB", "KAFKA_BOOTSTRAP_SERVERS"] {
@@ -601,63 +602,5 @@ mod tests {
         assert!(std::panic::catch_unwind(|| read.assert_exactly_once(&set(&["a"]))).is_err());
         Deliveries::of(&[record(Some("b")), record(Some("a"))])
             .assert_exactly_once(&set(&["a", "b"]));
-    }
-}
-
-/// A tansu broker of a test's or a benchmark's own (the install cache's binary), in memory,
-/// listening on a free loopback port and advertising `advertised` (a proxy in front of it,
-/// so every client connection passes the proxy); killed when dropped.
-#[derive(Debug)]
-pub struct PrivateTansu {
-    child: std::process::Child,
-    /// Where the broker listens (what the proxy forwards to).
-    pub upstream: std::net::SocketAddr,
-}
-
-impl PrivateTansu {
-    /// Starts the broker; its log goes to `stderr`.
-    pub fn start(
-        advertised: std::net::SocketAddr,
-        stderr: std::process::Stdio,
-    ) -> Result<Self, String> {
-        let cache = std::env::var("DYNAMO_OUTBOX_CACHE").unwrap_or_else(|_| {
-            format!(
-                "{}/.cache/dynamo-outbox",
-                std::env::var("HOME").unwrap_or_default()
-            )
-        });
-        let tansu = format!("{cache}/tansu/bin/tansu");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("finding a free port: {e}"))?
-            .port();
-        let upstream: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-        let child = std::process::Command::new(&tansu)
-            .args([
-                "broker",
-                "--listener-url",
-                &format!("tcp://{upstream}"),
-                "--advertised-listener-url",
-                &format!("tcp://{advertised}"),
-                "--storage-engine",
-                "memory://tansu/",
-            ])
-            .env_remove("SCHEMA_REGISTRY")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env_remove("DATA_LAKE")
-            .env("RUST_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .map_err(|e| format!("starting {tansu}: {e}"))?;
-        Ok(PrivateTansu { child, upstream })
-    }
-}
-
-impl Drop for PrivateTansu {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

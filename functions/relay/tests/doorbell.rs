@@ -485,7 +485,6 @@ async fn a_doorbell_at_a_handover_to_a_short_lived_successor_joins_and_publishes
     }
     assert_no_refusal_on_the_wire(&wire, "the scheduled invocations");
     assert_no_refusal_on_the_wire(&bell_wire, "the doorbell");
-    kafka.remove_log();
 }
 
 /// A doorbell whose coverage read fails (every attempt the SDK makes) is not a lost
@@ -573,5 +572,4 @@ async fn a_doorbell_on_a_cold_start_with_kafka_unreachable_publishes_once_kafka_
     assert_eq!(summary.published, written.len() as u64, "{summary:?}");
     assert_eq!(pending_messages(&client, &options).await, 0);
     Deliveries::of(&kafka.records()).assert_at_least_once(&written);
-    kafka.remove_log();
 }

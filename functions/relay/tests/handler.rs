@@ -579,7 +579,6 @@ async fn a_broken_kafka_connection_is_rebuilt_by_the_next_invocation() {
         written.len(),
         read.duplicates
     );
-    kafka.remove_log();
 }
 
 /// The `CommitToAckLatency` values of the EMF documents in `text` (one JSON document a

@@ -47,25 +47,21 @@ pub(crate) fn settings(
     RelaySettings::from_lookup(|name| vars.get(name).cloned()).unwrap()
 }
 
-/// A topic of one partition on a private tansu behind the harness's fault proxy (so a
-/// test can refuse and pass the function's Kafka connections).
+/// A topic of one partition on the stack's broker, reached through the harness's fault
+/// proxy on one of the broker's proxy slots (so a test can refuse and pass the function's
+/// Kafka connections).
 pub(crate) struct ProxiedTopic {
     pub(crate) broker: outbox_harness::broker::ProxiedBroker,
     pub(crate) bootstrap: String,
     pub(crate) topic: String,
-    log: std::path::PathBuf,
 }
 
 impl ProxiedTopic {
-    /// Starts the broker and creates a topic named after `prefix`.
+    /// Takes a proxy slot and creates a topic named after `prefix`.
     pub(crate) async fn start(prefix: &str) -> Self {
-        let log = std::env::temp_dir().join(format!(
-            "{}.log",
-            outbox_testkit::random_name(&format!("tansu-{prefix}"))
-        ));
-        let broker = outbox_harness::broker::ProxiedBroker::start(&log)
+        let broker = outbox_harness::broker::ProxiedBroker::start()
             .await
-            .expect("private tansu behind the fault proxy");
+            .expect("the stack's broker behind the fault proxy");
         let bootstrap = broker.bootstrap();
         let topic = outbox_testkit::random_name(prefix);
         outbox_harness::kafka_py(&[
@@ -81,7 +77,6 @@ impl ProxiedTopic {
             broker,
             bootstrap,
             topic,
-            log,
         }
     }
 
@@ -90,10 +85,5 @@ impl ProxiedTopic {
         let out = outbox_harness::kafka_py(&["--bootstrap", &self.bootstrap, "read", &self.topic])
             .unwrap();
         outbox_testkit::parse_records(&out).unwrap()
-    }
-
-    /// Removes the broker's log (kept when a test fails before this).
-    pub(crate) fn remove_log(&self) {
-        let _ = std::fs::remove_file(&self.log);
     }
 }
