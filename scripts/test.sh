@@ -2,8 +2,9 @@
 # The project's test command (what CI runs through .ci/run):
 #
 #   1. scripts/install.sh   installs/updates the local stack in the cache
-#   2. scripts/stack.sh run starts DynamoDB Local, tansu and moto on loopback ports and,
-#      with their endpoints exported, runs the checks below:
+#   2. scripts/stack.sh run starts DynamoDB Local, Apache Kafka (the first of install.sh's
+#      KAFKA_VERSIONS, 4.1.x) and moto on loopback ports and, with their endpoints
+#      exported, runs the checks below:
 #        cargo fmt --all --check
 #        cargo clippy --workspace --all-targets --all-features -- -D warnings
 #        cargo doc -p dynamo-outbox --no-deps --all-features, warnings denied
@@ -39,6 +40,12 @@
 #          qemu-aarch64-static: a batch enqueued, one scheduled relay invocation)
 #        cargo test -p dynamo-outbox --lib (the library without optional features)
 #        cargo test --workspace --all-features (the local-stack test targets included)
+#   3. scripts/stack.sh run again with KAFKA_VERSION set to the 3.x line (3.9.x): every
+#      integration test target (cargo test --workspace --all-features --test '*') and
+#      scripts/kafka_setups_e2e.py against that broker. Should Maven not have served that
+#      version, this step prints NOT RUN with the reason (install.sh wrote it).
+#   4. A table of the steps' times, and the cargo tests' total as the last line
+#      ("tests: N passed, M failed").
 #
 # Build output goes to CARGO_TARGET_DIR (default ~/.cache/dynamo-outbox/target,
 # shared by every clone on the machine, so CI's fresh clone builds
@@ -50,7 +57,38 @@ CACHE=${DYNAMO_OUTBOX_CACHE:-$HOME/.cache/dynamo-outbox}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$CACHE/target}
 cd "$ROOT"
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step's start goes to $OUTBOX_TEST_TIMES (epoch seconds, tab, name); the first half
+# prints the table at the end. The cargo tests' output is kept in $OUTBOX_TEST_RESULTS
+# for the closing count.
+step() {
+    printf '\n==> %s\n' "$*"
+    [[ -z ${OUTBOX_TEST_TIMES:-} ]] || printf '%s\t%s\n' "$(date +%s)" "$*" >>"$OUTBOX_TEST_TIMES"
+}
+
+# cargo test, its output also appended to $OUTBOX_TEST_RESULTS; returns cargo's status.
+cargo_test() {
+    local rc=0
+    cargo test "$@" 2>&1 | tee -a "${OUTBOX_TEST_RESULTS:-/dev/null}" || rc=$?
+    return "$rc"
+}
+
+# The 3.x run: every integration test target and the Kafka setups against the broker of
+# KAFKA_VERSION (stack.sh started it), after the main run with 4.x.
+if [[ ${1:-} == --inside-stack-compat ]]; then
+    shift
+    export PATH="$CACHE/venv/bin:$PATH"
+    step "Apache Kafka $KAFKA_VERSION: Kafka setups end-to-end (scripts/kafka_setups_e2e.py)"
+    setups=0
+    "$CACHE/venv/bin/python" scripts/kafka_setups_e2e.py || setups=$?
+    step "Apache Kafka $KAFKA_VERSION: cargo test --workspace --all-features --no-fail-fast --test '*'"
+    tests=0
+    cargo_test --workspace --all-features --no-fail-fast --test '*' "$@" || tests=$?
+    if ((setups != 0)); then
+        echo "the Kafka setups' end-to-end test against Apache Kafka $KAFKA_VERSION FAILED (exit $setups)" >&2
+        exit "$setups"
+    fi
+    exit "$tests"
+fi
 
 # ---------------------------------------------------------------------------
 # Second half: runs inside `stack.sh run`, with the stack's variables set.
@@ -214,14 +252,14 @@ if [[ ${1:-} == --inside-stack ]]; then
     # trace headers (writer::tests; a build of its own, about a minute).
     step "cargo test -p dynamo-outbox --lib (no optional features)"
     lib_plain=0
-    cargo test -p dynamo-outbox --lib || lib_plain=$?
+    cargo_test -p dynamo-outbox --lib || lib_plain=$?
 
     # Last, so that its summary lines ("test result: ...") close the output.
     # --no-fail-fast: every test binary runs and prints its summary even when
     # an earlier one failed (the exit status is still non-zero then).
     # --all-features turns on `local-stack`: every integration test runs, none is skipped.
     step "cargo test --workspace --all-features --no-fail-fast"
-    cargo test --workspace --all-features --no-fail-fast "$@"
+    cargo_test --workspace --all-features --no-fail-fast "$@"
     if ((model != 0)); then
         echo "the Lambda model's self-test FAILED (exit $model); see its output above" >&2
     fi
@@ -278,9 +316,48 @@ if [[ ${1:-} == --inside-stack ]]; then
 fi
 
 # ---------------------------------------------------------------------------
-# First half: install, then re-enter this script inside the stack.
+# First half: install, then this script inside the stack, once per Kafka line.
+OUTBOX_TEST_TIMES=$(mktemp "${TMPDIR:-/tmp}/outbox-test-times.XXXXXX")
+OUTBOX_TEST_RESULTS=$(mktemp "${TMPDIR:-/tmp}/outbox-test-results.XXXXXX")
+export OUTBOX_TEST_TIMES OUTBOX_TEST_RESULTS
+trap 'rm -f "$OUTBOX_TEST_TIMES" "$OUTBOX_TEST_RESULTS"' EXIT
+
 step "scripts/install.sh"
 bash "$ROOT/scripts/install.sh"
 
-step "scripts/stack.sh run (DynamoDB Local + tansu)"
-exec bash "$ROOT/scripts/stack.sh" run -- bash "$ROOT/scripts/test.sh" --inside-stack "$@"
+# The Kafka versions install.sh fetched: the first is the main run's, the second the 3.x
+# line's run.
+mapfile -t KAFKA_LINES < <(sed -n 's/^KAFKA_VERSIONS=(\(.*\))/\1/p' "$ROOT/scripts/install.sh" | tr ' ' '\n')
+
+step "scripts/stack.sh run (DynamoDB Local, Apache Kafka ${KAFKA_LINES[0]}, moto)"
+main=0
+KAFKA_VERSION=${KAFKA_LINES[0]} bash "$ROOT/scripts/stack.sh" run -- \
+    bash "$ROOT/scripts/test.sh" --inside-stack "$@" || main=$?
+
+compat=0
+compat_line="Apache Kafka ${KAFKA_LINES[1]}"
+if [[ -f $CACHE/kafka/${KAFKA_LINES[1]}.not-run ]]; then
+    step "$compat_line: NOT RUN"
+    compat_line+=": NOT RUN: $(cat "$CACHE/kafka/${KAFKA_LINES[1]}.not-run")"
+else
+    step "scripts/stack.sh run (DynamoDB Local, Apache Kafka ${KAFKA_LINES[1]}, moto)"
+    KAFKA_VERSION=${KAFKA_LINES[1]} bash "$ROOT/scripts/stack.sh" run -- \
+        bash "$ROOT/scripts/test.sh" --inside-stack-compat "$@" || compat=$?
+    ((compat == 0)) && compat_line+=": passed" || compat_line+=": FAILED (exit $compat)"
+fi
+printf '%s\tend\n' "$(date +%s)" >>"$OUTBOX_TEST_TIMES"
+
+# The steps' times, each from its start to the next one's.
+printf '\n==> the steps'"'"' times\n'
+awk -F'\t' '
+    NR > 1 { d = $1 - start; total += d; printf "%5d:%02d  %s\n", d / 60, d % 60, name }
+    { start = $1; name = $2 }
+    END { printf "%5d:%02d  in all\n", total / 60, total % 60 }
+' "$OUTBOX_TEST_TIMES"
+echo "main run (Apache Kafka ${KAFKA_LINES[0]}): $( ((main == 0)) && echo passed || echo "FAILED (exit $main)")"
+echo "$compat_line"
+# Last: the cargo tests of both runs, counted from their summary lines.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$OUTBOX_TEST_RESULTS"
+((main == 0)) || exit "$main"
+exit "$compat"

@@ -165,7 +165,11 @@ impl PrivateKafka {
             {
                 return Ok(());
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 return Err(format!(
                     "the private broker exited with {status} (log {})",
                     self.log().display()
@@ -266,7 +270,9 @@ mod tests {
         assert_eq!(slots[1].0.port(), 30002);
         assert_eq!(slots[1].1.port(), 20002);
         assert!(parse_slots("").unwrap_err().contains("empty"));
-        assert!(parse_slots("30001").unwrap_err().contains("UPSTREAM:ADVERTISED"));
+        assert!(parse_slots("30001")
+            .unwrap_err()
+            .contains("UPSTREAM:ADVERTISED"));
         assert!(parse_slots("x:1").unwrap_err().contains("not a port"));
     }
 }
