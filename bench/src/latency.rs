@@ -68,8 +68,8 @@ pub async fn measure(notify: bool, messages: usize, interval: Duration) -> Resul
         .partition_client(topic.clone(), 0, UnknownTopicHandling::Retry)
         .await?;
     let seen: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; messages]));
-    // Back-to-back fetches with a 1 ms pause when empty (tansu holds a long-polling fetch
-    // for its whole wait, which would add up to that wait); BENCH_FETCH_WAIT_MS sets one.
+    // Back-to-back fetches with a 1 ms pause when empty (a long-polling fetch that a broker
+    // holds for its whole wait would add up to that wait); BENCH_FETCH_WAIT_MS sets one.
     let wait_ms: i32 = std::env::var("BENCH_FETCH_WAIT_MS")
         .ok()
         .and_then(|v| v.parse().ok())
