@@ -1,4 +1,4 @@
-//! The Kafka publisher against the local broker (tansu), read back with an independent
+//! The Kafka publisher against the local broker (Apache Kafka), read back with an independent
 //! client (`scripts/kafka.py`, librdkafka through confluent-kafka).
 
 use std::collections::{BTreeSet, HashMap};
