@@ -7,8 +7,8 @@ process) from the jars scripts/install.sh fetched, started as a plain `java` pro
 
   kafka_broker.py tls DIR
       A throwaway CA and, signed by it, the broker's certificate (SAN 127.0.0.1 and
-      localhost) and two client certificates (CN=outbox, the relay's principal, and
-      CN=nogrant, a principal with no grant): DIR/ca.pem, DIR/broker.pem (key and chain,
+      localhost) and two client certificates (CN=outbox, the relay's principal
+      User:CN=outbox, and CN=nogrant, with no grant): DIR/ca.pem, DIR/broker.pem (key and chain,
       the broker's PEM keystore), DIR/{outbox,nogrant}.{crt,key}. openssl, once.
 
   kafka_broker.py run --dir DIR --plaintext PORT --controller PORT
@@ -27,7 +27,7 @@ process) from the jars scripts/install.sh fetched, started as a plain `java` pro
 The secured broker is configured as a managed cluster is (docs/testing.md, "The local
 Kafka"): listeners PLAINTEXT (the tests' admin and reader, whose anonymous principal is a
 super user), SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN), SSL (client certificates
-required, the principal their CN), and one PLAINTEXT listener per proxy slot, listening on
+required, the principal their subject, User:CN=NAME), and one PLAINTEXT listener per proxy slot, listening on
 UPSTREAM and advertising ADVERTISED (the port where a test's proxy listens, so every
 connection of a client bootstrapped through the proxy stays on it); StandardAuthorizer with
 allow.everyone.if.no.acl.found=false; internal topics of replication factor 1 (one node:
@@ -182,9 +182,9 @@ def server_properties(args: argparse.Namespace, data: Path) -> str:
             f"ssl.keystore.location={tls / 'broker.pem'}",
             "ssl.truststore.type=PEM",
             f"ssl.truststore.location={tls / 'ca.pem'}",
+            # A client certificate's principal is its subject's distinguished name
+            # (User:CN=outbox): Kafka's default mapping, which MSK keeps.
             "listener.name.ssl.ssl.client.auth=required",
-            # A client certificate's principal is its CN (User:outbox), as MSK's is.
-            "ssl.principal.mapping.rules=RULE:^CN=([^,]+).*$/$1/,DEFAULT",
         ]
     lines += [
         "listeners=" + ",".join(listeners),

@@ -15,7 +15,7 @@ a PLAINTEXT listener whose anonymous principal may do everything):
 - Metadata responses (v0 to v8, the versions without flexible encoding; rskafka speaks
   v0 to v4) have every broker's host and port replaced by the proxy's own: the broker
   advertises its PLAINTEXT address, and a client must reconnect through the proxy, as it
-  would to a TLS listener's advertised address (tests/tls.rs does the same).
+  would to a TLS listener's advertised address.
 - The proxy is the broker's SASL layer: its ApiVersions response announces SaslHandshake
   (key 17) v1 and SaslAuthenticate (key 36) v0 to v1, the versions the proxy answers,
   whatever the broker announced for them (rskafka sends a request only in a version the

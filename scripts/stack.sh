@@ -28,7 +28,7 @@
 #   OUTBOX_KAFKA_SASL_SSL=127.0.0.1:PORT  SASL_SSL: SCRAM-SHA-512, SCRAM-SHA-256, PLAIN
 #   OUTBOX_KAFKA_SSL=127.0.0.1:PORT       SSL with client certificates required
 #   OUTBOX_KAFKA_TLS_DIR  the stack's throwaway CA (ca.pem), the client certificates
-#     and keys ({outbox,nogrant}.{crt,key}; the principal is the CN)
+#     and keys ({outbox,nogrant}.{crt,key}; the principal is User:CN=outbox/nogrant)
 #   OUTBOX_KAFKA_USER=outbox, OUTBOX_KAFKA_PASSWORD  may write every topic
 #   OUTBOX_KAFKA_NOGRANT_USER=nogrant, OUTBOX_KAFKA_NOGRANT_PASSWORD  has no grant
 #   OUTBOX_KAFKA_PROXY_SLOTS="UPSTREAM:ADVERTISED ..."  PLAINTEXT listeners for a
@@ -157,12 +157,16 @@ kafka_ready() {
 # The broker's version (KAFKA_VERSION, default the first that install.sh installs).
 kafka_version() { "$PY" "$SCRIPTS_DIR/kafka_broker.py" version; }
 
-# The relay's principal may write (and describe) every topic; User:nogrant gets nothing
-# (the authorization tests grant it a topic).
+# The relay's principals may write (and describe) every topic: User:outbox (SCRAM and
+# PLAIN) and User:CN=outbox (its client certificate); nogrant gets nothing (the
+# authorization tests grant it a topic).
 kafka_grants() {
-    "$PY" "$SCRIPTS_DIR/kafka_broker.py" grant --bootstrap "127.0.0.1:$KAFKA_PORT" \
-        --principal User:outbox --all-topics ||
-        { say "creating the broker's ACLs failed"; return 1; }
+    local principal
+    for principal in User:outbox User:CN=outbox; do
+        "$PY" "$SCRIPTS_DIR/kafka_broker.py" grant --bootstrap "127.0.0.1:$KAFKA_PORT" \
+            --principal "$principal" --all-topics ||
+            { say "creating the broker's ACLs for $principal failed"; return 1; }
+    done
 }
 
 # True once moto's server answers.

@@ -1,15 +1,29 @@
-//! SASL credentials and TLS material from AWS Secrets Manager, for real: secrets in the
-//! stack's moto server (`AWS_ENDPOINT_URL_SECRETS_MANAGER`), named by
+//! SASL with the stack's Apache Kafka, for real, and the credentials and TLS material
+//! from AWS Secrets Manager.
+//!
+//! The broker's SASL_SSL listener (`OUTBOX_KAFKA_SASL_SSL`, the stack's CA in
+//! `OUTBOX_KAFKA_TLS_DIR`) enables SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN and checks the
+//! credentials itself; the principal `outbox` may write every topic. Each mechanism
+//! publishes records that the independent client (confluent-kafka) reads back on the
+//! PLAINTEXT listener; a wrong password is refused by the broker, and the connect gives up
+//! within its retry budget with an error naming SASL and the variables to check.
+//!
+//! Secrets live in the stack's moto server (`AWS_ENDPOINT_URL_SECRETS_MANAGER`), named by
 //! `KAFKA_SASL_SECRET_ARN`, `KAFKA_TLS_CA_SECRET_ARN` and `KAFKA_TLS_CLIENT_SECRET_ARN`,
 //! read through `KafkaConfig::from_lookup` as the relay function and `outboxctl` read them.
-//!
-//! The SCRAM and PLAIN exchanges themselves are checked byte for byte against the library's
-//! fake broker (`lib/src/publish/fake_broker.rs`): the local broker has no SASL.
+//! MSK IAM, which only MSK verifies, is in `fake_broker.rs`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use aws_sdk_secretsmanager::primitives::Blob;
+use dynamo_outbox::protocol::schema::StoredMessage;
 use dynamo_outbox::publish::env;
-use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, SaslCredentials};
-use outbox_testkit::{random_name, stack_var};
+use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, KafkaPublisher, Publisher, SaslCredentials};
+use dynamo_outbox::OutboxMessage;
+use outbox_testkit::kafka::SecureListeners;
+use outbox_testkit::{create_topic, random_name, read_topic, stack_var};
 use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// One test at a time: the log capture below is a thread's default subscriber, and a
@@ -162,7 +176,6 @@ async fn a_missing_or_malformed_secret_is_a_clear_error_without_its_contents() {
 /// a missing secret and a binary one are errors naming the variable and the secret.
 #[tokio::test]
 async fn the_tls_secrets_are_read_at_the_connect_and_the_key_is_in_no_log() {
-    use dynamo_outbox::publish::KafkaPublisher;
     let _serial = SERIAL.lock().await;
     let client = secrets_manager().await;
     let key = rcgen::KeyPair::generate().unwrap();
@@ -257,4 +270,298 @@ async fn the_tls_secrets_are_read_at_the_connect_and_the_key_is_in_no_log() {
              chain, leaf first) and \"privateKey\" (its PEM key)"
         )
     );
+}
+
+/// The publisher's configuration from these variables, as the relay reads its
+/// environment: `KAFKA_AUTH=auth` to the SASL_SSL listener (or `bootstrap`), trusting the
+/// stack's CA, with a retry budget of 2 s.
+fn sasl_ssl_config(
+    listeners: &SecureListeners,
+    bootstrap: &str,
+    auth: &str,
+    credentials: &[(&str, &str)],
+) -> KafkaConfig {
+    let mut vars = vec![
+        (env::BOOTSTRAP_SERVERS, bootstrap.to_owned()),
+        (env::AUTH, auth.to_owned()),
+        (env::TLS_CA_FILE, listeners.ca_file.display().to_string()),
+    ];
+    vars.extend(credentials.iter().map(|(k, v)| (*k, v.to_string())));
+    let mut config = KafkaConfig::from_lookup(|name| {
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.clone())
+    })
+    .expect("a valid configuration");
+    assert!(config.tls, "SASL turns TLS on");
+    config.retry_budget = RETRY_BUDGET;
+    config
+}
+
+const RETRY_BUDGET: Duration = Duration::from_secs(2);
+const DEADLINE: Duration = Duration::from_secs(30);
+
+async fn connect(config: KafkaConfig) -> dynamo_outbox::Result<KafkaPublisher> {
+    KafkaPublisher::connect(config, tokio::time::Instant::now() + DEADLINE).await
+}
+
+/// Publishes three messages to a fresh topic (created by the independent client) through
+/// `publisher`, and checks that the independent reader reads them back: the values and
+/// the message ids, in order.
+async fn publish_and_read_back(publisher: &KafkaPublisher, label: &str) {
+    let topic = random_name("sasl");
+    let t = topic.clone();
+    tokio::task::spawn_blocking(move || create_topic(&t, 1))
+        .await
+        .unwrap();
+    let batch: Vec<StoredMessage> = (0..3)
+        .map(|i| StoredMessage {
+            bucket: 0,
+            sequence: i + 1,
+            message: OutboxMessage::new(&topic, 8)
+                .with_key(format!("k{i}"))
+                .with_value(format!("{label} {i}")),
+        })
+        .collect();
+    let outcome = publisher.publish(&batch).await;
+    assert_eq!(outcome.acknowledged, 3, "{label}: {:?}", outcome.error);
+    let read = tokio::task::spawn_blocking(move || read_topic(&topic))
+        .await
+        .unwrap();
+    let values: Vec<Vec<u8>> = read.iter().filter_map(|r| r.value_bytes()).collect();
+    assert_eq!(
+        values,
+        (0..3)
+            .map(|i| format!("{label} {i}").into_bytes())
+            .collect::<Vec<_>>(),
+        "{label}"
+    );
+    let ids: Vec<String> = read.iter().filter_map(|r| r.message_id()).collect();
+    let written: Vec<String> = batch
+        .iter()
+        .map(|m| m.message.message_id.to_string())
+        .collect();
+    assert_eq!(ids, written, "{label}");
+}
+
+/// `KAFKA_AUTH=auth` as `outbox` with its password from the environment variables:
+/// connects, publishes, and the reader reads the records back.
+async fn publishes_with(auth: &str) -> KafkaPublisher {
+    let listeners = SecureListeners::from_stack();
+    let config = sasl_ssl_config(
+        &listeners,
+        &listeners.sasl_ssl,
+        auth,
+        &[
+            (env::SASL_USERNAME, &listeners.user),
+            (env::SASL_PASSWORD, &listeners.password),
+        ],
+    );
+    let publisher = connect(config)
+        .await
+        .unwrap_or_else(|e| panic!("{auth}: {e:#?}"));
+    publish_and_read_back(&publisher, auth).await;
+    publisher
+}
+
+#[tokio::test]
+async fn scram_sha_512_publishes_and_the_password_is_in_no_log() {
+    let _serial = SERIAL.lock().await;
+    let listeners = SecureListeners::from_stack();
+    // every log line of the connect and the publish at trace, through the binaries'
+    // subscriber
+    let logs = outbox_testkit::Captured::default();
+    let guard = dynamo_outbox::logging::cli_subscriber(Some("trace"), logs.clone()).set_default();
+    let publisher = publishes_with("scram-sha-512").await;
+    drop(guard);
+    let logs = logs.text();
+    assert!(logs.contains("rskafka"), "no trace output captured: {logs}");
+    let debug = format!("{publisher:?}");
+    for text in [&logs, &debug] {
+        assert!(
+            !text.contains(&listeners.password),
+            "the password in {text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn scram_sha_256_publishes() {
+    let _serial = SERIAL.lock().await;
+    publishes_with("scram-sha-256").await;
+}
+
+#[tokio::test]
+async fn plain_publishes_over_tls() {
+    let _serial = SERIAL.lock().await;
+    publishes_with("plain").await;
+}
+
+/// A byte-for-byte TCP relay in front of `upstream` that counts the connections it
+/// accepts: each is one attempt of the client to reach the broker (TLS passes through
+/// untouched; the broker's certificate names 127.0.0.1, the relay's address too).
+struct CountingRelay {
+    address: String,
+    accepted: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for CountingRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl CountingRelay {
+    async fn start(upstream: &str) -> CountingRelay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (count, upstream) = (accepted.clone(), upstream.to_owned());
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut broker) = tokio::net::TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut broker).await;
+                    }
+                });
+            }
+        });
+        CountingRelay {
+            address,
+            accepted,
+            task,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+/// The most connect attempts a retry budget allows: the publisher's backoff sleeps at
+/// least 100 ms between attempts (its `init_backoff`) and gives up once the sleeps add up
+/// to the budget.
+fn most_attempts(budget: Duration) -> usize {
+    (budget.as_millis() / 100) as usize
+}
+
+#[tokio::test]
+async fn a_wrong_password_fails_the_connect_naming_sasl_and_the_variables_in_bounded_attempts() {
+    let _serial = SERIAL.lock().await;
+    let listeners = SecureListeners::from_stack();
+    for (auth, mechanism) in [
+        ("scram-sha-512", "SCRAM-SHA-512"),
+        ("scram-sha-256", "SCRAM-SHA-256"),
+        ("plain", "PLAIN"),
+    ] {
+        let relay = CountingRelay::start(&listeners.sasl_ssl).await;
+        let config = sasl_ssl_config(
+            &listeners,
+            &relay.address,
+            auth,
+            &[
+                (env::SASL_USERNAME, &listeners.user),
+                (env::SASL_PASSWORD, "wrong-9d2e"),
+            ],
+        );
+        let started = tokio::time::Instant::now();
+        let err = connect(config)
+            .await
+            .expect_err("the broker refuses the password");
+        let elapsed = started.elapsed();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "kafka: the brokers refused SASL/{mechanism} authentication as user \"{}\": \
+                 check the username and password in KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD",
+                listeners.user
+            ),
+            "{err:?}"
+        );
+        assert!(!err.is_retryable(), "{mechanism}");
+        assert!(!format!("{err:?}").contains("wrong-9d2e"), "{err:?}");
+        // given up when the retry budget ran out (the error is the broker's refusal, not
+        // the deadline's), after a handful of connections paced by the backoff, not a
+        // tight loop
+        let attempts = relay.accepted();
+        assert!(
+            (1..=most_attempts(RETRY_BUDGET)).contains(&attempts),
+            "{mechanism}: {attempts} connections in {elapsed:?}"
+        );
+        assert!(elapsed < DEADLINE, "{mechanism}: {elapsed:?}");
+    }
+}
+
+#[tokio::test]
+async fn credentials_from_a_secret_are_read_again_after_the_broker_refused_them() {
+    let _serial = SERIAL.lock().await;
+    let listeners = SecureListeners::from_stack();
+    let client = secrets_manager().await;
+    let secret = |password: &str| {
+        serde_json::json!({"username": listeners.user, "password": password}).to_string()
+    };
+    // the secret still holds the password before a rotation
+    let arn = create_secret(&client, &secret("before-rotation-4b7e")).await;
+    let config = sasl_ssl_config(
+        &listeners,
+        &listeners.sasl_ssl,
+        "scram-sha-512",
+        &[(env::SASL_SECRET_ARN, &arn)],
+    );
+    let err = connect(config.clone())
+        .await
+        .expect_err("the broker refuses the old password");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "kafka: the brokers refused SASL/SCRAM-SHA-512 authentication: check the username \
+             and password in the secret {arn} (KAFKA_SASL_SECRET_ARN)"
+        )
+    );
+    assert!(!format!("{err:?}").contains("before-rotation"), "{err:?}");
+
+    // rotated to the broker's password: the same configuration (a relay's next connect)
+    // reads the secret again, connects and publishes
+    client
+        .put_secret_value()
+        .secret_id(&arn)
+        .secret_string(secret(&listeners.password))
+        .send()
+        .await
+        .unwrap();
+    let publisher = connect(config.clone())
+        .await
+        .expect("connect with the rotated secret");
+    publish_and_read_back(&publisher, "from the secret").await;
+    let debug = format!("{config:?} {publisher:?}");
+    assert!(debug.contains(&arn), "{debug}");
+    assert!(!debug.contains(&listeners.password), "{debug}");
+}
+
+#[tokio::test]
+async fn a_mechanism_the_listener_does_not_enable_fails_the_connect_naming_kafka_auth() {
+    let _serial = SERIAL.lock().await;
+    let listeners = SecureListeners::from_stack();
+    // MSK IAM (SASL/OAUTHBEARER) to a listener with SCRAM and PLAIN only; the token is
+    // signed with the stack's dummy AWS credentials
+    let config = sasl_ssl_config(
+        &listeners,
+        &listeners.sasl_ssl,
+        "msk-iam",
+        &[(env::REGION, "us-east-1")],
+    );
+    assert_eq!(config.auth, KafkaAuth::MskIam);
+    let err = connect(config)
+        .await
+        .expect_err("OAUTHBEARER is not enabled");
+    assert_eq!(
+        err.to_string(),
+        "kafka: the SASL/MSK-IAM exchange with the brokers failed (is KAFKA_AUTH=msk-iam \
+         enabled on this listener?)",
+        "{err:?}"
+    );
+    assert!(!err.is_retryable());
 }

@@ -1,43 +1,32 @@
-//! TLS to a broker for real: a TLS endpoint in front of the local broker (tansu), with a CA,
-//! a server certificate and client certificates made here (rcgen), and the publisher's
-//! `KAFKA_TLS_CA_FILE`, `KAFKA_TLS_CERT_FILE` and `KAFKA_TLS_KEY_FILE`, or the secrets of
-//! `KAFKA_TLS_CA_SECRET_ARN` and `KAFKA_TLS_CLIENT_SECRET_ARN` (with `KAFKA_AUTH=mtls`)
-//! in the stack's moto server.
+//! Mutual TLS with the stack's Apache Kafka, for real: its SSL listener
+//! (`OUTBOX_KAFKA_SSL`: a client certificate required, the principal its subject, `User:CN=NAME`)
+//! with the stack's CA and client certificates (`OUTBOX_KAFKA_TLS_DIR`), given to the
+//! publisher as files (`KAFKA_TLS_CA_FILE`, `KAFKA_TLS_CERT_FILE`, `KAFKA_TLS_KEY_FILE`) or
+//! as secrets in the stack's moto server (`KAFKA_TLS_CA_SECRET_ARN`,
+//! `KAFKA_TLS_CLIENT_SECRET_ARN`), read through `KafkaConfig::from_lookup` as the relay
+//! reads its environment. A CA the broker does not know, and client certificates it did
+//! not issue, are made here (rcgen).
 //!
-//! The endpoint is a small rustls proxy: it terminates TLS and forwards each Kafka frame to
-//! tansu's plaintext listener. tansu advertises its own plaintext address in metadata, and
-//! rskafka uses the bootstrap address only for its first metadata request: every broker
-//! connection after that (the controller, the partition leaders) goes to the advertised
-//! address. So the proxy rewrites the broker addresses of every Metadata response (the
-//! versions rskafka speaks, v0 to v4) to its own, as a TLS listener's advertised address
-//! would be; the client then reconnects through the proxy, never to tansu directly (with
-//! TLS on, it could not talk to the plaintext port at all). The proxy records the API keys
-//! it forwarded, so a test sees that the produce requests themselves went through TLS.
-//! The records are read back by the independent client (confluent-kafka) straight from
-//! tansu.
+//! The publisher bootstraps from the SSL listener, and the broker advertises that listener
+//! in the metadata it answers there: every connection of the publisher is TLS to the
+//! broker itself. Topics are created and read back by the independent client
+//! (confluent-kafka) on the stack's PLAINTEXT listener.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dynamo_outbox::protocol::schema::StoredMessage;
 use dynamo_outbox::publish::env;
-use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher, Publisher};
+use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, KafkaPublisher, Publisher};
 use dynamo_outbox::OutboxMessage;
-use outbox_testkit::{random_name, read_topic, stack_var};
+use outbox_testkit::kafka::{grant_topic, SecureListeners};
+use outbox_testkit::{create_topic, random_name, read_topic, stack_var};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
 };
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
-const PRODUCE: i16 = 0;
-const METADATA: i16 = 3;
-
-/// A CA: its certificate and key.
+/// A CA the stack's broker does not know: its certificate and key.
 struct Ca {
     cert: rcgen::Certificate,
     key: KeyPair,
@@ -58,321 +47,111 @@ impl Ca {
         Ca { cert, key }
     }
 
-    /// A leaf certificate for `names` (IP addresses become IP SANs), for a server or a
-    /// client.
-    fn issue(
-        &self,
-        names: &[&str],
-        usage: ExtendedKeyUsagePurpose,
-    ) -> (rcgen::Certificate, KeyPair) {
+    /// A client certificate for `cn`, and its key (PKCS#8 PEM).
+    fn client(&self, cn: &str) -> (String, String) {
         let key = KeyPair::generate().unwrap();
-        let mut params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, names.first().copied().unwrap_or("leaf"));
-        params.extended_key_usages = vec![usage];
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
-        (cert, key)
+        (cert.pem(), key.serialize_pem())
     }
 }
 
-/// The files of one test: the trusted CA, another CA, a client certificate and key.
-struct Pki {
-    dir: PathBuf,
-    ca: Ca,
-    server: (rcgen::Certificate, KeyPair),
-}
+/// A directory of files written by one test, removed when dropped.
+struct Scratch(PathBuf);
 
-impl Pki {
-    fn new() -> Pki {
+impl Scratch {
+    fn new() -> Scratch {
         let dir = std::env::temp_dir().join(random_name("outbox-tls"));
         std::fs::create_dir_all(&dir).unwrap();
-        let ca = Ca::new("outbox test CA");
-        let server = ca.issue(
-            &["127.0.0.1", "localhost"],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        let pki = Pki { dir, ca, server };
-        pki.write("ca.pem", &pki.ca.cert.pem());
-        pki
+        Scratch(dir)
     }
 
     fn write(&self, name: &str, contents: &str) -> PathBuf {
-        let path = self.dir.join(name);
+        let path = self.0.join(name);
         std::fs::write(&path, contents).unwrap();
         path
     }
-
-    fn ca_file(&self) -> PathBuf {
-        self.dir.join("ca.pem")
-    }
-
-    /// A client certificate issued by `ca`, written as `{name}.pem` and `{name}.key`.
-    fn client_files(&self, ca: &Ca, name: &str) -> (PathBuf, PathBuf) {
-        let (cert, key) = ca.issue(&[name], ExtendedKeyUsagePurpose::ClientAuth);
-        (
-            self.write(&format!("{name}.pem"), &cert.pem()),
-            self.write(&format!("{name}.key"), &key.serialize_pem()),
-        )
-    }
-
-    /// The proxy's rustls configuration: its server certificate, and with `client_ca`
-    /// a client certificate issued by it required.
-    fn server_config(&self, client_ca: Option<&Ca>) -> Arc<rustls::ServerConfig> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .unwrap();
-        let builder = match client_ca {
-            Some(ca) => {
-                let mut roots = rustls::RootCertStore::empty();
-                roots.add(ca.cert.der().clone()).unwrap();
-                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                    Arc::new(roots),
-                    provider,
-                )
-                .build()
-                .unwrap();
-                builder.with_client_cert_verifier(verifier)
-            }
-            None => builder.with_no_client_auth(),
-        };
-        let chain: Vec<CertificateDer<'static>> = vec![self.server.0.der().clone()];
-        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.server.1.serialize_der()));
-        Arc::new(builder.with_single_cert(chain, key).unwrap())
-    }
 }
 
-impl Drop for Pki {
+impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
-/// The TLS endpoint in front of tansu.
-struct TlsProxy {
-    address: String,
-    /// API keys of the requests forwarded, in order.
-    forwarded: Arc<Mutex<Vec<i16>>>,
-    /// Why handshakes failed, as the proxy saw it.
-    refused: Arc<Mutex<Vec<String>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for TlsProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl TlsProxy {
-    async fn start(config: Arc<rustls::ServerConfig>) -> TlsProxy {
-        let upstream = stack_var("KAFKA_BOOTSTRAP_SERVERS");
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let forwarded = Arc::new(Mutex::new(Vec::new()));
-        let refused = Arc::new(Mutex::new(Vec::new()));
-        let (fwd, refs) = (forwarded.clone(), refused.clone());
-        let task = tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                let (acceptor, upstream, fwd, refs) = (
-                    acceptor.clone(),
-                    upstream.clone(),
-                    fwd.clone(),
-                    refs.clone(),
-                );
-                tokio::spawn(async move {
-                    let tls = match acceptor.accept(tcp).into_fallible().await {
-                        Ok(tls) => tls,
-                        Err((e, mut tcp)) => {
-                            refs.lock().unwrap().push(e.to_string());
-                            // keep the socket open until the client hangs up: closing it
-                            // with the client's request unread would reset the connection,
-                            // and a reset can discard the alert before the client reads it
-                            let mut sink = [0u8; 4096];
-                            let drain = async {
-                                while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {}
-                            };
-                            let _ = tokio::time::timeout(Duration::from_secs(10), drain).await;
-                            return;
-                        }
-                    };
-                    let Ok(broker) = TcpStream::connect(&upstream).await else {
-                        return;
-                    };
-                    relay(tls, broker, port, fwd).await;
-                });
-            }
-        });
-        TlsProxy {
-            address: format!("127.0.0.1:{port}"),
-            forwarded,
-            refused,
-            task,
-        }
-    }
-}
-
-async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Vec<u8>> {
-    let len = r.read_i32().await?;
-    let mut frame = vec![0u8; len.max(0) as usize];
-    r.read_exact(&mut frame).await?;
-    Ok(frame)
-}
-
-async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> std::io::Result<()> {
-    w.write_all(&(frame.len() as i32).to_be_bytes()).await?;
-    w.write_all(frame).await?;
-    w.flush().await
-}
-
-/// Forwards frames both ways until either side closes, rewriting Metadata responses.
-async fn relay(
-    client: tokio_rustls::server::TlsStream<TcpStream>,
-    broker: TcpStream,
-    proxy_port: u16,
-    forwarded: Arc<Mutex<Vec<i16>>>,
-) {
-    let (mut client_read, mut client_write) = tokio::io::split(client);
-    let (mut broker_read, mut broker_write) = broker.into_split();
-    // correlation id -> (api key, version) of the requests in flight
-    let pending: Arc<Mutex<HashMap<i32, (i16, i16)>>> = Arc::default();
-    let requests = {
-        let pending = pending.clone();
-        async move {
-            while let Ok(frame) = read_frame(&mut client_read).await {
-                if frame.len() < 8 {
-                    return;
-                }
-                let key = i16::from_be_bytes([frame[0], frame[1]]);
-                let version = i16::from_be_bytes([frame[2], frame[3]]);
-                let correlation = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
-                pending.lock().unwrap().insert(correlation, (key, version));
-                forwarded.lock().unwrap().push(key);
-                if write_frame(&mut broker_write, &frame).await.is_err() {
-                    return;
-                }
-            }
-        }
-    };
-    let responses = async move {
-        while let Ok(frame) = read_frame(&mut broker_read).await {
-            if frame.len() < 4 {
-                return;
-            }
-            let correlation = i32::from_be_bytes([frame[0], frame[1], frame[2], frame[3]]);
-            let request = pending.lock().unwrap().remove(&correlation);
-            let frame = match request {
-                Some((METADATA, version)) => rewrite_metadata(&frame, version, proxy_port),
-                _ => frame,
-            };
-            if write_frame(&mut client_write, &frame).await.is_err() {
-                return;
-            }
-        }
-    };
-    tokio::select! {
-        _ = requests => {}
-        _ = responses => {}
-    }
-}
-
-/// A Metadata response (v0 to v8: not flexible) with every broker's address replaced by
-/// the proxy's: `[throttle_time_ms (v3+)] brokers: [node_id host port rack (v1+)] ...`.
-fn rewrite_metadata(frame: &[u8], version: i16, port: u16) -> Vec<u8> {
-    assert!(
-        version <= 8,
-        "Metadata v{version} is flexible: the proxy does not rewrite it"
-    );
-    let i16_at = |at: usize| i16::from_be_bytes([frame[at], frame[at + 1]]);
-    let i32_at =
-        |at: usize| i32::from_be_bytes([frame[at], frame[at + 1], frame[at + 2], frame[at + 3]]);
-    let mut out = frame[..4].to_vec(); // correlation id
-    let mut at = 4;
-    if version >= 3 {
-        out.extend_from_slice(&frame[at..at + 4]);
-        at += 4;
-    }
-    let brokers = i32_at(at);
-    out.extend_from_slice(&frame[at..at + 4]);
-    at += 4;
-    for _ in 0..brokers.max(0) {
-        out.extend_from_slice(&frame[at..at + 4]); // node id
-        at += 4;
-        at += 2 + i16_at(at) as usize; // the broker's host
-        let host = "127.0.0.1";
-        out.extend_from_slice(&(host.len() as i16).to_be_bytes());
-        out.extend_from_slice(host.as_bytes());
-        at += 4; // the broker's port
-        out.extend_from_slice(&i32::from(port).to_be_bytes());
-        if version >= 1 {
-            let rack = i16_at(at);
-            let len = 2 + rack.max(0) as usize;
-            out.extend_from_slice(&frame[at..at + len]);
-            at += len;
-        }
-    }
-    out.extend_from_slice(&frame[at..]);
-    out
-}
-
-/// The publisher's configuration for `proxy`, as the relay reads it from the environment.
-fn config(proxy: &TlsProxy, vars: &[(&str, &Path)]) -> KafkaConfig {
-    let mut all: Vec<(&str, String)> = vec![(env::BOOTSTRAP_SERVERS, proxy.address.clone())];
-    all.extend(vars.iter().map(|(k, v)| (*k, v.display().to_string())));
+/// The publisher's configuration from these variables, as the relay reads its
+/// environment, with a short retry budget (a refused handshake is not retried for long).
+fn config(vars: &[(&str, String)]) -> KafkaConfig {
     let mut config = KafkaConfig::from_lookup(|name| {
-        all.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone())
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.clone())
     })
     .expect("a valid configuration");
-    assert!(config.tls, "TLS files turn TLS on");
-    // a failed handshake is not retried for long
+    assert!(config.tls, "TLS files and secrets turn TLS on");
     config.retry_budget = Duration::from_secs(1);
     config
 }
 
-async fn connect(config: KafkaConfig) -> dynamo_outbox::Result<KafkaPublisher> {
-    KafkaPublisher::connect(
-        config,
-        tokio::time::Instant::now() + Duration::from_secs(30),
-    )
-    .await
+fn path(p: &Path) -> String {
+    p.display().to_string()
 }
 
-/// Creates a topic through `publisher`, publishes three messages to it, and checks that
-/// the proxy forwarded the produce requests and that confluent-kafka reads them back.
-async fn publish_and_read_back(publisher: &KafkaPublisher, proxy: &TlsProxy) {
+/// `KAFKA_AUTH=mtls` to the SSL listener with the client certificate files of `user`
+/// (`outbox` or `nogrant`) and the CA file `ca`.
+fn mtls_files(listeners: &SecureListeners, ca: &Path, user: &str) -> KafkaConfig {
+    config(&[
+        (env::BOOTSTRAP_SERVERS, listeners.ssl.clone()),
+        (env::AUTH, "mtls".into()),
+        (env::TLS_CA_FILE, path(ca)),
+        (env::TLS_CERT_FILE, path(&listeners.cert_file(user))),
+        (env::TLS_KEY_FILE, path(&listeners.key_file(user))),
+    ])
+}
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+async fn connect(config: KafkaConfig) -> dynamo_outbox::Result<KafkaPublisher> {
+    KafkaPublisher::connect(config, tokio::time::Instant::now() + DEADLINE).await
+}
+
+/// A fresh topic (one partition), created by the independent client.
+async fn fresh_topic() -> String {
     let topic = random_name("tls");
-    // bounded here: rskafka's controller connection has no timeout of its own, and a TLS
-    // client talking to a plaintext port (the advertised address, were it not rewritten)
-    // waits forever
-    let created = tokio::time::timeout(
-        Duration::from_secs(30),
-        publisher.create_topic(&topic, 1, 1),
-    )
-    .await
-    .expect("creating the topic through the TLS endpoint timed out");
-    assert!(created.unwrap());
-    let batch: Vec<StoredMessage> = (0..3)
+    let t = topic.clone();
+    tokio::task::spawn_blocking(move || create_topic(&t, 1))
+        .await
+        .unwrap();
+    topic
+}
+
+/// Three messages for `topic`, in one bucket's order.
+fn batch(topic: &str) -> Vec<StoredMessage> {
+    (0..3)
         .map(|i| StoredMessage {
             bucket: 0,
             sequence: i + 1,
-            message: OutboxMessage::new(&topic, 8)
+            message: OutboxMessage::new(topic, 8)
                 .with_key(format!("k{i}"))
                 .with_value(format!("over TLS {i}")),
         })
-        .collect();
-    let outcome = publisher.publish(&batch).await;
-    assert_eq!(outcome.acknowledged, 3, "{:?}", outcome.error);
-    assert!(
-        proxy.forwarded.lock().unwrap().contains(&PRODUCE),
-        "the produce requests did not go through the TLS endpoint"
-    );
-    let read = tokio::task::spawn_blocking(move || read_topic(&topic))
+        .collect()
+}
+
+/// Every record of `topic`, read by the independent client.
+async fn read_topic_now(topic: &str) -> Vec<outbox_testkit::ReadRecord> {
+    let t = topic.to_owned();
+    tokio::task::spawn_blocking(move || read_topic(&t))
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Checks that the independent reader finds exactly `batch` in `topic`: the values and
+/// the message ids, in order.
+async fn assert_read_back(topic: &str, batch: &[StoredMessage]) {
+    let read = read_topic_now(topic).await;
     let values: Vec<Vec<u8>> = read.iter().filter_map(|r| r.value_bytes()).collect();
     assert_eq!(
         values,
@@ -388,24 +167,33 @@ async fn publish_and_read_back(publisher: &KafkaPublisher, proxy: &TlsProxy) {
     assert_eq!(ids, written);
 }
 
-#[tokio::test]
-async fn publishing_through_tls_with_a_ca_file_works_and_confluent_reads_it_back() {
-    let pki = Pki::new();
-    let proxy = TlsProxy::start(pki.server_config(None)).await;
-    let publisher = connect(config(&proxy, &[(env::TLS_CA_FILE, &pki.ca_file())]))
-        .await
-        .expect("connect through TLS with the test CA");
-    publish_and_read_back(&publisher, &proxy).await;
-    assert!(proxy.refused.lock().unwrap().is_empty());
+/// Publishes three messages to a fresh topic through `publisher` and checks that the
+/// independent reader reads them back.
+async fn publish_and_read_back(publisher: &KafkaPublisher) {
+    let topic = fresh_topic().await;
+    let batch = batch(&topic);
+    let outcome = publisher.publish(&batch).await;
+    assert_eq!(outcome.acknowledged, 3, "{:?}", outcome.error);
+    assert_read_back(&topic, &batch).await;
 }
 
 #[tokio::test]
-async fn a_broker_certificate_from_another_ca_is_refused_with_a_clear_error() {
-    let pki = Pki::new();
-    let proxy = TlsProxy::start(pki.server_config(None)).await;
-    let other = Ca::new("some other CA");
-    let other_file = pki.write("other-ca.pem", &other.cert.pem());
-    let err = connect(config(&proxy, &[(env::TLS_CA_FILE, &other_file)]))
+async fn mutual_tls_with_certificate_files_publishes_and_the_reader_reads_it_back() {
+    let listeners = SecureListeners::from_stack();
+    let config = mtls_files(&listeners, &listeners.ca_file, "outbox");
+    assert_eq!(config.auth, KafkaAuth::Mtls);
+    let publisher = connect(config)
+        .await
+        .expect("connect to the SSL listener with the outbox certificate");
+    publish_and_read_back(&publisher).await;
+}
+
+#[tokio::test]
+async fn a_broker_certificate_from_a_ca_not_trusted_is_refused_naming_the_setting() {
+    let listeners = SecureListeners::from_stack();
+    let scratch = Scratch::new();
+    let other = scratch.write("other-ca.pem", &Ca::new("some other CA").cert.pem());
+    let err = connect(mtls_files(&listeners, &other, "outbox"))
         .await
         .expect_err("the broker's certificate is not from that CA");
     assert_eq!(
@@ -413,64 +201,67 @@ async fn a_broker_certificate_from_another_ca_is_refused_with_a_clear_error() {
         format!(
             "kafka: TLS with the brokers failed: their certificate is not trusted \
              (UnknownIssuer) by the roots of KAFKA_TLS_CA_FILE ({})",
-            other_file.display()
+            other.display()
         )
     );
     assert!(!err.is_retryable());
-    // the CA file replaces the system roots, which do not know the test CA either
-    let mut system_roots = KafkaConfig::new([proxy.address.clone()]);
-    system_roots.tls = true;
-    system_roots.retry_budget = Duration::from_secs(1);
-    let err = connect(system_roots)
-        .await
-        .expect_err("the system roots do not know the test CA");
+
+    // without a CA file the system's roots decide, and they do not know the stack's CA
+    let err = connect(config(&[
+        (env::BOOTSTRAP_SERVERS, listeners.ssl.clone()),
+        (env::AUTH, "mtls".into()),
+        (env::TLS_CERT_FILE, path(&listeners.cert_file("outbox"))),
+        (env::TLS_KEY_FILE, path(&listeners.key_file("outbox"))),
+    ]))
+    .await
+    .expect_err("the system roots do not know the stack's CA");
     assert_eq!(
         err.to_string(),
         "kafka: TLS with the brokers failed: their certificate is not trusted (UnknownIssuer) \
          by the system's roots (KAFKA_TLS_CA_FILE and KAFKA_TLS_CA_SECRET_ARN are unset)"
     );
-    // nothing reached the broker
-    assert!(proxy.forwarded.lock().unwrap().is_empty());
+    assert!(!err.is_retryable());
 }
 
 #[tokio::test]
-async fn mutual_tls_refuses_a_missing_or_foreign_client_certificate_and_accepts_the_right_one() {
-    let pki = Pki::new();
-    let client_ca = Ca::new("outbox test client CA");
-    let proxy = TlsProxy::start(pki.server_config(Some(&client_ca))).await;
-    let ca_file = pki.ca_file();
+async fn the_broker_refuses_a_missing_or_foreign_client_certificate() {
+    let listeners = SecureListeners::from_stack();
+    let scratch = Scratch::new();
 
-    // no client certificate
-    let err = connect(config(&proxy, &[(env::TLS_CA_FILE, &ca_file)]))
-        .await
-        .expect_err("the endpoint requires a client certificate");
-    assert_eq!(
-        err.to_string(),
-        "kafka: TLS with the brokers failed: they require a client certificate (alert \
-         CertificateRequired): set KAFKA_TLS_CLIENT_SECRET_ARN (or KAFKA_TLS_CERT_FILE and \
-         KAFKA_TLS_KEY_FILE)"
+    // TLS with the stack's CA but no client certificate (no KAFKA_AUTH: mtls would refuse
+    // the configuration before any broker is reached)
+    let err = connect(config(&[
+        (env::BOOTSTRAP_SERVERS, listeners.ssl.clone()),
+        (env::TLS_CA_FILE, path(&listeners.ca_file)),
+    ]))
+    .await
+    .expect_err("the SSL listener requires a client certificate");
+    // Java's TLS 1.3 server refuses an empty certificate message with bad_certificate
+    let text = err.to_string();
+    assert!(
+        text.starts_with(
+            "kafka: TLS with the brokers failed: they require a client certificate \
+             (alert BadCertificate): set KAFKA_TLS_CLIENT_SECRET_ARN (or KAFKA_TLS_CERT_FILE \
+             and KAFKA_TLS_KEY_FILE)"
+        ),
+        "{text}"
     );
     assert!(!err.is_retryable());
-    let refused = proxy.refused.lock().unwrap().clone();
-    assert!(
-        refused
-            .iter()
-            .any(|r| r.contains("peer sent no certificates")),
-        "{refused:?}"
-    );
 
-    // a client certificate from a CA the endpoint does not trust
-    let (cert, key) = pki.client_files(&Ca::new("a stranger's CA"), "stranger");
-    let err = connect(config(
-        &proxy,
-        &[
-            (env::TLS_CA_FILE, &ca_file),
-            (env::TLS_CERT_FILE, &cert),
-            (env::TLS_KEY_FILE, &key),
-        ],
-    ))
+    // a client certificate from a CA the broker does not trust, with the CN of the
+    // principal that may write
+    let (cert, key) = Ca::new("a stranger's CA").client("outbox");
+    let cert = scratch.write("stranger.crt", &cert);
+    let key = scratch.write("stranger.key", &key);
+    let err = connect(config(&[
+        (env::BOOTSTRAP_SERVERS, listeners.ssl.clone()),
+        (env::AUTH, "mtls".into()),
+        (env::TLS_CA_FILE, path(&listeners.ca_file)),
+        (env::TLS_CERT_FILE, path(&cert)),
+        (env::TLS_KEY_FILE, path(&key)),
+    ]))
     .await
-    .expect_err("a foreign client certificate");
+    .expect_err("a client certificate the broker did not issue");
     assert!(
         err.to_string().starts_with(&format!(
             "kafka: TLS with the brokers failed: they refused the client certificate of \
@@ -479,39 +270,54 @@ async fn mutual_tls_refuses_a_missing_or_foreign_client_certificate_and_accepts_
         )),
         "{err}"
     );
-    assert!(proxy.forwarded.lock().unwrap().is_empty());
+    assert!(!err.is_retryable());
+}
 
-    // the client certificate the endpoint trusts: publishing works
-    let (cert, key) = pki.client_files(&client_ca, "outbox-relay");
-    let publisher = connect(config(
-        &proxy,
-        &[
-            (env::TLS_CA_FILE, &ca_file),
-            (env::TLS_CERT_FILE, &cert),
-            (env::TLS_KEY_FILE, &key),
-        ],
-    ))
-    .await
-    .expect("connect with the trusted client certificate");
-    publish_and_read_back(&publisher, &proxy).await;
+/// The principal is the certificate's distinguished name, as on MSK: `nogrant`'s
+/// certificate is accepted, but it may not write until the test grants `User:CN=nogrant`
+/// the topic; the same publisher then publishes.
+#[tokio::test]
+async fn the_certificates_subject_is_the_principal_the_broker_authorizes() {
+    let listeners = SecureListeners::from_stack();
+    let publisher = connect(mtls_files(&listeners, &listeners.ca_file, "nogrant"))
+        .await
+        .expect("the nogrant certificate is from the stack's CA");
+    let topic = fresh_topic().await;
+    let batch = batch(&topic);
+    let outcome = publisher.publish(&batch).await;
+    assert_eq!(outcome.acknowledged, 0);
+    let err = outcome.error.expect("User:CN=nogrant may not write");
+    let text = err.to_string();
+    assert!(text.contains("nogrant") && text.contains(&topic), "{err:?}");
+    assert!(read_topic_now(&topic).await.is_empty());
+
+    let (p, t) = ("User:CN=nogrant".to_owned(), topic.clone());
+    tokio::task::spawn_blocking(move || grant_topic(&p, &t))
+        .await
+        .unwrap()
+        .expect("grant the topic");
+    let outcome = publisher.publish(&batch).await;
+    assert_eq!(outcome.acknowledged, 3, "{:?}", outcome.error);
+    assert_read_back(&topic, &batch).await;
 }
 
 #[tokio::test]
 async fn a_key_that_does_not_match_the_certificate_is_a_clear_error() {
-    let pki = Pki::new();
-    let (cert, _) = pki.client_files(&pki.ca, "one");
-    let (_, other_key) = pki.client_files(&pki.ca, "two");
-    let proxy = TlsProxy::start(pki.server_config(None)).await;
-    let err = connect(config(
-        &proxy,
-        &[
-            (env::TLS_CA_FILE, &pki.ca_file()),
-            (env::TLS_CERT_FILE, &cert),
-            (env::TLS_KEY_FILE, &other_key),
-        ],
-    ))
-    .await
-    .expect_err("the key is another certificate's");
+    let listeners = SecureListeners::from_stack();
+    let scratch = Scratch::new();
+    let vars = |key: &Path| {
+        config(&[
+            (env::BOOTSTRAP_SERVERS, listeners.ssl.clone()),
+            (env::AUTH, "mtls".into()),
+            (env::TLS_CA_FILE, path(&listeners.ca_file)),
+            (env::TLS_CERT_FILE, path(&listeners.cert_file("outbox"))),
+            (env::TLS_KEY_FILE, path(key)),
+        ])
+    };
+    let other_key = listeners.key_file("nogrant");
+    let err = connect(vars(&other_key))
+        .await
+        .expect_err("the key is another certificate's");
     assert!(
         err.to_string().starts_with(&format!(
             "misconfiguration: KAFKA_TLS_KEY_FILE: {}: does not go with the certificate of \
@@ -520,17 +326,10 @@ async fn a_key_that_does_not_match_the_certificate_is_a_clear_error() {
         )),
         "{err}"
     );
-    let not_a_key = pki.write("empty.key", "no key here\n");
-    let err = connect(config(
-        &proxy,
-        &[
-            (env::TLS_CA_FILE, &pki.ca_file()),
-            (env::TLS_CERT_FILE, &cert),
-            (env::TLS_KEY_FILE, &not_a_key),
-        ],
-    ))
-    .await
-    .expect_err("no key in the file");
+    let not_a_key = scratch.write("empty.key", "no key here\n");
+    let err = connect(vars(&not_a_key))
+        .await
+        .expect_err("no key in the file");
     assert_eq!(
         err.to_string(),
         format!(
@@ -558,49 +357,30 @@ async fn create_secret(text: &str) -> String {
         .to_owned()
 }
 
-/// A client certificate issued by `ca` as the JSON of `KAFKA_TLS_CLIENT_SECRET_ARN`, and
-/// its key's PEM.
-fn client_secret_json(ca: &Ca, name: &str) -> (String, String) {
-    let (cert, key) = ca.issue(&[name], ExtendedKeyUsagePurpose::ClientAuth);
-    let key = key.serialize_pem();
-    (
-        serde_json::json!({"certificate": cert.pem(), "privateKey": key}).to_string(),
-        key,
-    )
-}
-
-/// The relay's configuration for `proxy` with `KAFKA_AUTH=mtls` and the CA and client
-/// certificate from secrets, as it reads them from the environment.
-fn mtls_config(proxy: &TlsProxy, ca_secret: &str, client_secret: &str) -> KafkaConfig {
-    let vars = [
-        (env::BOOTSTRAP_SERVERS, proxy.address.as_str()),
-        (env::AUTH, "mtls"),
-        (env::TLS_CA_SECRET_ARN, ca_secret),
-        (env::TLS_CLIENT_SECRET_ARN, client_secret),
-    ];
-    let mut config = KafkaConfig::from_lookup(|name| {
-        vars.iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v.to_string())
-    })
-    .expect("a valid configuration");
-    config.retry_budget = Duration::from_secs(1);
-    config
+/// `KAFKA_AUTH=mtls` to the SSL listener with the CA and the client certificate from
+/// secrets.
+fn mtls_secrets(listeners: &SecureListeners, ca_secret: &str, client_secret: &str) -> KafkaConfig {
+    config(&[
+        (env::BOOTSTRAP_SERVERS, listeners.ssl.clone()),
+        (env::AUTH, "mtls".into()),
+        (env::TLS_CA_SECRET_ARN, ca_secret.into()),
+        (env::TLS_CLIENT_SECRET_ARN, client_secret.into()),
+    ])
 }
 
 #[tokio::test]
-async fn mutual_tls_with_the_ca_certificate_and_key_from_secrets_publishes() {
-    let pki = Pki::new();
-    let client_ca = Ca::new("outbox test client CA");
-    let proxy = TlsProxy::start(pki.server_config(Some(&client_ca))).await;
-    let ca_secret = create_secret(&pki.ca.cert.pem()).await;
+async fn mutual_tls_with_the_ca_and_client_certificate_from_secrets_publishes() {
+    let listeners = SecureListeners::from_stack();
+    let read = |p: PathBuf| std::fs::read_to_string(p).unwrap();
+    let ca_secret = create_secret(&read(listeners.ca_file.clone())).await;
 
-    // a client certificate from a CA the endpoint does not trust
-    let (foreign, _) = client_secret_json(&Ca::new("a stranger's CA"), "stranger");
+    // a client certificate from a CA the broker does not trust
+    let (cert, key) = Ca::new("a stranger's CA").client("outbox");
+    let foreign = serde_json::json!({"certificate": cert, "privateKey": key}).to_string();
     let foreign_secret = create_secret(&foreign).await;
-    let err = connect(mtls_config(&proxy, &ca_secret, &foreign_secret))
+    let err = connect(mtls_secrets(&listeners, &ca_secret, &foreign_secret))
         .await
-        .expect_err("a foreign client certificate");
+        .expect_err("a client certificate the broker did not issue");
     assert!(
         err.to_string().starts_with(&format!(
             "kafka: TLS with the brokers failed: they refused the client certificate of \
@@ -608,16 +388,20 @@ async fn mutual_tls_with_the_ca_certificate_and_key_from_secrets_publishes() {
         )),
         "{err}"
     );
-    assert!(proxy.forwarded.lock().unwrap().is_empty());
 
-    // the trusted one: read from moto, given to rustls from memory
-    let (json, key) = client_secret_json(&client_ca, "outbox-relay");
+    // the stack's outbox certificate: read from moto, given to rustls from memory
+    let key = read(listeners.key_file("outbox"));
+    let json = serde_json::json!({
+        "certificate": read(listeners.cert_file("outbox")),
+        "privateKey": key,
+    })
+    .to_string();
     let client_secret = create_secret(&json).await;
-    let config = mtls_config(&proxy, &ca_secret, &client_secret);
+    let config = mtls_secrets(&listeners, &ca_secret, &client_secret);
     let publisher = connect(config.clone())
         .await
         .expect("connect with the client certificate from the secret");
-    publish_and_read_back(&publisher, &proxy).await;
+    publish_and_read_back(&publisher).await;
     // the clones share what was read; their Debug names the secrets, never the key
     let shown = format!("{config:?} {publisher:?}");
     assert!(shown.contains(&client_secret), "{shown}");
@@ -631,22 +415,14 @@ async fn mutual_tls_with_the_ca_certificate_and_key_from_secrets_publishes() {
 
 #[tokio::test]
 async fn a_ca_secret_that_is_not_a_pem_bundle_is_a_clear_error() {
-    let pki = Pki::new();
-    let proxy = TlsProxy::start(pki.server_config(None)).await;
+    let listeners = SecureListeners::from_stack();
     let secret = create_secret("{\"ca\": \"not PEM\"}").await;
-    let vars = [
-        (env::BOOTSTRAP_SERVERS, proxy.address.clone()),
+    let err = connect(config(&[
+        (env::BOOTSTRAP_SERVERS, listeners.ssl.clone()),
         (env::TLS_CA_SECRET_ARN, secret.clone()),
-    ];
-    let config = KafkaConfig::from_lookup(|name| {
-        vars.iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v.clone())
-    })
-    .unwrap();
-    let err = connect(config)
-        .await
-        .expect_err("no certificate in the secret");
+    ]))
+    .await
+    .expect_err("no certificate in the secret");
     assert_eq!(
         err.to_string(),
         format!(

@@ -281,6 +281,11 @@ impl RelayMetrics for Fanout {
             .iter()
             .for_each(|m| m.publish_failed(bucket, permanent));
     }
+    fn publish_not_authorized(&self, bucket: u32, denied: &dynamo_outbox::error::NotAuthorized) {
+        self.0
+            .iter()
+            .for_each(|m| m.publish_not_authorized(bucket, denied));
+    }
     fn refused_write(&self, kind: WriteKind) {
         self.0.iter().for_each(|m| m.refused_write(kind));
     }

@@ -118,27 +118,80 @@ pub enum Error {
         #[source]
         source: Option<BoxError>,
     },
+    /// The brokers refused the publisher's principal on a topic (an ACL or IAM permission
+    /// is missing): retryable, never a rejection of the records. An operator's grant ends
+    /// it, so the relay retries it after its error backoff like any transient failure,
+    /// under every poison policy: it parks no bucket and quarantines nothing.
+    #[error("kafka: {denied}")]
+    KafkaNotAuthorized {
+        /// Who was refused what, on which topic.
+        denied: NotAuthorized,
+        /// The client error.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The caller's deadline passed before the work could finish.
     #[error("deadline passed during {0}")]
     DeadlineExceeded(&'static str),
 }
 
-/// Why Kafka will never accept a record (see [`Error::KafkaRejected`]).
+/// An authorization the brokers refused (see [`Error::KafkaNotAuthorized`]): what the
+/// relay logs and reports as metrics, so that an operator knows what to grant to whom.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{failure}: {principal} may not {operation} topic {topic} (grant it, through an ACL or \
+     an IAM policy; publishing retries until then)"
+)]
+pub struct NotAuthorized {
+    /// The topic of the refused request.
+    pub topic: String,
+    /// Who the publisher authenticates as (`User:NAME` with SCRAM or PLAIN, `User:` and the
+    /// client certificate's subject with mutual TLS, `msk-iam`, `User:ANONYMOUS`): see
+    /// [`KafkaPublisher::principal`](crate::publish::KafkaPublisher::principal).
+    pub principal: String,
+    /// The Kafka ACL operation the refused request needs: `DESCRIBE` for the topic's
+    /// metadata, `WRITE` for a produce.
+    pub operation: &'static str,
+    /// The broker's error code.
+    pub failure: AuthorizationFailure,
+}
+
+/// The broker's error code of a refused authorization (Kafka's protocol error names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthorizationFailure {
+    /// The principal lacks the operation on the topic.
+    #[error("TOPIC_AUTHORIZATION_FAILED")]
+    Topic,
+    /// The principal lacks the operation on the cluster.
+    #[error("CLUSTER_AUTHORIZATION_FAILED")]
+    Cluster,
+    /// The principal lacks the operation on a transactional id.
+    #[error("TRANSACTIONAL_ID_AUTHORIZATION_FAILED")]
+    TransactionalId,
+    /// The principal lacks the operation on a consumer group.
+    #[error("GROUP_AUTHORIZATION_FAILED")]
+    Group,
+    /// The principal lacks the operation on a delegation token.
+    #[error("DELEGATION_TOKEN_AUTHORIZATION_FAILED")]
+    DelegationToken,
+}
+
+/// Why Kafka will never accept a record (see [`Error::KafkaRejected`]). A missing
+/// authorization is not among them: an operator can grant it, so it is
+/// [`Error::KafkaNotAuthorized`], which is retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Rejection {
     /// The record (or, alone in its request, its batch) exceeds the broker's or topic's size limit.
     #[error("record too large")]
     TooLarge,
-    /// The topic does not exist (or the relay may not describe it).
+    /// The topic does not exist.
     #[error("unknown topic")]
     UnknownTopic,
     /// The explicit partition does not exist in the topic.
     #[error("unknown partition")]
     UnknownPartition,
-    /// The relay's principal may not write to the topic.
-    #[error("not authorized to write to the topic")]
-    NotAuthorized,
     /// The broker found the record itself invalid (timestamp, format, a broker policy).
     #[error("invalid record")]
     InvalidRecord,
@@ -151,7 +204,9 @@ impl Error {
             Error::DynamoDb { retryable, .. }
             | Error::Kafka { retryable, .. }
             | Error::TransactionCanceled { retryable, .. } => *retryable,
-            Error::DeadlineExceeded(_) | Error::Lambda { .. } => true,
+            Error::DeadlineExceeded(_)
+            | Error::Lambda { .. }
+            | Error::KafkaNotAuthorized { .. } => true,
             _ => false,
         }
     }
@@ -169,7 +224,9 @@ impl Error {
             | Error::ConditionFailed { .. }
             | Error::TransactionCanceled { .. }
             | Error::Corrupt { .. } => "DynamoDb",
-            Error::Kafka { .. } | Error::KafkaRejected { .. } => "Kafka",
+            Error::Kafka { .. }
+            | Error::KafkaRejected { .. }
+            | Error::KafkaNotAuthorized { .. } => "Kafka",
             Error::Lambda { .. } => "Lambda",
             Error::DeadlineExceeded(_) => "DeadlineExceeded",
         }

@@ -9,6 +9,7 @@ pub mod otel;
 use std::fmt::Debug;
 use std::time::Duration;
 
+use crate::error::NotAuthorized;
 use crate::store::WriteKind;
 
 /// Receives the relay's measurements.
@@ -17,6 +18,14 @@ pub trait RelayMetrics: Debug + Send + Sync {
     fn published(&self, _bucket: u32, _count: u64) {}
     /// A publish of `bucket` failed; `permanent` when the broker rejected a record for good.
     fn publish_failed(&self, _bucket: u32, _permanent: bool) {}
+    /// A publish of `bucket` failed because the brokers refused the relay's principal
+    /// (`denied`: the failure, the topic, the principal and the operation): a transient
+    /// failure, retried after the error backoff, never poison. Reported instead of
+    /// [`RelayMetrics::publish_failed`]; the default reports it as that (not permanent).
+    fn publish_not_authorized(&self, bucket: u32, denied: &NotAuthorized) {
+        let _ = denied;
+        self.publish_failed(bucket, false);
+    }
     /// A conditional write of `kind` was refused.
     fn refused_write(&self, _kind: WriteKind) {}
     /// The relay owns `count` buckets after an acquisition.

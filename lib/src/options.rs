@@ -388,7 +388,9 @@ pub struct RelayOptions {
 }
 
 /// What a relay does with a poison item: an item that cannot be read as a message, a
-/// message on a topic outside the allow-list, a record the broker rejects for good.
+/// message on a topic outside the allow-list, a record the broker rejects for good. A
+/// refused authorization is never one: under either policy it is retried after the error
+/// backoff ([`Error::KafkaNotAuthorized`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PoisonPolicy {
     /// The bucket stops at it (the specification's rule): nothing of the bucket is

@@ -5,6 +5,7 @@
 //! DynamoDB fault ([`Fault`]). No shipped crate depends on it but as a dev-dependency.
 #![allow(unreachable_pub)]
 
+pub mod fake_broker;
 pub mod fault;
 pub mod kafka;
 pub mod lambda;

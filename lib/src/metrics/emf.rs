@@ -20,6 +20,7 @@
 //! | `Published` | Count | messages published and deleted |
 //! | `PublishFailures` | Count | failed publishes (transient and permanent) |
 //! | `PublishRejected` | Count | records the broker refused for good (part of `PublishFailures`) |
+//! | `PublishNotAuthorized` | Count | publishes the brokers refused the relay's principal (part of `PublishFailures`; retried, never poison); the document names each refusal in its `NotAuthorized` member |
 //! | `RefusedWrites` | Count | refused conditional writes, all kinds |
 //! | `RefusedWrites.<kind>` | Count | per kind: `heartbeat`, `renew`, `release`, `claim`, `cleanup` |
 //! | `LeasesAcquired` / `LeasesLost` | Count | leases claimed / lost |
@@ -31,6 +32,11 @@
 //! | `BatchDuration` / `RoundDuration` | Milliseconds | one value per batch / acquisition round |
 //! | `CommitToAckLatency` | Milliseconds | one value per message the broker acknowledged: from its enqueue timestamp (`CreatedAtUtc`, the writer's clock) to the acknowledgement (the relay's clock; zero when the writer's is ahead) |
 //! | `ColdStart` | Count | 1 in the first flush after [`EmfMetrics::cold_start`] |
+//!
+//! The document that carries `PublishNotAuthorized` also carries `NotAuthorized` (no
+//! metric, a member of the log event: CloudWatch Logs Insights reads it): one object per
+//! refusal since the last flush, `{"Failure", "Topic", "Principal", "Operation", "Count"}`,
+//! so that the refused topic and principal are named without a metric per topic.
 //!
 //! A counter is emitted only when it is not zero: CloudWatch bills every metric that
 //! received a data point in an hour, and for a `Sum` a missing data point means zero, so
@@ -60,7 +66,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Map, Value};
 
 use super::RelayMetrics;
-use crate::error::{Error, Result};
+use crate::error::{Error, NotAuthorized, Result};
 use crate::store::WriteKind;
 
 /// The environment variable naming the namespace (as in Powertools for AWS Lambda).
@@ -93,12 +99,13 @@ pub const IDLE_METRICS: [&str; 6] = [
     "RoundDuration",
     "ColdStart",
 ];
-/// Every metric name a flush may report: 15 names, plus `RefusedWrites.<kind>` for the
-/// five kinds of [`WriteKind::ALL`], 20 metrics per dimension set at most.
-pub const METRIC_NAMES: [&str; 15] = [
+/// Every metric name a flush may report: 16 names, plus `RefusedWrites.<kind>` for the
+/// five kinds of [`WriteKind::ALL`], 21 metrics per dimension set at most.
+pub const METRIC_NAMES: [&str; 16] = [
     "Published",
     "PublishFailures",
     "PublishRejected",
+    "PublishNotAuthorized",
     "RefusedWrites",
     "LeasesAcquired",
     "LeasesLost",
@@ -112,6 +119,9 @@ pub const METRIC_NAMES: [&str; 15] = [
     "CommitToAckLatency",
     "ColdStart",
 ];
+
+/// The member of a document that names the refused authorizations (not a metric).
+pub const NOT_AUTHORIZED_MEMBER: &str = "NotAuthorized";
 
 /// A CloudWatch unit, as EMF spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +150,8 @@ struct State {
     published: u64,
     publish_failures: u64,
     publish_rejected: u64,
+    /// Refused authorizations by failure, topic, principal and operation.
+    not_authorized: BTreeMap<(String, String, String, &'static str), u64>,
     refused: BTreeMap<WriteKind, u64>,
     leases_acquired: u64,
     leases_lost: u64,
@@ -255,10 +267,15 @@ impl EmfMetrics {
                 format!("{name:?} is empty, reserved or already a dimension"),
             ));
         }
-        if METRIC_NAMES.contains(&name.as_str()) || name.starts_with("RefusedWrites") {
+        if METRIC_NAMES.contains(&name.as_str())
+            || name.starts_with("RefusedWrites")
+            || name == NOT_AUTHORIZED_MEMBER
+        {
             return Err(Error::option(
                 "dimensions",
-                format!("{name:?} is the name of a metric"),
+                format!(
+                    "{name:?} is the name of a metric or of the {NOT_AUTHORIZED_MEMBER} member"
+                ),
             ));
         }
         self.dimensions.push((name, value.into()));
@@ -292,8 +309,31 @@ impl EmfMetrics {
     /// As [`Self::flush`] with the timestamp `timestamp_ms` (milliseconds since the Unix epoch).
     pub fn flush_at(&self, timestamp_ms: u64) -> Vec<String> {
         let state = std::mem::take(&mut *self.lock());
+        let refusals = Self::not_authorized_of(&state);
         let metrics = Self::metrics_of(state);
-        self.render(&metrics, timestamp_ms)
+        self.render(&metrics, timestamp_ms, refusals)
+    }
+
+    /// The `NotAuthorized` member: one object per refused authorization (`None`: none).
+    fn not_authorized_of(state: &State) -> Option<Value> {
+        if state.not_authorized.is_empty() {
+            return None;
+        }
+        Some(Value::Array(
+            state
+                .not_authorized
+                .iter()
+                .map(|((failure, topic, principal, operation), count)| {
+                    json!({
+                        "Failure": failure,
+                        "Topic": topic,
+                        "Principal": principal,
+                        "Operation": operation,
+                        "Count": count,
+                    })
+                })
+                .collect(),
+        ))
     }
 
     /// Flushes and writes each document as one line to `out` (stdout in a Lambda function).
@@ -320,6 +360,7 @@ impl EmfMetrics {
         counter("Published", state.published);
         counter("PublishFailures", state.publish_failures);
         counter("PublishRejected", state.publish_rejected);
+        counter("PublishNotAuthorized", state.not_authorized.values().sum());
         counter("RefusedWrites", state.refused.values().sum());
         for kind in WriteKind::ALL {
             counter(
@@ -372,8 +413,14 @@ impl EmfMetrics {
         m
     }
 
-    /// Splits `metrics` into documents within the limits and renders them.
-    fn render(&self, metrics: &[Metric], timestamp_ms: u64) -> Vec<String> {
+    /// Splits `metrics` into documents within the limits and renders them, the first with
+    /// the `NotAuthorized` member `refusals`.
+    fn render(
+        &self,
+        metrics: &[Metric],
+        timestamp_ms: u64,
+        mut refusals: Option<Value>,
+    ) -> Vec<String> {
         // A metric with more than MAX_VALUES_PER_METRIC values continues in later documents.
         let mut pieces: Vec<Vec<(&Metric, &[f64])>> = Vec::new();
         for metric in metrics {
@@ -397,11 +444,19 @@ impl EmfMetrics {
         }
         pieces
             .into_iter()
-            .map(|doc| self.document(&doc, timestamp_ms).to_string())
+            .map(|doc| {
+                self.document(&doc, timestamp_ms, refusals.take())
+                    .to_string()
+            })
             .collect()
     }
 
-    fn document(&self, metrics: &[(&Metric, &[f64])], timestamp_ms: u64) -> Value {
+    fn document(
+        &self,
+        metrics: &[(&Metric, &[f64])],
+        timestamp_ms: u64,
+        refusals: Option<Value>,
+    ) -> Value {
         let mut root = Map::new();
         let names: Vec<&str> = self.dimensions.iter().map(|(n, _)| n.as_str()).collect();
         let definitions: Vec<Value> = metrics
@@ -428,6 +483,9 @@ impl EmfMetrics {
                 many => Value::Array(many.iter().map(|v| number(*v)).collect()),
             };
             root.insert(m.name.clone(), value);
+        }
+        if let Some(refusals) = refusals {
+            root.insert(NOT_AUTHORIZED_MEMBER.into(), refusals);
         }
         Value::Object(root)
     }
@@ -457,6 +515,18 @@ impl RelayMetrics for EmfMetrics {
         if permanent {
             s.publish_rejected += 1;
         }
+    }
+
+    fn publish_not_authorized(&self, _bucket: u32, denied: &NotAuthorized) {
+        let mut s = self.lock();
+        s.publish_failures += 1;
+        let key = (
+            denied.failure.to_string(),
+            denied.topic.clone(),
+            denied.principal.clone(),
+            denied.operation,
+        );
+        *s.not_authorized.entry(key).or_default() += 1;
     }
 
     fn refused_write(&self, kind: WriteKind) {
@@ -681,6 +751,43 @@ mod tests {
         assert_eq!(units["Published"], "Count");
     }
 
+    /// A refused authorization is a failed publish (never a rejected one) and names the
+    /// failure, the topic, the principal and the operation in the document's
+    /// `NotAuthorized` member, one object per refusal with its count.
+    #[test]
+    fn refused_authorizations_are_counted_and_named() {
+        let m = table_metrics();
+        m.publish_not_authorized(1, &denied("orders", "User:nogrant"));
+        m.publish_not_authorized(2, &denied("orders", "User:nogrant"));
+        m.publish_not_authorized(2, &denied("audit", "User:nogrant"));
+        m.publish_failed(3, false);
+        let docs = m.flush_at(1_764_500_000_000);
+        assert_eq!(docs.len(), 1);
+        let v = validate(&docs[0]);
+        assert_eq!(v["PublishFailures"], json!(4));
+        assert_eq!(v["PublishNotAuthorized"], json!(3));
+        assert!(!v.contains_key("PublishRejected") && !v.contains_key("PoisonItems"));
+        let root: Value = serde_json::from_str(&docs[0]).unwrap();
+        assert_eq!(
+            root[NOT_AUTHORIZED_MEMBER],
+            json!([
+                {"Failure": "TOPIC_AUTHORIZATION_FAILED", "Topic": "audit",
+                 "Principal": "User:nogrant", "Operation": "WRITE", "Count": 1},
+                {"Failure": "TOPIC_AUTHORIZATION_FAILED", "Topic": "orders",
+                 "Principal": "User:nogrant", "Operation": "WRITE", "Count": 2},
+            ])
+        );
+        // Only while it happens: the next flush names nothing.
+        m.published(0, 1);
+        let next: Value = serde_json::from_str(&m.flush_at(1_764_500_060_000)[0]).unwrap();
+        assert!(next.get(NOT_AUTHORIZED_MEMBER).is_none(), "{next}");
+        assert!(m
+            .with_dimension(NOT_AUTHORIZED_MEMBER, "x")
+            .unwrap_err()
+            .to_string()
+            .contains("is the name of a metric or of the NotAuthorized member"));
+    }
+
     #[test]
     fn flush_starts_over_and_skips_zero_counters() {
         let m = table_metrics();
@@ -779,12 +886,22 @@ mod tests {
         assert_eq!(kept, MAX_LATENCY_SAMPLES);
     }
 
+    fn denied(topic: &str, principal: &str) -> NotAuthorized {
+        NotAuthorized {
+            topic: topic.into(),
+            principal: principal.into(),
+            operation: "WRITE",
+            failure: crate::error::AuthorizationFailure::Topic,
+        }
+    }
+
     #[test]
-    fn every_metric_name_is_known_and_the_total_is_20() {
+    fn every_metric_name_is_known_and_the_total_is_21() {
         let m = table_metrics();
         m.cold_start();
         m.published(0, 1);
         m.publish_failed(0, true);
+        m.publish_not_authorized(0, &denied("orders", "User:relay"));
         for kind in WriteKind::ALL {
             m.refused_write(kind);
         }
@@ -799,7 +916,7 @@ mod tests {
         m.commit_to_ack(0, Duration::from_millis(1));
         let v = validate(&m.flush_at(1_764_500_000_000)[0]);
         assert_eq!(v.len(), METRIC_NAMES.len() + WriteKind::ALL.len());
-        assert_eq!(v.len(), 20);
+        assert_eq!(v.len(), 21);
         assert_eq!(v["QuarantinedItems"], json!(1));
         for name in v.keys() {
             assert!(
@@ -890,7 +1007,7 @@ mod tests {
                 values: vec![i as f64],
             })
             .collect();
-        let docs = m.render(&metrics, 1_764_500_000_000);
+        let docs = m.render(&metrics, 1_764_500_000_000, None);
         assert_eq!(docs.len(), 3);
         let mut seen = 0;
         for doc in &docs {

@@ -8,6 +8,10 @@
 //! ([`RelayOptions::metrics_name`](crate::RelayOptions::metrics_name), `OUTBOX_METRICS_NAME`,
 //! default `outbox`): the same name for every relay of one outbox, another for another
 //! outbox; relay ids belong in the resource (`service.instance.id`), not in attributes.
+//! One exception names what an operator must fix: a failed publish the brokers refused
+//! for authorization (retried, never poison) also carries `error.type` (the broker's error
+//! code, `TOPIC_AUTHORIZATION_FAILED`), `messaging.destination.name` (the topic) and
+//! `outbox.kafka.principal` (who the relay authenticates as).
 //!
 //! | Instrument | Kind, unit | Value |
 //! |---|---|---|
@@ -43,7 +47,7 @@ use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableGauge};
 use opentelemetry::KeyValue;
 
 use super::RelayMetrics;
-use crate::error::{Error, Result};
+use crate::error::{Error, NotAuthorized, Result};
 
 /// The reference implementation's meter name (its instrumentation scope).
 pub const METER_NAME: &str = "Dekaf.Outbox";
@@ -72,6 +76,12 @@ pub const PENDING_OLDEST_AGE: &str = "dekaf.outbox.pending.oldest_age";
 pub const PENDING_AVAILABLE: &str = "dekaf.outbox.pending.available";
 /// Commit-to-ack latency per message, histogram in seconds (this project's instrument).
 pub const COMMIT_TO_ACK: &str = "dekaf.outbox.commit_to_ack.duration";
+/// The attribute of a refused authorization's failure: the broker's error code.
+pub const ERROR_TYPE: &str = "error.type";
+/// The attribute of a refused authorization's topic (OpenTelemetry's messaging name).
+pub const DESTINATION: &str = "messaging.destination.name";
+/// The attribute of a refused authorization's principal (this project's).
+pub const PRINCIPAL: &str = "outbox.kafka.principal";
 /// Every instrument's name: the reference's, [`QUARANTINED`] and [`COMMIT_TO_ACK`].
 pub const INSTRUMENT_NAMES: [&str; 11] = [
     ACKNOWLEDGED,
@@ -305,6 +315,19 @@ impl RelayMetrics for OtelMetrics {
 
     fn publish_failed(&self, _bucket: u32, _permanent: bool) {
         self.failures.add(1, &self.attributes);
+    }
+
+    fn publish_not_authorized(&self, _bucket: u32, denied: &NotAuthorized) {
+        let [name] = self.attributes.clone();
+        self.failures.add(
+            1,
+            &[
+                name,
+                KeyValue::new(ERROR_TYPE, denied.failure.to_string()),
+                KeyValue::new(DESTINATION, denied.topic.clone()),
+                KeyValue::new(PRINCIPAL, denied.principal.clone()),
+            ],
+        );
     }
 
     fn leases_lost(&self, count: usize) {

@@ -129,7 +129,9 @@ fn tls_failure(config: &KafkaConfig, e: &ClientError) -> Option<String> {
         (None, None) => None,
     };
     match (alert.as_str(), client_cert) {
-        ("CertificateRequired" | "HandshakeFailure", None) => Some(format!(
+        // Java's TLS 1.3 server (Kafka's, MSK's) refuses an empty certificate message
+        // with bad_certificate.
+        ("CertificateRequired" | "HandshakeFailure" | "BadCertificate", None) => Some(format!(
             "TLS with the brokers failed: they require a client certificate (alert {alert}): \
              set {} (or {} and {})",
             env::TLS_CLIENT_SECRET_ARN,

@@ -32,7 +32,9 @@ use rskafka::BackoffConfig;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::classify::{client_error, produce_error, protocol_error, verdict, Verdict};
+use super::classify::{
+    client_error, not_authorized, produce_error, protocol_error, verdict, Verdict,
+};
 use super::config::{KafkaAuth, KafkaCompression, KafkaConfig};
 use super::diagnose::connect_error;
 use super::msk_iam::MskIamTokenProvider;
@@ -52,6 +54,8 @@ pub struct KafkaPublisher {
 struct Inner {
     client: Client,
     config: KafkaConfig,
+    /// Who the brokers authorize the publisher as ([`KafkaPublisher::principal`]).
+    principal: String,
     /// Partition counts by topic, with when they were read.
     topics: Mutex<HashMap<String, TopicMeta>>,
     /// One client per partition, connected to its leader.
@@ -117,9 +121,16 @@ impl KafkaPublisher {
             let provider = Arc::new(MskIamTokenProvider::new(region, credentials));
             builder = builder.sasl_config(provider.sasl_config());
         }
+        let mut username = None;
         if config.auth.uses_password() {
-            builder = builder.sasl_config(sasl_config(&config).await?);
+            let (sasl, user) = sasl_config(&config).await?;
+            builder = builder.sasl_config(sasl);
+            username = Some(user);
         }
+        let principal = match username {
+            Some(user) => format!("User:{user}"),
+            None => principal_without_password(&config).await,
+        };
         let client = match builder.build().await {
             Ok(client) => client,
             Err(e) => return Err(connect_error(&config, e).await),
@@ -128,12 +139,14 @@ impl KafkaPublisher {
             servers = ?config.bootstrap_servers,
             auth = ?config.auth,
             tls = config.tls,
+            principal = %principal,
             "connected to kafka"
         );
         Ok(KafkaPublisher {
             inner: Arc::new(Inner {
                 client,
                 config,
+                principal,
                 topics: Mutex::new(HashMap::new()),
                 partitions: Mutex::new(HashMap::new()),
                 sticky: AtomicU32::new(rand::random()),
@@ -152,6 +165,18 @@ impl KafkaPublisher {
     /// The options this publisher runs with.
     pub fn config(&self) -> &KafkaConfig {
         &self.inner.config
+    }
+
+    /// Who the brokers authorize this publisher as, as far as its configuration says, for
+    /// the errors, logs and metrics of a refused authorization
+    /// ([`Error::KafkaNotAuthorized`]): `User:NAME` with SCRAM or PLAIN (NAME the SASL
+    /// username); with a client certificate and no SASL, `User:` and the certificate's
+    /// subject as RFC 2253 writes it (`User:CN=relay,O=Example`, what Kafka's default
+    /// `ssl.principal.mapping.rules` make of it; a cluster with other rules maps it to
+    /// another name; a text saying so when the subject cannot be read); `msk-iam` with IAM
+    /// (the IAM identity of the AWS credentials); `User:ANONYMOUS` without authentication.
+    pub fn principal(&self) -> &str {
+        &self.inner.principal
     }
 
     /// Creates a topic through the controller; `Ok(false)` when it already exists. Waits
@@ -309,6 +334,14 @@ impl KafkaPublisher {
                     Err(rejected(Rejection::UnknownTopic, Some(Box::new(e))))
                 }
                 (_, Verdict::Reject(reason)) => Err(rejected(reason, Some(Box::new(e)))),
+                // The principal may not describe it: retried, never a rejection.
+                (_, Verdict::NotAuthorized(failure)) => Err(not_authorized(
+                    topic,
+                    &self.inner.principal,
+                    "DESCRIBE",
+                    failure,
+                    Some(Box::new(e)),
+                )),
                 _ => Err(client_error("reading the metadata of one topic", e)),
             },
             Ok(Ok(_)) => Err(Error::Kafka {
@@ -417,9 +450,17 @@ impl KafkaPublisher {
                         continue;
                     }
                 }
-                Verdict::Reject(_) | Verdict::Fatal => {}
+                // A refused authorization waits for an operator: the caller retries it
+                // after its backoff, not this request at once.
+                Verdict::Reject(_) | Verdict::NotAuthorized(_) | Verdict::Fatal => {}
             }
-            return Err(produce_error(topic, partition, verdict, e));
+            return Err(produce_error(
+                topic,
+                partition,
+                &self.inner.principal,
+                verdict,
+                e,
+            ));
         }
     }
 
@@ -624,8 +665,8 @@ fn now_millis() -> DateTime<Utc> {
 }
 
 /// rskafka's SASL configuration for SCRAM or PLAIN, with the credentials resolved (the
-/// secret read once per process).
-async fn sasl_config(config: &KafkaConfig) -> Result<rskafka::client::SaslConfig> {
+/// secret read once per process), and the username.
+async fn sasl_config(config: &KafkaConfig) -> Result<(rskafka::client::SaslConfig, String)> {
     use rskafka::client::{Credentials, SaslConfig};
     let source = config.sasl.as_ref().ok_or_else(|| {
         Error::option(
@@ -637,12 +678,27 @@ async fn sasl_config(config: &KafkaConfig) -> Result<rskafka::client::SaslConfig
         )
     })?;
     let up = source.resolve().await?;
+    let username = up.username.clone();
     let credentials = Credentials::new(up.username, up.password.expose().to_owned());
-    Ok(match config.auth {
+    let sasl = match config.auth {
         KafkaAuth::ScramSha256 => SaslConfig::ScramSha256(credentials),
         KafkaAuth::ScramSha512 => SaslConfig::ScramSha512(credentials),
         _ => SaslConfig::Plain(credentials),
-    })
+    };
+    Ok((sasl, username))
+}
+
+/// [`KafkaPublisher::principal`] of a configuration without a SASL username: MSK IAM,
+/// a client certificate, or nobody.
+async fn principal_without_password(config: &KafkaConfig) -> String {
+    if config.auth == KafkaAuth::MskIam {
+        return "msk-iam".into();
+    }
+    match super::tls::client_subject(config).await {
+        Some(Some(subject)) => format!("User:{subject}"),
+        Some(None) => "the client certificate (its subject could not be read)".into(),
+        None => "User:ANONYMOUS".into(),
+    }
 }
 
 /// The standard AWS credentials chain (environment, profile, web identity, ECS, IMDS).

@@ -51,8 +51,6 @@ mod span;
 mod tls;
 
 #[cfg(test)]
-mod fake_broker;
-#[cfg(test)]
 mod token_check;
 
 pub use config::{KafkaAuth, KafkaCompression, KafkaConfig, DEFAULT_MESSAGE_ID_HEADER};

@@ -380,6 +380,185 @@ fn read_certs(variable: &str, path: &Path) -> Result<Vec<CertificateDer<'static>
     Ok(certs)
 }
 
+/// The subject of the client certificate `config` names, for the publisher's principal:
+/// `None` without one (TLS off, or no client certificate), else its leaf's subject as
+/// [`subject_rfc2253`] writes it (`Some(None)` when it cannot be read). Read as the connect
+/// read it: the file again, or what was kept of the secret.
+pub(crate) async fn client_subject(config: &KafkaConfig) -> Option<Option<String>> {
+    if !config.tls {
+        return None;
+    }
+    let leaf = match (&config.tls_cert_file, &config.tls_client_secret) {
+        (Some(path), _) => read_certs(env::TLS_CERT_FILE, path)
+            .ok()
+            .and_then(|chain| chain.into_iter().next()),
+        (None, Some(secret)) => secret
+            .identity()
+            .await
+            .ok()
+            .and_then(|(chain, _)| chain.into_iter().next()),
+        (None, None) => return None,
+    };
+    Some(leaf.and_then(|cert| subject_rfc2253(&cert)))
+}
+
+/// One DER element at the start of `input`: its tag, its content, and what follows it.
+fn der(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |len, &b| (len << 8) | usize::from(b));
+        (len, &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+}
+
+/// The content of the DER SEQUENCE at the start of `input`, and what follows it.
+fn der_sequence(input: &[u8]) -> Option<(&[u8], &[u8])> {
+    match der(input)? {
+        (0x30, content, rest) => Some((content, rest)),
+        _ => None,
+    }
+}
+
+/// The subject of a DER certificate as RFC 2253 writes a distinguished name (Java's
+/// `X500Principal.getName()`, from which Kafka's default principal builder makes
+/// `User:...`): the relative names last to first, `,`-separated, the attributes of one
+/// `+`-separated; the usual attribute types by their keyword, others as the dotted OID
+/// with the value's DER in hex.
+fn subject_rfc2253(cert: &[u8]) -> Option<String> {
+    let (certificate, _) = der_sequence(cert)?;
+    let (tbs, _) = der_sequence(certificate)?;
+    let mut fields = tbs;
+    if fields.first() == Some(&0xa0) {
+        fields = der(fields)?.2; // the version
+    }
+    for _ in 0..4 {
+        fields = der(fields)?.2; // serial number, signature, issuer, validity
+    }
+    let (mut names, _) = der_sequence(fields)?;
+    let mut rdns = Vec::new();
+    while !names.is_empty() {
+        let (tag, mut set, rest) = der(names)?;
+        if tag != 0x31 {
+            return None;
+        }
+        names = rest;
+        let mut attributes = Vec::new();
+        while !set.is_empty() {
+            let (attribute, rest) = der_sequence(set)?;
+            set = rest;
+            let (tag, oid, value) = der(attribute)?;
+            if tag != 0x06 {
+                return None;
+            }
+            attributes.push(attribute_rfc2253(oid, value)?);
+        }
+        rdns.push(attributes.join("+"));
+    }
+    rdns.reverse();
+    Some(rdns.join(","))
+}
+
+/// One `type=value` of [`subject_rfc2253`].
+fn attribute_rfc2253(oid: &[u8], value: &[u8]) -> Option<String> {
+    const KEYWORDS: [(&[u8], &str); 9] = [
+        (&[0x55, 0x04, 0x03], "CN"),
+        (&[0x55, 0x04, 0x06], "C"),
+        (&[0x55, 0x04, 0x07], "L"),
+        (&[0x55, 0x04, 0x08], "ST"),
+        (&[0x55, 0x04, 0x09], "STREET"),
+        (&[0x55, 0x04, 0x0a], "O"),
+        (&[0x55, 0x04, 0x0b], "OU"),
+        (
+            &[0x09, 0x92, 0x26, 0x89, 0x93, 0xf2, 0x2c, 0x64, 0x01, 0x19],
+            "DC",
+        ),
+        (
+            &[0x09, 0x92, 0x26, 0x89, 0x93, 0xf2, 0x2c, 0x64, 0x01, 0x01],
+            "UID",
+        ),
+    ];
+    let (tag, content, rest) = der(value)?;
+    let element = &value[..value.len() - rest.len()];
+    let keyword = KEYWORDS.iter().find(|(o, _)| *o == oid).map(|(_, k)| *k);
+    let text = match tag {
+        // UTF8String, PrintableString, IA5String
+        0x0c | 0x13 | 0x16 => std::str::from_utf8(content).ok().map(str::to_owned),
+        // TeletexString, read as Latin-1
+        0x14 => Some(content.iter().map(|&b| char::from(b)).collect()),
+        // BMPString: UTF-16, big-endian
+        0x1e => {
+            let units: Vec<u16> = content
+                .chunks(2)
+                .map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))
+                .collect();
+            String::from_utf16(&units).ok()
+        }
+        _ => None,
+    };
+    Some(match (keyword, text) {
+        (Some(keyword), Some(text)) => format!("{keyword}={}", escape_rfc2253(&text)),
+        (keyword, _) => {
+            let name = match keyword {
+                Some(k) => k.to_owned(),
+                None => dotted_oid(oid)?,
+            };
+            let hex: String = element.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{name}=#{hex}")
+        }
+    })
+}
+
+/// An attribute value with RFC 2253's escapes: `,+"\<>;` anywhere, `#` or a space first,
+/// a space last.
+fn escape_rfc2253(value: &str) -> String {
+    let last = value.chars().count().saturating_sub(1);
+    let mut out = String::with_capacity(value.len());
+    for (i, c) in value.chars().enumerate() {
+        let special = matches!(c, ',' | '+' | '"' | '\\' | '<' | '>' | ';')
+            || (i == 0 && matches!(c, '#' | ' '))
+            || (i == last && c == ' ');
+        if special {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A DER object identifier's content as dotted decimals (`1.2.840.113549.1.9.1`).
+fn dotted_oid(oid: &[u8]) -> Option<String> {
+    let mut arcs: Vec<u64> = Vec::new();
+    let mut n: u64 = 0;
+    for &b in oid {
+        n = n.checked_mul(128)? | u64::from(b & 0x7f);
+        if b & 0x80 == 0 {
+            arcs.push(n);
+            n = 0;
+        }
+    }
+    let first = *arcs.first()?;
+    let (a, b) = if first < 80 {
+        (first / 40, first % 40)
+    } else {
+        (2, first - 80)
+    };
+    let mut text = format!("{a}.{b}");
+    for arc in &arcs[1..] {
+        text.push_str(&format!(".{arc}"));
+    }
+    Some(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -621,5 +800,49 @@ mod tests {
         let list = format!("{:?}", &der[..16]);
         let list = list.trim_start_matches('[').trim_end_matches(']');
         assert!(!shown.contains(&hex) && !shown.contains(list), "{shown}");
+    }
+
+    /// The principal of mutual TLS: the leaf's subject as RFC 2253 writes it (what Kafka's
+    /// default principal builder shows as `User:...`), from the file or the secret.
+    #[tokio::test]
+    async fn the_client_certificates_subject_reads_as_rfc_2253() {
+        use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair};
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CountryName, "DE");
+        dn.push(DnType::OrganizationName, "Example, Inc");
+        dn.push(DnType::CommonName, "relay");
+        dn.push(
+            DnType::CustomDnType(vec![1, 2, 840, 113_549, 1, 9, 1]),
+            "ops@example.com",
+        );
+        params.distinguished_name = dn;
+        let cert = params.self_signed(&key).unwrap();
+        assert_eq!(
+            subject_rfc2253(cert.der()).as_deref(),
+            Some(
+                "1.2.840.113549.1.9.1=#0c0f6f7073406578616d706c652e636f6d,CN=relay,\
+                 O=Example\\, Inc,C=DE"
+            )
+        );
+        assert_eq!(escape_rfc2253("#a b "), "\\#a b\\ ");
+        assert_eq!(subject_rfc2253(b"\x30\x03\x02\x01\x00"), None);
+
+        // From the files and from the secret; none without a client certificate.
+        let (_, pem, key) = pki();
+        let mut config = KafkaConfig::new(["h:1"]);
+        config.tls = true;
+        assert_eq!(client_subject(&config).await, None);
+        config.tls_client_secret =
+            Some(TlsSecret::client_read(ARN, &client_json(&pem, &key)).unwrap());
+        let expected = Some(Some("CN=rcgen self signed cert".to_owned()));
+        assert_eq!(client_subject(&config).await, expected);
+        config.tls_client_secret = None;
+        config.tls_cert_file = Some(with_file("client.crt", &pem));
+        config.tls_key_file = Some(with_file("client.key", &key));
+        assert_eq!(client_subject(&config).await, expected);
+        config.tls = false;
+        assert_eq!(client_subject(&config).await, None);
     }
 }

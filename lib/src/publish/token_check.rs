@@ -1,7 +1,7 @@
 //! For tests: the example credentials MSK IAM tokens are signed with in tests, and an
 //! independent check of such a token (its URL decoded, its SigV4 signature recomputed
-//! from the spec on `ring`, without `aws-sigv4`). The signer's tests and the fake
-//! broker's both check tokens with it.
+//! from the spec on `ring`, without `aws-sigv4`). The signer's tests (`msk_iam.rs`) check
+//! their tokens with it.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};

@@ -435,7 +435,32 @@ fn classify(
             deleted,
             last,
             publish_failed: false,
+            not_authorized: None,
         },
+        // An authorization failure is never poison: retried after the backoff under every
+        // poison policy, until an operator grants what is missing.
+        Some(Error::KafkaNotAuthorized { denied, source }) => {
+            let error = Error::KafkaNotAuthorized {
+                denied: denied.clone(),
+                source,
+            };
+            warn!(
+                bucket,
+                acknowledged = acked,
+                failure = %denied.failure,
+                topic = %denied.topic,
+                principal = %denied.principal,
+                operation = denied.operation,
+                error = %crate::error::chain(&error),
+                "publish not authorized; retrying after the backoff, nothing set aside"
+            );
+            BatchResult::Failed {
+                deleted,
+                last,
+                publish_failed: true,
+                not_authorized: Some(denied),
+            }
+        }
         Some(e @ Error::KafkaRejected { .. }) => BatchResult::Poison {
             error: e,
             at: fetched
@@ -450,6 +475,7 @@ fn classify(
                 deleted,
                 last,
                 publish_failed: true,
+                not_authorized: None,
             }
         }
     }
@@ -563,7 +589,8 @@ mod tests {
                 BatchResult::Failed {
                     deleted: 1,
                     last: Some(5),
-                    publish_failed: false
+                    publish_failed: false,
+                    not_authorized: None,
                 }
             ),
             "{r:?}"
@@ -596,10 +623,33 @@ mod tests {
                 BatchResult::Failed {
                     deleted: 0,
                     last: None,
-                    publish_failed: true
+                    publish_failed: true,
+                    not_authorized: None,
                 }
             ),
             "{r:?}"
         );
+        // A refused authorization after the acknowledged prefix: retried like any failed
+        // publish (never parked as poison), naming who was refused what.
+        let denied = crate::error::NotAuthorized {
+            topic: "t".into(),
+            principal: "User:nogrant".into(),
+            operation: "WRITE",
+            failure: crate::error::AuthorizationFailure::Topic,
+        };
+        let refused = Error::KafkaNotAuthorized {
+            denied: denied.clone(),
+            source: None,
+        };
+        let r = classify(3, Some(refused), published(&[5], 1), None, &fetched, false);
+        match r {
+            BatchResult::Failed {
+                deleted: 1,
+                last: Some(5),
+                publish_failed: true,
+                not_authorized: Some(d),
+            } => assert_eq!(d, denied),
+            other => panic!("{other:?}"),
+        }
     }
 }

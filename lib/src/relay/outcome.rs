@@ -2,7 +2,7 @@
 //! batches' deletes ([`Settled`]): the batch pipeline (`batch`) produces them, the run's
 //! state (`state`) applies them. Pure.
 
-use crate::error::Error;
+use crate::error::{Error, NotAuthorized};
 use crate::schema::StoredMessage;
 
 /// What one bucket's batch did.
@@ -25,14 +25,16 @@ pub(super) enum BatchResult {
         full: bool,
     },
     /// A retryable failure; try again after the backoff (with the head alone when the
-    /// publish failed).
+    /// publish failed). A publish the brokers refused for authorization is one of these,
+    /// never [`BatchResult::Poison`]: `not_authorized` says who was refused what.
     Failed {
         deleted: usize,
         last: Option<u64>,
         publish_failed: bool,
+        not_authorized: Option<NotAuthorized>,
     },
-    /// The bucket is stuck on an unreadable item or a record the broker rejects, after
-    /// `deleted` messages went through.
+    /// The bucket is stuck on an unreadable item or a record the broker rejects for good,
+    /// after `deleted` messages went through.
     Poison {
         /// What is wrong: the unreadable item ([`Error::Corrupt`]), a topic outside the
         /// allow-list ([`Error::InvalidMessage`]), the broker's refusal

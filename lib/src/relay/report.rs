@@ -39,6 +39,9 @@ pub struct RunReport {
     pub published: u64,
     /// Publish attempts that failed.
     pub publish_failures: u64,
+    /// Of those, publishes the brokers refused for authorization (a missing ACL or IAM
+    /// permission): retried after the error backoff, never poison, never quarantined.
+    pub not_authorized: u64,
     /// Poison items this run moved to the dead-letter partition
     /// (`OUTBOX_POISON_POLICY=quarantine-after=N`).
     pub quarantined: u64,

@@ -225,6 +225,8 @@ pub(super) struct RunState {
     pub(super) far_standby: bool,
     pub(super) published: u64,
     pub(super) publish_failures: u64,
+    /// Publishes the brokers refused for authorization (counted in `publish_failures`).
+    pub(super) not_authorized: u64,
     /// Poison items this run moved to the dead-letter partition.
     pub(super) quarantined: u64,
     pub(super) rounds: u64,
@@ -401,10 +403,16 @@ impl RunState {
                 deleted,
                 last,
                 publish_failed,
+                not_authorized,
             }) => {
                 self.published += deleted as u64;
                 metrics.published(bucket, deleted as u64);
-                if publish_failed {
+                if let Some(denied) = &not_authorized {
+                    // Transient like any failed publish: no poison count, nothing parked.
+                    self.publish_failures += 1;
+                    self.not_authorized += 1;
+                    metrics.publish_not_authorized(bucket, denied);
+                } else if publish_failed {
                     self.publish_failures += 1;
                     metrics.publish_failed(bucket, false);
                 } else {
@@ -494,6 +502,7 @@ impl RunState {
             relay_id: relay_id.to_owned(),
             published: self.published,
             publish_failures: self.publish_failures,
+            not_authorized: self.not_authorized,
             quarantined: self.quarantined,
             rounds: self.rounds,
             max_owned: self.max_owned,
@@ -610,6 +619,7 @@ mod tests {
             deleted: 0,
             last: None,
             publish_failed: false,
+            not_authorized: None,
         };
         s.settle(&m, 3, None, vec![5, 6]);
         s.apply(&o, &m, 3, Ok(cut), 40 * MS, now);
@@ -776,6 +786,7 @@ mod tests {
             deleted: 2,
             last: Some(47),
             publish_failed: true,
+            not_authorized: None,
         };
         s.apply(&o, &m, 3, Ok(failed), 40 * MS, now);
         let b = &s.owned[&3];
@@ -885,6 +896,92 @@ mod tests {
         s.apply(&o, &m, 3, Ok(poison(9)), MS, now);
         s.apply(&o, &m, 3, Ok(BatchResult::Idle), MS, now);
         assert_eq!(s.owned[&3].poison, None);
+    }
+
+    /// A publish the brokers refused for authorization is a transient failure under every
+    /// poison policy: the bucket retries after the error backoff (the head alone), stays
+    /// unparked (work a successor could do), counts no poison attempt and is never due for
+    /// quarantine however often it happens; the metrics hear who was refused what, once
+    /// per failure, instead of a plain failed publish. After the grant the bucket goes on.
+    #[test]
+    fn a_refused_authorization_is_retried_under_every_policy_and_never_poison() {
+        use crate::error::{AuthorizationFailure, NotAuthorized};
+
+        #[derive(Debug, Default)]
+        struct Seen {
+            denied: std::sync::Mutex<Vec<(u32, NotAuthorized)>>,
+            other: std::sync::atomic::AtomicU64,
+        }
+        impl RelayMetrics for Seen {
+            fn publish_not_authorized(&self, bucket: u32, denied: &NotAuthorized) {
+                self.denied.lock().unwrap().push((bucket, denied.clone()));
+            }
+            fn publish_failed(&self, _bucket: u32, _permanent: bool) {
+                self.other.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            fn poison_item(&self, _bucket: u32) {
+                self.other.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            fn quarantined(&self, _bucket: u32) {
+                self.other.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let denied = NotAuthorized {
+            topic: "orders".into(),
+            principal: "User:nogrant".into(),
+            operation: "WRITE",
+            failure: AuthorizationFailure::Topic,
+        };
+        let refused = || BatchResult::Failed {
+            deleted: 0,
+            last: None,
+            publish_failed: true,
+            not_authorized: Some(denied.clone()),
+        };
+        for policy in [PoisonPolicy::Block, PoisonPolicy::QuarantineAfter(1)] {
+            let o = RelayOptions {
+                poison_policy: policy,
+                ..options()
+            };
+            let m = Seen::default();
+            let now = Instant::now();
+            let mut s = holding(3, now, 1_000_000_000);
+            for _ in 0..5 {
+                assert!(s.apply(&o, &m, 3, Ok(refused()), MS, now).is_none());
+            }
+            let b = &s.owned[&3];
+            assert_eq!(
+                (b.parked, b.poison, b.quarantine.clone(), b.head_only),
+                (false, None, None, true),
+                "{policy}"
+            );
+            assert_eq!(b.retry_at, Some(now + o.error_backoff), "{policy}");
+            assert_eq!(
+                (s.publish_failures, s.not_authorized, s.quarantined),
+                (5, 5, 0),
+                "{policy}"
+            );
+            assert_eq!(s.work_left(), [3], "{policy}: work a successor could do");
+            assert!(
+                !s.idle(&o, now + 60_000 * MS),
+                "{policy}: a retry is pending"
+            );
+            assert_eq!(*m.denied.lock().unwrap(), vec![(3, denied.clone()); 5]);
+            assert_eq!(m.other.load(std::sync::atomic::Ordering::SeqCst), 0);
+            // Granted: the next batch goes through and the bucket goes on.
+            let done = BatchResult::Done {
+                fetched: 1,
+                deleted: 1,
+                last: Some(1),
+                full: false,
+            };
+            s.apply(&o, &m, 3, Ok(done), MS, now);
+            let b = &s.owned[&3];
+            assert_eq!(
+                (b.head_only, b.retry_at, b.last_removed),
+                (false, None, Some(1))
+            );
+        }
     }
 
     #[test]
