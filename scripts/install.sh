@@ -229,8 +229,11 @@ kafka_logging_profile() {
 }
 
 install_kafka() {
-    local version=$1 required=$2 dir=$CACHE/kafka/$1 log=$LOGS/kafka-$1-install.log
-    if [[ -f $dir/complete ]] && compgen -G "$dir/lib/kafka_2.13-$version.jar" >/dev/null; then
+    local version=$1 required=$2 dir=$CACHE/kafka/$1 log=$LOGS/kafka-$1-install.log pom
+    # The marker holds the pom's hash: a changed pom fetches again.
+    pom=$(sha256sum "$ROOT/scripts/kafka/pom.xml" | cut -d' ' -f1)
+    if [[ $(cat "$dir/complete" 2>/dev/null) == "$pom" ]] &&
+        compgen -G "$dir/lib/kafka_2.13-$version.jar" >/dev/null; then
         skipped "Apache Kafka $version ($dir/lib)"
         return
     fi
@@ -250,13 +253,13 @@ install_kafka() {
         fi
         # The test command prints this reason as the version's NOT RUN line.
         mkdir -p "$CACHE/kafka"
-        echo "Maven did not serve Apache Kafka $version: $(grep -m1 -E 'ERROR' "$log" || tail -n1 "$log")" \
+        echo "fetching Apache Kafka $version from Maven Central failed: $(sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -m1 -E 'ERROR' || tail -n1 "$log")" \
             >"$CACHE/kafka/$version.not-run"
         warn "Apache Kafka $version not installed (log $log)"
         return
     fi
     rm -f "$CACHE/kafka/$version.not-run"
-    touch "$dir/complete"
+    echo "$pom" >"$dir/complete"
     installed "Apache Kafka $version ($(find "$dir/lib" -name '*.jar' | wc -l) jars in $dir/lib)"
 }
 

@@ -24,8 +24,8 @@ process) from the jars scripts/install.sh fetched, started as a plain `java` pro
                         (--topic NAME | --all-topics) [--operation OP ...]
       Creates allow ACLs (default operations: WRITE, DESCRIBE) through the admin listener.
 
-The secured broker is configured as a managed cluster is (docs/testing.md, "The local
-Kafka"): listeners PLAINTEXT (the tests' admin and reader, whose anonymous principal is a
+The secured broker is configured as a managed cluster is (docs/testing.md, "The
+broker"): listeners PLAINTEXT (the tests' admin and reader, whose anonymous principal is a
 super user), SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN), SSL (client certificates
 required, the principal their subject, User:CN=NAME), and one PLAINTEXT listener per proxy slot, listening on
 UPSTREAM and advertising ADVERTISED (the port where a test's proxy listens, so every
@@ -46,6 +46,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -238,8 +239,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_grant(args: argparse.Namespace) -> int:
     from confluent_kafka.admin import (  # the stack's venv
-        AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType,
-        ResourceType,
+        AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient,
+        ResourcePatternType, ResourceType,
     )
 
     admin = AdminClient({"bootstrap.servers": args.bootstrap, "log_level": 3})
@@ -251,7 +252,23 @@ def cmd_grant(args: argparse.Namespace) -> int:
     ]
     for future in admin.create_acls(bindings, request_timeout=args.timeout).values():
         future.result()
-    return 0
+    # The controller has committed them; the broker's authorizer applies them when it replays
+    # the metadata log. DescribeAcls is answered from that authorizer: wait until it lists
+    # every binding, so that a request right after this command meets the grant.
+    deadline = time.monotonic() + args.timeout
+    while True:
+        found = set()
+        for b in bindings:
+            query = AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal,
+                                     b.host, b.operation, b.permission_type)
+            for acl in admin.describe_acls(query, request_timeout=args.timeout).result():
+                found.add((acl.name, acl.principal, acl.operation))
+        if all((b.name, b.principal, b.operation) in found for b in bindings):
+            return 0
+        if time.monotonic() > deadline:
+            sys.exit(f"kafka_broker.py: the grants to {args.principal} were not in force "
+                     f"after {args.timeout:g}s")
+        time.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> int:

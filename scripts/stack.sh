@@ -457,6 +457,11 @@ cmd_start() {
         cmd_stop
     fi
     start_services
+    # The state file holds the broker's passwords: for this user only.
+    (
+        umask 077
+        : >"$STATE_FILE"
+    )
     {
         stack_env
         echo "STACK_DDB_PGID=$DDB_PID"

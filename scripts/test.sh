@@ -28,9 +28,10 @@
 #          its built template's literal architecture
 #        scripts/lambda_e2e.py (both functions under cargo lambda watch/invoke)
 #        scripts/kafka_setups_e2e.py (the debug binaries under scripts/lambda_runtime.py
-#          with the template's environment against Kafka behind a TLS/SASL proxy: mTLS,
-#          SCRAM (a wrong password, then rotated), MSK IAM, PLAIN without a VPC; the
-#          certificates, keys and passwords in moto's Secrets Manager)
+#          with the template's environment against the broker's own SSL and SASL_SSL
+#          listeners: mTLS, SCRAM (a wrong password, then rotated), PLAIN without a VPC;
+#          MSK IAM through scripts/kafka_proxy.py; the CA, certificates, keys and
+#          passwords in moto's Secrets Manager)
 #        scripts/examples_e2e.py (the library's examples: place_orders, then
 #          embedded_relay publishing the orders and stopping on SIGTERM)
 #        scripts/serverless_e2e.py (sam build's x86_64 bootstraps under
@@ -321,6 +322,9 @@ OUTBOX_TEST_TIMES=$(mktemp "${TMPDIR:-/tmp}/outbox-test-times.XXXXXX")
 OUTBOX_TEST_RESULTS=$(mktemp "${TMPDIR:-/tmp}/outbox-test-results.XXXXXX")
 export OUTBOX_TEST_TIMES OUTBOX_TEST_RESULTS
 trap 'rm -f "$OUTBOX_TEST_TIMES" "$OUTBOX_TEST_RESULTS"' EXIT
+# Ctrl-C (or a TERM) during a run ends the whole command, not just that run: bash runs
+# the trap once the run in the foreground has returned.
+trap 'exit 130' INT TERM
 
 step "scripts/install.sh"
 bash "$ROOT/scripts/install.sh"
@@ -328,6 +332,10 @@ bash "$ROOT/scripts/install.sh"
 # The Kafka versions install.sh fetched: the first is the main run's, the second the 3.x
 # line's run.
 mapfile -t KAFKA_LINES < <(sed -n 's/^KAFKA_VERSIONS=(\(.*\))/\1/p' "$ROOT/scripts/install.sh" | tr ' ' '\n')
+((${#KAFKA_LINES[@]} == 2)) || {
+    echo "scripts/install.sh's KAFKA_VERSIONS must name two versions (4.x, then 3.x): ${KAFKA_LINES[*]}" >&2
+    exit 2
+}
 
 step "scripts/stack.sh run (DynamoDB Local, Apache Kafka ${KAFKA_LINES[0]}, moto)"
 main=0
@@ -343,7 +351,11 @@ else
     step "scripts/stack.sh run (DynamoDB Local, Apache Kafka ${KAFKA_LINES[1]}, moto)"
     KAFKA_VERSION=${KAFKA_LINES[1]} bash "$ROOT/scripts/stack.sh" run -- \
         bash "$ROOT/scripts/test.sh" --inside-stack-compat "$@" || compat=$?
-    ((compat == 0)) && compat_line+=": passed" || compat_line+=": FAILED (exit $compat)"
+    if ((compat == 0)); then
+        compat_line+=": passed"
+    else
+        compat_line+=": FAILED (exit $compat)"
+    fi
 fi
 printf '%s\tend\n' "$(date +%s)" >>"$OUTBOX_TEST_TIMES"
 

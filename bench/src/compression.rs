@@ -185,7 +185,7 @@ async fn connect(config: KafkaConfig) -> Result<KafkaPublisher> {
         match KafkaPublisher::connect(config.clone(), deadline).await {
             Ok(p) => return Ok(p),
             Err(e) if Instant::now() + Duration::from_millis(200) < deadline => {
-                tracing::debug!(error = %e, "the private broker is not up yet");
+                tracing::debug!(error = %e, "the broker is not answering through the proxy yet");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(e) => return Err(e.into()),

@@ -87,9 +87,9 @@ pub enum Fault {
     /// The relays reach DynamoDB through [`proxy::HttpFaultProxy`] with this mix (the
     /// writers do not); the proxy forwards faithfully again for the final drain.
     DynamoProxy(proxy::FaultMix),
-    /// The relays reach a private broker through [`broker::TcpFaultProxy`], which every 1.5
-    /// to 3 s cuts every connection, stalls them for 1 to 4 s, or refuses connections for
-    /// 1 to 3 s.
+    /// The relays reach the stack's broker (a proxy slot of it) through
+    /// [`broker::TcpFaultProxy`], which every 1.5 to 3 s cuts every connection, stalls
+    /// them for 1 to 4 s, or refuses connections for 1 to 3 s.
     KafkaProxy,
     /// Graceful stops among three or more relays (none may cause a refused claim), while
     /// the DynamoDB proxy holds every release of a graceful stop for a random time in
@@ -755,7 +755,7 @@ async fn write(
 const SETTLE_BOUND: Duration = Duration::from_secs(10);
 
 /// One scenario's resources, from its table to its fleet. The fields drop in this order:
-/// the proxy, the relays, then the private broker.
+/// the proxy, the relays, then the Kafka proxy.
 struct Setup {
     /// Every relay reaches DynamoDB through it ([`Fault::proxy_mix`]).
     proxy: proxy::HttpFaultProxy,
@@ -765,9 +765,9 @@ struct Setup {
     writer: DynamoDbOutboxWriter,
     /// Each writer's key and topic.
     keys: Vec<(String, String)>,
-    /// The private broker's, when the scenario has one.
+    /// The Kafka proxy's, when the scenario has one.
     bootstrap: Option<String>,
-    private_broker: Option<broker::ProxiedBroker>,
+    kafka_proxy: Option<broker::ProxiedBroker>,
     topics: Vec<String>,
     options: dynamo_outbox::OutboxOptions,
     client: aws_sdk_dynamodb::Client,
@@ -829,7 +829,7 @@ fn start_relay(
         .map_err(|e| format!("starting {}: {e}", outboxctl.display()))
 }
 
-/// The scenario's table, topics, private broker (scenario 6), writer, DynamoDB proxy and
+/// The scenario's table, topics, Kafka proxy (scenario 6), writer, DynamoDB proxy and
 /// (empty) fleet.
 async fn set_up(config: &Config, s: &Scenario, seed: u64) -> Result<Setup, String> {
     let dir = config.out_dir.join(s.name);
@@ -840,11 +840,11 @@ async fn set_up(config: &Config, s: &Scenario, seed: u64) -> Result<Setup, Strin
     let topics: Vec<String> = (0..2)
         .map(|i| format!("harness-{}-{run_tag}-{i}", s.name))
         .collect();
-    let private_broker = match &s.fault {
+    let kafka_proxy = match &s.fault {
         Fault::KafkaProxy => Some(broker::ProxiedBroker::start().await?),
         _ => None,
     };
-    let bootstrap = private_broker.as_ref().map(|b| b.bootstrap());
+    let bootstrap = kafka_proxy.as_ref().map(|b| b.bootstrap());
     for t in &topics {
         create_topic(bootstrap.as_deref(), t, 3)?;
     }
@@ -877,7 +877,7 @@ async fn set_up(config: &Config, s: &Scenario, seed: u64) -> Result<Setup, Strin
         writer,
         keys,
         bootstrap,
-        private_broker,
+        kafka_proxy,
         topics,
         options,
         client,
@@ -958,7 +958,7 @@ async fn write_while_faulted(
         rng: rand::rngs::StdRng::seed_from_u64(seed),
     };
     let injected = injector
-        .inject(&s.fault, s.relays.len(), setup.private_broker.as_ref())
+        .inject(&s.fault, s.relays.len(), setup.kafka_proxy.as_ref())
         .await?;
     stop.store(true, Ordering::SeqCst);
     let failed_enqueues = writers.await.unwrap_or(0);
@@ -987,7 +987,7 @@ impl Injector<'_> {
         &mut self,
         fault: &Fault,
         initial_relays: usize,
-        private_broker: Option<&broker::ProxiedBroker>,
+        kafka_proxy: Option<&broker::ProxiedBroker>,
     ) -> Result<Injected, String> {
         match fault {
             Fault::None | Fault::DynamoProxy(_) => {
@@ -998,7 +998,7 @@ impl Injector<'_> {
             Fault::Stall { stop_for, every } => Ok(self.inject_stalls(*stop_for, *every).await),
             Fault::Rolling { every, settle } => self.inject_rolling(*every, *settle).await,
             Fault::KafkaProxy => {
-                let proxy = &private_broker.expect("started above").proxy;
+                let proxy = &kafka_proxy.expect("started above").proxy;
                 Ok(self.inject_kafka_faults(proxy).await)
             }
             Fault::Stops { .. } => self.inject_stops().await,
@@ -1373,7 +1373,7 @@ async fn finish(
 }
 
 /// The faults the DynamoDB proxy injected (when it injects any) and what the fault proxy
-/// of the scenario did (the DynamoDB proxy's or the private broker's).
+/// of the scenario did (the DynamoDB proxy's or the Kafka proxy's).
 fn fault_proxy_stats(setup: &Setup) -> (usize, Option<serde_json::Value>) {
     if setup.inject_dynamodb_faults {
         let st = &setup.proxy.stats;
@@ -1389,7 +1389,7 @@ fn fault_proxy_stats(setup: &Setup) -> (usize, Option<serde_json::Value>) {
         )
     } else {
         let stats = setup
-            .private_broker
+            .kafka_proxy
             .as_ref()
             .map(|b| serde_json::to_value(&*b.proxy.stats).unwrap_or_default());
         (0, stats)

@@ -93,19 +93,18 @@ pub struct PrivateKafka {
 
 impl PrivateKafka {
     /// Starts the broker and waits (up to 90 s) until it answers.
+    ///
+    /// Its ports lie below the kernel's ephemeral range, so that while it is down no
+    /// outgoing connection (a client reconnecting to it, say) takes one of them, and
+    /// [`PrivateKafka::restart`] finds them free.
     pub fn start() -> Result<Self, String> {
-        let free = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-                .map_err(|e| format!("finding a free port: {e}"))
-        };
+        let (plaintext, controller) = ports_below_the_ephemeral_range()?;
         let dir = std::env::temp_dir().join(crate::random_name("private-kafka"));
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let mut broker = PrivateKafka {
             dir,
-            plaintext: free()?,
-            controller: free()?,
+            plaintext,
+            controller,
             child: None,
         };
         broker.restart()?;
@@ -186,6 +185,37 @@ impl PrivateKafka {
     }
 }
 
+/// Two distinct ports that bind now, below the first port of
+/// `/proc/sys/net/ipv4/ip_local_port_range` (the range outgoing connections take theirs
+/// from); tried in a pseudo-random order so that tests running at once rarely meet.
+fn ports_below_the_ephemeral_range() -> Result<(u16, u16), String> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .map_err(|e| format!("reading ip_local_port_range: {e}"))?;
+    let low: u32 = range
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("ip_local_port_range: {range:?}"))?;
+    let first = low.saturating_sub(12_000).max(1024);
+    let span = low.saturating_sub(first).max(1);
+    let seed = uuid::Uuid::new_v4().as_u128();
+    let mut taken = Vec::new();
+    for i in 0..span {
+        let port = first + ((seed as u32).wrapping_add(i.wrapping_mul(7919)) % span);
+        let Ok(port) = u16::try_from(port) else {
+            continue;
+        };
+        // Held until both are known, so that they differ (a port held fails to bind).
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            taken.push((port, listener));
+            if taken.len() == 2 {
+                return Ok((taken[0].0, taken[1].0));
+            }
+        }
+    }
+    Err(format!("no two free ports in {first}..{low}"))
+}
+
 impl Drop for PrivateKafka {
     fn drop(&mut self) {
         self.kill();
@@ -193,8 +223,9 @@ impl Drop for PrivateKafka {
     }
 }
 
-/// The stack broker's secured listeners and what a client needs for them.
-#[derive(Debug, Clone)]
+/// The stack broker's secured listeners and what a client needs for them (`Debug` shows
+/// no password).
+#[derive(Clone)]
 pub struct SecureListeners {
     /// SASL_SSL (`host:port`): SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN.
     pub sasl_ssl: String,
@@ -211,6 +242,20 @@ pub struct SecureListeners {
     /// Its password.
     pub nogrant_password: String,
     dir: PathBuf,
+}
+
+impl std::fmt::Debug for SecureListeners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecureListeners")
+            .field("sasl_ssl", &self.sasl_ssl)
+            .field("ssl", &self.ssl)
+            .field("ca_file", &self.ca_file)
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .field("nogrant_user", &self.nogrant_user)
+            .field("nogrant_password", &"<redacted>")
+            .finish()
+    }
 }
 
 impl SecureListeners {
