@@ -326,11 +326,9 @@ def setup_scram(run: Run, kafka: StackKafka) -> None:
     sasl = run.secret("scram", json.dumps({"username": username, "password": wrong}))
     step(f"{name}: the broker's SASL_SSL listener {kafka.sasl_ssl}, SASL/SCRAM-SHA-512 as "
          f"{username}; the SASL secret holds a wrong password first")
-    # A refused password is retried for rskafka's budget (KafkaConfig::retry_budget, 5 s)
-    # before the connect reports it (and forgets the credentials): each run must outlast
-    # that to log the diagnosis, and the run after the rotation must also have time for
-    # a second connect. A connect cut by the run's deadline after it read the secret keeps
-    # what it read, so the first connect of the next run may still use the old password.
+    # A refused password ends the connect at once (the brokers' refusal is not retried
+    # within rskafka's backoff), which forgets the credentials; the next connect, at most
+    # one a second, reads the secret again.
     relay, _ = run.relay(name, dict(WITH_VPC, MskClusterArn="", KafkaAuth="scram-sha-512",
                                     KafkaBootstrapServers=kafka.sasl_ssl,
                                     KafkaSaslSecretArn=sasl, KafkaTlsCaSecretArn=ca),
@@ -348,13 +346,11 @@ def setup_scram(run: Run, kafka: StackKafka) -> None:
          f"the relay's log names the secret (and no password)")
     run.sm.put_secret_value(SecretId=sasl, SecretString=json.dumps(
         {"username": username, "password": password}))
-    # Within a few runs of the same environment: the first connect after the rotation may
-    # still use the password a connect cut by the last run's deadline had read; refused,
-    # it is forgotten, and rskafka spends its 5 s budget on that refusal first. Each TLS and
-    # SCRAM handshake of the debug build is slow on a loaded 2-core machine (one run
-    # published 1 of 20 in its third run there): up to six runs.
+    # The first run after the rotation publishes (seen: 20 of 20 in it); a connect cut by
+    # the last run's deadline after it read the secret keeps the old password for one more
+    # refusal, so a loaded machine gets up to three runs.
     published, runs = 0, 0
-    while published < 20 and runs < 6:
+    while published < 20 and runs < 3:
         runs += 1
         published += run.invoke_relay(relay, f"{name} (rotated secret, run {runs})")["published"]
     check(published == 20, f"{name}: {published} of 20 published in {runs} runs after the "

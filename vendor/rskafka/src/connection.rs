@@ -50,6 +50,22 @@ pub enum Error {
 
     #[error("Sasl handshake failed: {0}")]
     SaslFailed(#[from] crate::messenger::SaslError),
+
+    #[error("every broker refused the SASL credentials: {0}")]
+    AuthenticationRefused(MultiError),
+}
+
+impl Error {
+    /// The broker answered the SASL exchange with `SASL_AUTHENTICATION_FAILED`: the same
+    /// credentials will be refused again.
+    fn is_authentication_refused(&self) -> bool {
+        matches!(
+            self,
+            Error::SaslFailed(crate::messenger::SaslError::ApiError(
+                crate::protocol::error::Error::SaslAuthenticationFailed
+            ))
+        )
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -490,6 +506,7 @@ where
     backoff
         .retry_with_backoff("broker_connect", || async {
             let mut errors = Vec::<Box<dyn std::error::Error + Send + Sync>>::new();
+            let mut refused = 0;
             for broker in &brokers {
                 let conn = broker
                     .connect(
@@ -505,19 +522,27 @@ where
                     Ok(transport) => transport,
                     Err(e) => {
                         warn!(%e, "Failed to connect to broker");
+                        if e.is_authentication_refused() {
+                            refused += 1;
+                        }
                         errors.push(Box::new(e));
                         continue;
                     }
                 };
 
-                return ControlFlow::Break(connection);
+                return ControlFlow::Break(Ok(connection));
+            }
+            if refused > 0 && refused == brokers.len() {
+                // Every broker refused the credentials: trying them again within the
+                // backoff cannot succeed; the caller decides when to try (new) ones.
+                return ControlFlow::Break(Err(Error::AuthenticationRefused(MultiError(errors))));
             }
             let err = Box::<dyn std::error::Error + Send + Sync>::from(MultiError(errors));
             let err: Arc<dyn std::error::Error + Send + Sync> = err.into();
             ControlFlow::Continue(ErrorOrThrottle::Error(err))
         })
         .await
-        .map_err(Error::RetryFailed)
+        .map_err(Error::RetryFailed)?
 }
 
 async fn metadata_request_with_retry<A>(
