@@ -34,14 +34,7 @@ impl RelayMetrics for Counted {
 
 /// The log lines of this test binary (every test's relays), for the relay's error line.
 fn capture_logs() -> Captured {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    tracing_subscriber::fmt()
-        .with_env_filter("warn")
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .init();
-    captured
+    Captured::install_global("warn")
 }
 
 /// A key whose messages land in `bucket` (of `bucket_count`), `in_bucket` deciding

@@ -39,16 +39,7 @@ const REFUSALS_PER_STAGE: usize = 3;
 /// The log lines of this test binary (every test's relays, filtered by topic).
 fn logs() -> &'static Captured {
     static LOGS: OnceLock<Captured> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        tracing_subscriber::fmt()
-            .with_env_filter("warn")
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .init();
-        captured
-    })
+    LOGS.get_or_init(|| Captured::install_global("warn"))
 }
 
 /// What the relay reports, watched while it runs, and passed on to the EMF metrics of a

@@ -36,6 +36,20 @@ impl<'w> tracing_subscriber::fmt::MakeWriter<'w> for Captured {
 }
 
 impl Captured {
+    /// Installs a `tracing_subscriber::fmt` subscriber with `filter` (an `EnvFilter`
+    /// directive, `"warn"` say), without colours, as the process's global default, writing
+    /// here; once per test binary (a second call panics).
+    pub fn install_global(filter: &str) -> Captured {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .init();
+        captured
+    }
+
     /// What was written so far, as text.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
