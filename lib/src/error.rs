@@ -137,11 +137,7 @@ pub enum Error {
 
 /// An authorization the brokers refused (see [`Error::KafkaNotAuthorized`]): what the
 /// relay logs and reports as metrics, so that an operator knows what to grant to whom.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{failure}: {principal} may not {operation} topic {topic} (grant it, through an ACL or \
-     an IAM policy; publishing retries until then)"
-)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotAuthorized {
     /// The topic of the refused request.
     pub topic: String,
@@ -155,6 +151,34 @@ pub struct NotAuthorized {
     /// The broker's error code.
     pub failure: AuthorizationFailure,
 }
+
+impl std::fmt::Display for NotAuthorized {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let NotAuthorized {
+            topic,
+            principal,
+            operation,
+            failure,
+        } = self;
+        match failure {
+            AuthorizationFailure::Topic => write!(
+                f,
+                "{failure}: {principal} may not {operation} topic {topic} (grant it, through \
+                 an ACL or an IAM policy; publishing retries until then)"
+            ),
+            // Not the topic's ACL: the refused resource is the cluster, a group, a
+            // transactional id or a token, met while publishing to the topic.
+            _ => write!(
+                f,
+                "{failure}: {principal} was refused by the brokers while publishing to topic \
+                 {topic} (grant the principal what the failure names, through an ACL or an \
+                 IAM policy; publishing retries until then)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for NotAuthorized {}
 
 /// The broker's error code of a refused authorization (Kafka's protocol error names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -253,6 +253,22 @@ mod tests {
             "{}",
             crate::error::chain(&e)
         );
+        // A refusal that is not the topic's ACL names no topic operation.
+        let e = produce_error(
+            "orders",
+            0,
+            "User:nogrant",
+            Verdict::NotAuthorized(AuthorizationFailure::Cluster),
+            server_error(ProtocolError::ClusterAuthorizationFailed),
+        );
+        let text = crate::error::chain(&e);
+        assert!(
+            text.starts_with(
+                "kafka: CLUSTER_AUTHORIZATION_FAILED: User:nogrant was refused by the brokers \
+                 while publishing to topic orders"
+            ) && !text.contains("may not WRITE"),
+            "{text}"
+        );
         // Seen through rskafka's retry wrapper too.
         let wrapped = ClientError::RetryFailed(rskafka::BackoffError::DeadlineExceded {
             deadline: Duration::from_secs(5),
