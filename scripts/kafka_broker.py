@@ -129,6 +129,11 @@ def cmd_tls(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------- run
 
 
+def read_passwords(path: str) -> dict[str, str]:
+    """USER=PASSWORD lines (the --password-file)."""
+    return dict(line.split("=", 1) for line in Path(path).read_text().split())
+
+
 def server_properties(args: argparse.Namespace, data: Path) -> str:
     listeners = [f"PLAINTEXT://127.0.0.1:{args.plaintext}", f"CONTROLLER://127.0.0.1:{args.controller}"]
     advertised = [f"PLAINTEXT://127.0.0.1:{args.plaintext}"]
@@ -160,9 +165,7 @@ def server_properties(args: argparse.Namespace, data: Path) -> str:
     ]
     if args.sasl_ssl:
         tls = Path(args.tls).resolve()
-        passwords = dict(
-            line.split("=", 1) for line in Path(args.password_file).read_text().split()
-        )
+        passwords = read_passwords(args.password_file)
         plain_users = " ".join(f'user_{u}="{passwords[u]}"' for u in USERS)
         listeners += [f"SASL_SSL://127.0.0.1:{args.sasl_ssl}", f"SSL://127.0.0.1:{args.ssl}"]
         advertised += [f"SASL_SSL://127.0.0.1:{args.sasl_ssl}", f"SSL://127.0.0.1:{args.ssl}"]
@@ -215,9 +218,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cluster = random_cluster_id()
         scram = []
         if args.sasl_ssl:
-            passwords = dict(
-                line.split("=", 1) for line in Path(args.password_file).read_text().split()
-            )
+            passwords = read_passwords(args.password_file)
             for user in USERS:
                 for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256"):
                     scram += ["--add-scram", f"{mechanism}=[name={user},password={passwords[user]}]"]
