@@ -18,6 +18,11 @@
 # scripts/stack.sh run: DynamoDB Local + Apache Kafka on loopback ports, then
 # outbox-bench with the stack's endpoints exported. BENCH_PROFILE=debug skips the release
 # build (quick checks of the benchmarks themselves; the figures then mean little).
+#
+# Each run's raw output (stdout and stderr, with the commit and the machine's load) is
+# also written to $CARGO_TARGET_DIR/bench/<benchmark>/<UTC time>-<commit>.log, outside the
+# repository (CARGO_TARGET_DIR defaults to ~/.cache/dynamo-outbox/target); BENCHMARKS.md
+# keeps only the figures.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,6 +32,26 @@ PROFILE=${BENCH_PROFILE:-release}
 
 if [[ ${1:-} == --inside-stack ]]; then
     shift
+    name=all
+    for arg in "$@"; do
+        if [[ $arg != -* ]]; then
+            name=$arg
+            break
+        fi
+    done
+    if commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); then
+        dirty=$(git -C "$ROOT" status --porcelain -- lib cli bench functions Cargo.lock | wc -l)
+        commit_line="commit: $commit ($dirty files of lib/, cli/, bench/, functions/, Cargo.lock modified in the tree)"
+    else
+        commit=nogit
+        commit_line="commit: not a git checkout ($ROOT)"
+    fi
+    raw_dir=$CARGO_TARGET_DIR/bench/$name
+    mkdir -p "$raw_dir"
+    raw_log=$raw_dir/$(date -u +%Y%m%dT%H%M%SZ)-$commit.log
+    echo "raw output: $raw_log"
+    exec > >(tee "$raw_log") 2>&1
+    echo "$commit_line"
     if [[ ${1:-} == large-items ]]; then
         shift
         relays=()
@@ -36,12 +61,6 @@ if [[ ${1:-} == --inside-stack ]]; then
         relays+=(--outboxctl "after=$CARGO_TARGET_DIR/$PROFILE/outboxctl")
         set -- footprint --value-bytes 1024,102400,307200 --messages 20000,1600,1600 \
             --keys 64 "${relays[@]}" --runs 2 --timeout-secs "${BENCH_TIMEOUT_SECS:-300}" "$@"
-        if commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null); then
-            dirty=$(git -C "$ROOT" status --porcelain -- lib cli Cargo.lock | wc -l)
-            echo "commit: $commit ($dirty files of lib/, cli/, Cargo.lock modified in the tree)"
-        else
-            echo "commit: not a git checkout ($ROOT)"
-        fi
     fi
     echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
     exec "$CARGO_TARGET_DIR/$PROFILE/outbox-bench" "$@"

@@ -59,7 +59,9 @@ messages committed in W (lost and order: every message of the cell).
 the margin or the loads): only for quick checks, the figures are not the deployment's.
 
 Prints one JSON line per cell as it ends, and the whole result as JSON to --out (a
-file; default: none) and a Markdown table on stdout.
+file; default: $CARGO_TARGET_DIR/bench/cost/<UTC start>-<commit>-<run id>.json, with
+CARGO_TARGET_DIR defaulting to ~/.cache/dynamo-outbox/target: raw run output stays out
+of the repository) and a Markdown table on stdout.
 
 The bill (bill(), per cell; --reprice FILE... prints it for recorded --out files; a
 self-check of the pricing functions: --self-test): us-east-1 list prices, one table
@@ -1358,9 +1360,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="See the module docstring for the details.")
+    target_dir = os.environ.get("CARGO_TARGET_DIR",
+                                os.path.expanduser("~/.cache/dynamo-outbox/target"))
     p.add_argument("--binary", default=os.path.join(
-        os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/dynamo-outbox/target")),
-        "release", "outbox-relay-function"), help="the relay function binary")
+        target_dir, "release", "outbox-relay-function"), help="the relay function binary")
     p.add_argument("--binary-commit", help="the commit the binary was built from, for the "
                    "record (default: this checkout's HEAD)")
     p.add_argument("--modes", default="a,b,c")
@@ -1396,7 +1399,8 @@ def main() -> int:
     p.add_argument("--writers", type=int, default=8)
     p.add_argument("--keys", type=int, default=32)
     p.add_argument("--partitions", type=int, default=8)
-    p.add_argument("--out", help="write the full result JSON here")
+    p.add_argument("--out", help="write the full result JSON here (default: "
+                   "$CARGO_TARGET_DIR/bench/cost/<UTC start>-<commit>-<run id>.json)")
     p.add_argument("--workdir", help="logs of the emulator, function and poller "
                    "(default: a new temp dir, kept)")
     p.add_argument("--self-test", action="store_true",
@@ -1443,7 +1447,12 @@ def main() -> int:
         ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True).stdout.strip()
     started = datetime.datetime.now(datetime.timezone.utc)
-    say(f"run {run_id}, commit {commit}, logs in {workdir}, binary {args.binary}")
+    if not args.out:
+        args.out = os.path.join(target_dir, "bench", "cost",
+                                f"{started:%Y-%m-%dT%H%M%SZ}-{commit or 'nogit'}-{run_id}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    say(f"run {run_id}, commit {commit}, logs in {workdir}, binary {args.binary}, "
+        f"result in {args.out}")
     result = {
         "run_id": run_id, "commit": commit,
         "started_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
