@@ -248,12 +248,23 @@ if [[ ${1:-} == --inside-stack ]]; then
         --arch aarch64 "${emulator[@]}" --relay-timeout 60 --init-timeout 30 || arm64=$?
     rm -rf "$sam_dir"
 
-    # The library as a service without its optional features builds it: every other
-    # step turns `otel` on, so only this one shows that a writer without it stamps no
-    # trace headers (writer::tests; a build of its own, about a minute).
-    step "cargo test -p dynamo-outbox --lib (no optional features)"
+    # The library as a writer-only service builds it (default-features = false: no Kafka
+    # client): every other step turns `otel` on, so only this one shows that a writer
+    # without it stamps no trace headers (writer::tests). Then each feature on its own
+    # compiles, warning-free (a feature that needs another must say so in lib/Cargo.toml).
+    step "cargo test -p dynamo-outbox --lib --no-default-features (writer only); cargo check of each feature alone"
     lib_plain=0
-    cargo_test -p dynamo-outbox --lib || lib_plain=$?
+    cargo_test -p dynamo-outbox --lib --no-default-features || lib_plain=$?
+    features=$(sed -n '/^\[features\]/,/^\[/s/^\([a-z][a-z0-9_-]*\) = .*/\1/p' lib/Cargo.toml | grep -vx default)
+    for feature in $features; do
+        echo "--- dynamo-outbox with only the feature $feature"
+        out=$(cargo check -p dynamo-outbox --no-default-features --features "$feature" 2>&1) || lib_plain=$?
+        printf '%s\n' "$out"
+        if grep -q 'warning: `dynamo-outbox` (lib) generated' <<<"$out"; then
+            echo "dynamo-outbox with only the feature $feature has warnings" >&2
+            lib_plain=1
+        fi
+    done
 
     # Last, so that its summary lines ("test result: ...") close the output.
     # --no-fail-fast: every test binary runs and prints its summary even when
@@ -283,7 +294,7 @@ if [[ ${1:-} == --inside-stack ]]; then
         echo "the Kafka setups' end-to-end test FAILED (exit $setups); see its output above" >&2
     fi
     if ((lib_plain != 0)); then
-        echo "the library's unit tests without optional features FAILED (exit $lib_plain); see above" >&2
+        echo "the writer-only library's unit tests or a feature's build alone FAILED (exit $lib_plain); see above" >&2
     fi
     if ((e2e != 0)); then
         echo "lambda end-to-end test FAILED (exit $e2e); see its output above" >&2

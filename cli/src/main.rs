@@ -14,7 +14,6 @@ mod health;
 mod quarantine;
 mod relay;
 mod status;
-mod telemetry;
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -4,12 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dynamo_outbox::host::{EmfExport, ExportMode, OtlpSettings, RelayHost, Telemetry};
 use dynamo_outbox::metrics::emf::EmfMetrics;
 use dynamo_outbox::options::parse_duration;
-use dynamo_outbox::{DynamoDbOutboxStore, Relay};
+use dynamo_outbox::publish::KafkaConfig;
+use dynamo_outbox::DynamoDbOutboxStore;
 use tokio::time::Instant;
 
-use crate::{health, kafka, outbox_options, relay_options, telemetry, Cli, Failure};
+use crate::{health, outbox_options, relay_options, Cli, Failure};
 
 /// Flags of `outboxctl relay`.
 #[derive(Debug, clap::Args)]
@@ -63,7 +65,6 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
     if let Some(listen) = health_listen {
         health::serve(listen, health.clone()).await?;
     }
-    let otel = telemetry::Otlp::start(otlp, &relay_opts.relay_id, &relay_opts.metrics_name)?;
     // The client with attempt and operation timeouts (lib/src/client.rs): a
     // half-open connection must not hold a renewal past the lease.
     let client = dynamo_outbox::client::dynamodb_client_from_env().await;
@@ -80,29 +81,24 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
         }
         None => store,
     };
-    let publisher = kafka(Instant::now() + Duration::from_secs(30)).await?;
-    let relay = Relay::new(store, publisher, relay_opts)?;
-    let metrics = emf.then(|| Arc::new(EmfMetrics::from_env(&options.table_name)));
-    let mut sinks: Vec<Arc<dyn dynamo_outbox::metrics::RelayMetrics>> = Vec::new();
-    sinks.extend(metrics.clone().map(|m| m as _));
-    sinks.extend(otel.as_ref().map(|o| o.metrics.clone() as _));
-    if health_listen.is_some() {
-        sinks.push(health.clone());
+    let mut host = RelayHost::with_store(store, relay_opts, KafkaConfig::from_env()?)?;
+    if emf {
+        host = host.with_emf(
+            EmfExport::new(EmfMetrics::from_env(&options.table_name)).with_interval(emf_interval),
+        );
     }
-    let relay = match telemetry::Fanout::of(sinks) {
-        Some(m) => relay.with_metrics(m),
-        None => relay,
-    };
-    let flusher = metrics.clone().map(|m| {
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(emf_interval);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let _ = m.flush_to(&mut std::io::stdout().lock());
-            }
-        })
-    });
+    if let Some(export) = OtlpSettings::from_env(ExportMode::Process { asked: otlp })? {
+        let opts = host.options();
+        let telemetry = Telemetry::start(export, Some(&opts.relay_id), &opts.metrics_name)?;
+        host = host.with_telemetry(telemetry);
+    }
+    if health_listen.is_some() {
+        host = host.with_metrics(health.clone());
+    }
+    // A command fails fast on a Kafka it cannot reach: connect before relaying.
+    host.publisher()
+        .connect(Instant::now() + Duration::from_secs(30))
+        .await?;
     health.started();
     let signal = {
         let health = health.clone();
@@ -111,20 +107,13 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
             health.stopping();
         }
     };
+    let opts = host.options().clone();
     let result = match run_for {
-        Some(d) => relay.run_until(Instant::now() + d).await,
-        None => relay.run_until_shutdown(signal, grace).await,
+        Some(d) => host.run_until(opts, Instant::now() + d).await,
+        None => host.run_until_shutdown(opts, signal, grace).await,
     };
     health.ended();
-    if let Some(o) = otel {
-        o.shutdown().await;
-    }
-    if let Some(f) = flusher {
-        f.abort();
-    }
-    if let Some(m) = &metrics {
-        let _ = m.flush_to(&mut std::io::stdout().lock());
-    }
+    host.shutdown().await;
     let report = result?;
     println!(
         "relay {} stopped ({}): published {}, refused writes {}, leases released: {}",

@@ -22,16 +22,12 @@
 //! The topics must exist: the relay does not create them.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
 use dynamo_outbox::options::env;
-use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
-use dynamo_outbox::{DynamoDbOutboxStore, OutboxOptions, Relay, RelayOptions};
+use dynamo_outbox::{OutboxOptions, Relay};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
-use tokio::time::Instant;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -96,31 +92,13 @@ async fn run(table: Option<String>) -> Result<(), BoxError> {
         env::TABLE_NAME => table.clone().or_else(|| std::env::var(name).ok()),
         _ => std::env::var(name).ok(),
     })?;
-    // The relay's settings; both read the bucket count from OUTBOX_BUCKET_COUNT, so they
-    // agree (`Relay::new` checks it).
-    let relay_options = RelayOptions::from_env()?;
-
-    // A DynamoDB client with short timeouts, as `outboxctl relay` uses: a half-open
-    // connection must not hold a lease renewal past the lease.
+    // The relay from the standard AWS configuration: a DynamoDB client with the relay's
+    // timeouts (a half-open connection never holds a lease renewal past the lease), the
+    // relay's settings (OUTBOX_RELAY_ID, OUTBOX_LEASE_DURATION, ...) with the table's
+    // bucket count, and a Kafka publisher from KAFKA_* (bootstrap servers, TLS, SASL or MSK
+    // IAM) that connects on its first publish.
     let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let dynamodb = aws_sdk_dynamodb::Client::from_conf(
-        aws_sdk_dynamodb::config::Builder::from(&config)
-            .timeout_config(
-                TimeoutConfig::builder()
-                    .connect_timeout(Duration::from_secs(3))
-                    .operation_attempt_timeout(Duration::from_secs(3))
-                    .operation_timeout(Duration::from_secs(8))
-                    .build(),
-            )
-            .build(),
-    );
-    let store = DynamoDbOutboxStore::new(dynamodb, options)?;
-
-    // The Kafka publisher from KAFKA_* (bootstrap servers, TLS, SASL or MSK IAM).
-    let kafka_config = KafkaConfig::from_env()?;
-    let kafka =
-        KafkaPublisher::connect(kafka_config, Instant::now() + Duration::from_secs(30)).await?;
-    let relay = Relay::new(store, Arc::new(kafka), relay_options)?;
+    let relay = Relay::builder(&config).outbox(options).build()?;
 
     // SIGTERM (what ECS, Kubernetes and systemd send) is caught from here on: the relay
     // stops gracefully instead of the process ending at once.

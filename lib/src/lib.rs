@@ -23,6 +23,11 @@
 //! - Waking relays: [`notification`]: the in-process [`LocalNotifier`], commit
 //!   notifications over EventBridge, the wake-up decision of a host started by one, and
 //!   successors.
+//! - Hosting a relay (feature `host`): `host`, what a program around a relay does besides
+//!   relaying (settings from the environment, EMF documents, metrics and spans over OTLP);
+//!   `outboxctl relay` runs on it.
+//! - A relay in a Lambda function (feature `lambda`): `lambda`, the relay function's
+//!   handler for a function of your own (`lib/examples/relay_in_your_own_lambda.rs`).
 //! - The table: [`table`] (its definition and `create_if_not_exists`).
 //! - Errors: [`Error`], [`Result`] ([`error`]).
 //! - Logs: [`logging`], a subscriber whose filter keeps the AWS SDK's signing and
@@ -30,6 +35,16 @@
 //! - [`protocol`]: the item layout and keys, the clock, the coordination partition, the
 //!   lease plan, and each request of the lease protocol, for tools and tests that drive it
 //!   step by step.
+//!
+//! # Features
+//! - `relay` (default): the relay and its Kafka client ([`publish`], [`relay`], the
+//!   wake-up decision). Without it (`default-features = false`) the crate is a writer and
+//!   compiles no Kafka client.
+//! - `otel`: the writer stamps the current OpenTelemetry span on its messages; the relay's
+//!   OpenTelemetry instruments and publish spans.
+//! - `eventbridge`: commit notifications over Amazon EventBridge.
+//! - `host`: a relay host (implies `relay` and `otel`).
+//! - `lambda`: the relay's Lambda handler and the functions' glue (implies `host`).
 //!
 //! `scripts/test.sh` builds these docs with `-D warnings` (no broken or private links,
 //! every public item documented).
@@ -52,18 +67,18 @@ pub mod enqueue;
 pub mod enqueue_request;
 pub mod error;
 pub mod headers;
+#[cfg(feature = "host")]
+pub mod host;
 #[cfg(feature = "lambda")]
-#[doc(hidden)]
 pub mod lambda;
 pub mod logging;
 pub mod message;
 pub mod metrics;
 pub mod notification;
 pub mod options;
-#[cfg(feature = "otlp")]
-#[doc(hidden)]
-pub mod otlp;
+#[cfg(feature = "relay")]
 pub mod publish;
+#[cfg(feature = "relay")]
 pub mod relay;
 #[doc(hidden)]
 pub mod status;
@@ -80,6 +95,7 @@ pub use message::OutboxMessage;
 pub use notification::LocalNotifier;
 pub use options::{OutboxOptions, RelayOptions};
 pub use protocol::store::DynamoDbOutboxStore;
-pub use relay::{Relay, RunReport, StopReason};
+#[cfg(feature = "relay")]
+pub use relay::{Relay, RelayBuilder, RunReport, StopReason};
 pub use trace_context::TraceContext;
 pub use writer::DynamoDbOutboxWriter;

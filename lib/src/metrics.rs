@@ -64,3 +64,81 @@ pub trait RelayMetrics: Debug + Send + Sync {
 pub struct NoMetrics;
 
 impl RelayMetrics for NoMetrics {}
+
+/// Several sinks as one: every measurement goes to each of them, in order (EMF, OTLP and
+/// a health endpoint at once, say).
+#[derive(Debug, Clone, Default)]
+pub struct Fanout(Vec<std::sync::Arc<dyn RelayMetrics>>);
+
+impl Fanout {
+    /// The sinks `sinks` as one.
+    pub fn new(sinks: Vec<std::sync::Arc<dyn RelayMetrics>>) -> Self {
+        Fanout(sinks)
+    }
+
+    /// Adds `sink`.
+    pub fn push(&mut self, sink: std::sync::Arc<dyn RelayMetrics>) {
+        self.0.push(sink);
+    }
+
+    /// Whether it has no sink.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl RelayMetrics for Fanout {
+    fn published(&self, bucket: u32, count: u64) {
+        self.0.iter().for_each(|m| m.published(bucket, count));
+    }
+    fn publish_failed(&self, bucket: u32, permanent: bool) {
+        self.0
+            .iter()
+            .for_each(|m| m.publish_failed(bucket, permanent));
+    }
+    fn publish_not_authorized(&self, bucket: u32, denied: &NotAuthorized) {
+        self.0
+            .iter()
+            .for_each(|m| m.publish_not_authorized(bucket, denied));
+    }
+    fn refused_write(&self, kind: WriteKind) {
+        self.0.iter().for_each(|m| m.refused_write(kind));
+    }
+    fn owned_buckets(&self, count: usize) {
+        self.0.iter().for_each(|m| m.owned_buckets(count));
+    }
+    fn leases_acquired(&self, count: usize) {
+        self.0.iter().for_each(|m| m.leases_acquired(count));
+    }
+    fn leases_lost(&self, count: usize) {
+        self.0.iter().for_each(|m| m.leases_lost(count));
+    }
+    fn backlog(&self, bucket: u32, pending: u32, oldest_age: Option<Duration>) {
+        self.0
+            .iter()
+            .for_each(|m| m.backlog(bucket, pending, oldest_age));
+    }
+    fn head_age(&self, bucket: u32, age: Duration) {
+        self.0.iter().for_each(|m| m.head_age(bucket, age));
+    }
+    fn poison_item(&self, bucket: u32) {
+        self.0.iter().for_each(|m| m.poison_item(bucket));
+    }
+    fn quarantined(&self, bucket: u32) {
+        self.0.iter().for_each(|m| m.quarantined(bucket));
+    }
+    fn ownership(&self, bucket: u32, owned: bool) {
+        self.0.iter().for_each(|m| m.ownership(bucket, owned));
+    }
+    fn round_duration(&self, duration: Duration) {
+        self.0.iter().for_each(|m| m.round_duration(duration));
+    }
+    fn batch_duration(&self, bucket: u32, duration: Duration) {
+        self.0
+            .iter()
+            .for_each(|m| m.batch_duration(bucket, duration));
+    }
+    fn commit_to_ack(&self, bucket: u32, latency: Duration) {
+        self.0.iter().for_each(|m| m.commit_to_ack(bucket, latency));
+    }
+}

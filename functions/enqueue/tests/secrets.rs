@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use dynamo_outbox::accounting::RequestCounter;
+use dynamo_outbox::lambda::{RelayHandler, RelaySettings};
 use lambda_runtime::LambdaEvent;
 use outbox_enqueue_function::EnqueueFunction;
-use outbox_relay_function::{RelayFunction, RelaySettings};
 use outbox_testkit::*;
 use serde_json::{json, Value};
 
@@ -123,7 +123,7 @@ async fn at_trace_neither_function_logs_the_credentials_or_the_session_token() {
     // The relay function: a scheduled invocation publishes the four messages.
     let requests = RequestCounter::default();
     let relay_client = dynamo_outbox::client::counted_dynamodb_client(&config, requests.clone());
-    let relay = RelayFunction::new(relay_client, RelaySettings::from_lookup(lookup).unwrap())
+    let relay = RelayHandler::new(relay_client, RelaySettings::from_lookup(lookup).unwrap())
         .unwrap()
         .with_request_counter(requests);
     let summary = relay

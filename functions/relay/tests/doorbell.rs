@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dynamo_outbox::accounting::RequestCounter;
+use dynamo_outbox::lambda::{Ending, RelayHandler, RelaySettings, RelaySummary, Trigger};
 use dynamo_outbox::notification::{notification_jitter, Skip};
 use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions, StopReason};
 use lambda_runtime::LambdaEvent;
-use outbox_relay_function::{Ending, RelayFunction, RelaySettings, RelaySummary, Trigger};
 use outbox_testkit::*;
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -29,9 +29,9 @@ fn settings(options: &OutboxOptions, extra: &[(&str, &str)]) -> RelaySettings {
 async fn function(
     options: &OutboxOptions,
     extra: &[(&str, &str)],
-) -> (Arc<RelayFunction>, RequestCounter) {
+) -> (Arc<RelayHandler>, RequestCounter) {
     let (client, counter) = counted_client().await;
-    let f = RelayFunction::new(client, settings(options, extra))
+    let f = RelayHandler::new(client, settings(options, extra))
         .unwrap()
         .with_request_counter(counter.clone());
     (Arc::new(f), counter)
@@ -308,7 +308,7 @@ async fn a_burst_of_doorbells_on_an_idle_fleet_starts_one_relay() {
 
 /// Invocation `k` of the schedule at `at`, with a deadline 9 s away.
 fn scheduled_tick(
-    f: Arc<RelayFunction>,
+    f: Arc<RelayHandler>,
     k: usize,
     at: Instant,
 ) -> tokio::task::JoinHandle<RelaySummary> {
@@ -442,7 +442,7 @@ async fn a_doorbell_at_a_handover_to_a_short_lived_successor_joins_and_publishes
     let (scheduled, wire) = function(&options, &timing).await;
     let (bells, bell_wire) = function(&options, &timing).await;
     let t0 = Instant::now();
-    let tick = |f: Arc<RelayFunction>, id: &'static str, at: Duration, deadline: Duration| {
+    let tick = |f: Arc<RelayHandler>, id: &'static str, at: Duration, deadline: Duration| {
         tokio::spawn(async move {
             tokio::time::sleep_until(t0 + at).await;
             let payload = json!({"source": "dynamo-outbox.schedule"});
@@ -507,7 +507,7 @@ async fn a_doorbell_whose_coverage_read_fails_joins_and_publishes() {
         .times(3)
         .fail("injected: Query unavailable");
     let faulty = faulty_dynamodb(&failing).await;
-    let function = RelayFunction::new(faulty, settings(&options, &[])).unwrap();
+    let function = RelayHandler::new(faulty, settings(&options, &[])).unwrap();
     let summary = function
         .handle(event("doubt", Duration::from_secs(20), doorbell))
         .await
@@ -541,7 +541,7 @@ async fn a_doorbell_on_a_cold_start_with_kafka_unreachable_publishes_once_kafka_
     let (doorbell, _) = doorbell_since(&options, None);
 
     kafka.broker.proxy.refuse();
-    let function = RelayFunction::new(
+    let function = RelayHandler::new(
         client.clone(),
         settings(
             &options,

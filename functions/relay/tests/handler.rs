@@ -7,14 +7,14 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use dynamo_outbox::lambda::{
+    DeadlineSource, Ending, RelayHandler, RelaySettings, RelaySummary, Trigger,
+};
 use dynamo_outbox::notification::{
     notification_jitter, CommitNotification, Skip, DETAIL_TYPE, SOURCE,
 };
 use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions, StopReason};
 use lambda_runtime::LambdaEvent;
-use outbox_relay_function::{
-    DeadlineSource, Ending, RelayFunction, RelaySettings, RelaySummary, Trigger,
-};
 use outbox_testkit::*;
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -94,7 +94,7 @@ async fn publishes_and_stops_before_the_invocation_deadline() {
     let mut written = enqueue(&writer, &topic, 0, 20).await;
 
     let (counted, wire) = counted_client().await;
-    let function = RelayFunction::new(counted, settings(&options, &[])).unwrap();
+    let function = RelayHandler::new(counted, settings(&options, &[])).unwrap();
     let started = Instant::now();
     let summary = function
         .handle(event("req-1", in_ms(Duration::from_secs(8))))
@@ -172,7 +172,7 @@ async fn a_missing_or_past_deadline_falls_back_to_the_configured_run_time() {
     create_topic(&topic, 1);
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
     let written = enqueue(&writer, &topic, 0, 3).await;
-    let function = RelayFunction::new(
+    let function = RelayHandler::new(
         client.clone(),
         settings(&options, &[("OUTBOX_MAX_RUN_TIME", "4s")]),
     )
@@ -275,8 +275,8 @@ async fn overlapping_invocations_hand_buckets_over() {
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
     // Two execution environments, DynamoDB's refusals of their writes counted at the wire.
     let (counted, wire) = counted_client().await;
-    let first = RelayFunction::new(counted.clone(), settings(&options, &[])).unwrap();
-    let second = RelayFunction::new(counted, settings(&options, &[])).unwrap();
+    let first = RelayHandler::new(counted.clone(), settings(&options, &[])).unwrap();
+    let second = RelayHandler::new(counted, settings(&options, &[])).unwrap();
 
     // Timeline (s): the first invocation works until 12 - 3 (margin) - 2 (stop reserve)
     // = 7; the second starts at 5 and works until 5 + 7 = 12. Messages arrive until 9;
@@ -385,7 +385,7 @@ async fn notify_the_idle_fleet(
     buckets: &[u32],
 ) -> (Vec<RelaySummary>, dynamo_outbox::accounting::RequestCounter) {
     let (woken_client, woken_wire) = counted_client().await;
-    let woken = RelayFunction::new(woken_client, settings(options, &[])).unwrap();
+    let woken = RelayHandler::new(woken_client, settings(options, &[])).unwrap();
     let first = (0..10_000)
         .map(|i| format!("wake-{i}"))
         .find(|id| notification_jitter(id) < Duration::from_millis(10))
@@ -425,12 +425,12 @@ async fn notified_invocations_return_after_one_read_while_live_relays_own_the_bu
     // The scheduled invocation: works until 8 - 3 (margin) - 2 (stop reserve) = 3 s. Its
     // client and the idle-fleet burst's count DynamoDB's refusals at the wire.
     let (scheduled_client, scheduled_wire) = counted_client().await;
-    let scheduled = RelayFunction::new(scheduled_client, settings(&options, &[])).unwrap();
+    let scheduled = RelayHandler::new(scheduled_client, settings(&options, &[])).unwrap();
     let tick = scheduled.handle(event("tick", in_ms(Duration::from_secs(8))));
     let notified = async {
         wait_until_the_scheduled_relay_owns_every_bucket(&client, &options).await;
         let (counted, counter) = counted_client().await;
-        let function = RelayFunction::new(counted, settings(&options, &[])).unwrap();
+        let function = RelayHandler::new(counted, settings(&options, &[])).unwrap();
         // A burst of notifications: five invocations at once.
         let burst = futures::future::join_all((0..5).map(|i| {
             function.handle(event_with(
@@ -494,7 +494,7 @@ async fn notifications_for_another_outbox_or_malformed_ones_start_nothing() {
     let (client, counter) = counted_client().await;
     let options = fresh_table(&client, 4).await;
     counter.reset();
-    let function = RelayFunction::new(client.clone(), settings(&options, &[])).unwrap();
+    let function = RelayHandler::new(client.clone(), settings(&options, &[])).unwrap();
     let other = OutboxOptions::new("another-table").with_bucket_count(4);
     let summary = function
         .handle(event_with(
@@ -531,7 +531,7 @@ async fn a_broken_kafka_connection_is_rebuilt_by_the_next_invocation() {
     let kafka = common::ProxiedTopic::start("rebuild").await;
     let (bootstrap, topic) = (&kafka.bootstrap, &kafka.topic);
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
-    let function = RelayFunction::new(
+    let function = RelayHandler::new(
         client.clone(),
         settings(
             &options,
@@ -624,7 +624,7 @@ async fn the_emf_output_has_one_commit_to_ack_latency_per_published_message() {
     written.extend(enqueue(&writer, &topic, 100, 30).await);
 
     let out = Captured::default();
-    let function = RelayFunction::new(client.clone(), settings(&options, &[]))
+    let function = RelayHandler::new(client.clone(), settings(&options, &[]))
         .unwrap()
         .with_metrics_output(out.clone());
     let summary = function
@@ -686,7 +686,7 @@ async fn an_invocation_exports_its_publish_spans_before_it_returns() {
 
     let receiver = outbox_testkit::otlp::OtlpReceiver::start();
     let endpoint = receiver.endpoint.clone();
-    let function = RelayFunction::new(
+    let function = RelayHandler::new(
         client.clone(),
         common::settings(
             &options,

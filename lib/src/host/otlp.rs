@@ -1,8 +1,7 @@
-//! OTLP/HTTP export for this workspace's binaries (feature `otlp`): the HTTP client the
-//! OpenTelemetry exporters send through (hyper, the client the AWS SDK already brings, TLS
-//! by rustls with the system's roots for `https://`), the resource, and the tracer
-//! provider whose spans (the Kafka publisher's publish spans) go to an OTLP/HTTP endpoint.
-//! `outboxctl relay` exports its metrics and spans with it, the relay function its spans.
+//! The OTLP/HTTP transport of [`super::Telemetry`]: the HTTP client the OpenTelemetry
+//! exporters send through (hyper, the client the AWS SDK already brings, TLS by rustls
+//! with the system's roots for `https://`), the resource, and the tracer provider whose
+//! spans (the Kafka publisher's publish spans) go to an OTLP/HTTP endpoint.
 //!
 //! The exporters run on threads of their own (the SDK's periodic reader and batch span
 //! processor); each HTTP request runs on the tokio runtime the client was built on, and
@@ -27,7 +26,7 @@ use crate::error::{Error, Result};
 
 /// OTLP/HTTP requests on the runtime the client was built on, over hyper.
 #[derive(Clone)]
-pub struct OtlpHttpClient {
+pub(crate) struct OtlpHttpClient {
     client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
     runtime: tokio::runtime::Handle,
     timeout: Duration,
@@ -51,7 +50,7 @@ impl OtlpHttpClient {
     /// A client for `endpoint` (exporting `signal`) and any of `others`, each request
     /// bounded by `timeout`; the system's root certificates are loaded when one of them is
     /// `https://`. Must run inside a tokio runtime (the requests run on it).
-    pub fn new(
+    pub(crate) fn new(
         endpoint: &str,
         signal: &'static str,
         others: &[&str],
@@ -95,7 +94,7 @@ impl OtlpHttpClient {
     }
 
     /// The same client (connections, runtime, timeout) for another `signal`'s `endpoint`.
-    pub fn for_signal(&self, endpoint: &str, signal: &'static str) -> Self {
+    pub(crate) fn for_signal(&self, endpoint: &str, signal: &'static str) -> Self {
         OtlpHttpClient {
             endpoint: endpoint.to_string(),
             signal,
@@ -104,12 +103,12 @@ impl OtlpHttpClient {
     }
 
     /// Each request's time limit.
-    pub fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         self.timeout
     }
 
     /// The endpoint this client exports to.
-    pub fn endpoint(&self) -> &str {
+    pub(crate) fn endpoint(&self) -> &str {
         &self.endpoint
     }
 }
@@ -165,7 +164,7 @@ impl opentelemetry_http::HttpClient for OtlpHttpClient {
 /// The SDK's resource (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`), with
 /// `service.name` `default_service` and `service.instance.id` `instance_id` (when given)
 /// where they are not set.
-pub fn resource(default_service: &str, instance_id: Option<&str>) -> Resource {
+pub(crate) fn resource(default_service: &str, instance_id: Option<&str>) -> Resource {
     let detected = Resource::builder().build();
     let mut builder = Resource::builder();
     let service = detected.get(&Key::from_static_str("service.name"));
@@ -186,7 +185,10 @@ pub fn resource(default_service: &str, instance_id: Option<&str>) -> Resource {
 /// A tracer provider exporting its spans through `client` (to its endpoint, as protobuf)
 /// with the SDK's batch span processor (`OTEL_BSP_*`), for `resource`. The caller installs
 /// it as the global provider, which the Kafka publisher's spans go to, and flushes it.
-pub fn tracer_provider(client: &OtlpHttpClient, resource: Resource) -> Result<SdkTracerProvider> {
+pub(crate) fn tracer_provider(
+    client: &OtlpHttpClient,
+    resource: Resource,
+) -> Result<SdkTracerProvider> {
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_http_client(client.clone())

@@ -1,22 +1,22 @@
 //! What a Lambda invocation's payload says, read with the `aws_lambda_events` types:
 //! a commit notification delivered by an EventBridge rule, a doorbell (a batch of the
 //! table's DynamoDB stream records, delivered by an event source mapping), a leaving
-//! relay's request for a successor ([`super::Handoff`]), or anything else (a schedule
-//! tick, a manual invoke). Behind the cargo feature `lambda`.
+//! relay's request for a successor ([`Handoff`]), or anything else (a schedule tick, a
+//! manual invoke). The only place of the crate that parses Lambda's events.
 
 use aws_lambda_events::event::dynamodb::Event as StreamEvent;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use serde_json::Value;
 use tracing::warn;
 
-use super::{CommitNotification, Handoff, DETAIL_TYPE, SOURCE};
 use crate::error::{Error, Result};
+use crate::notification::{CommitNotification, Handoff, DETAIL_TYPE, SOURCE};
 use crate::options::OutboxOptions;
 use crate::schema::Keys;
 
 /// Why a relay invocation was started, as its payload says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Wake {
+pub(crate) enum Wake {
     /// Anything that is not a commit notification: the schedule, a manual invoke.
     Tick,
     /// A commit notification from the event bus.
@@ -35,11 +35,11 @@ impl Wake {
     /// notification but breaks a rule. A doorbell is never an error (an error would make
     /// Lambda retry the batch and hold up the stream's shard): one whose records cannot be
     /// read rings every bucket.
-    pub fn from_payload(payload: &Value, options: &OutboxOptions) -> Result<Wake> {
+    pub(crate) fn from_payload(payload: &Value, options: &OutboxOptions) -> Result<Wake> {
         if is_stream_event(payload) {
             return Ok(Wake::Doorbell(doorbell(payload, options)));
         }
-        if let Some(handoff) = Handoff::from_payload(payload)? {
+        if let Some(handoff) = super::successor::from_payload(payload)? {
             return Ok(Wake::Successor(handoff));
         }
         Ok(match CommitNotification::from_event(payload)? {

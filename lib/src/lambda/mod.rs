@@ -1,5 +1,72 @@
-//! Lambda glue shared by the functions (feature `lambda`): the error a handler returns,
-//! whose `errorType` is [`Error::error_type`], and the time an invocation has left.
+//! The relay in a Lambda function of your own (feature `lambda`): the handler the
+//! project's relay function runs ([`RelayHandler`], [`run`]), and the glue the functions
+//! share (the error a handler returns, whose `errorType` is [`Error::error_type`], and the
+//! time an invocation has left).
+//!
+//! One invocation runs one relay instance, with its own relay id, until the invocation's
+//! deadline minus a shutdown margin (or a maximum run time, whichever comes first), then
+//! stops gracefully so that its leases are released before Lambda can time the function
+//! out. The DynamoDB client is built once per execution environment, before the runtime
+//! loop; the Kafka publisher connects on first use and is reused by the warm invocations,
+//! and is dropped (to be rebuilt by the next publish) when a run published nothing but
+//! failed to publish. The invocation's EMF documents go to stdout (CloudWatch Logs) every
+//! minute of a run and at its end.
+//!
+//! # Events
+//! - A schedule tick, a manual invoke, any payload that is none of the below: the
+//!   invocation runs a relay.
+//! - A commit notification (an EventBridge event of source
+//!   [`crate::notification::SOURCE`], delivered by a rule on the bus) or a doorbell (a
+//!   batch of the table's DynamoDB stream records, delivered by an event source mapping):
+//!   the invocation decides first whether it is needed
+//!   ([`crate::notification::decide`]); it returns at once (`stop_reason` `covered`,
+//!   `empty` or `not_this_outbox`, no write) when live relays hold the notified buckets or
+//!   nothing waits in them, and runs a relay otherwise. The decision never fails: a
+//!   coverage read that fails (a throttle, a 5xx, a timeout) makes the invocation join,
+//!   and Kafka is connected while deciding only as a head start. So a wake-up is never lost
+//!   to a function error.
+//! - A successor request: a run that reaches its deadline minus
+//!   [`crate::notification::SUCCESSOR_LEAD`] with work left in its buckets starts its
+//!   successor, an asynchronous invocation of the same function ([`LambdaSuccessor`]),
+//!   which runs a relay at once: it takes its share of the buckets as it joins and the rest
+//!   at the leaver's stop. The request's payload is this crate's own.
+//!
+//! # Environment
+//! Everything [`HostSettings::from_lookup`](crate::host::HostSettings::from_lookup) reads,
+//! and:
+//! - [`env::MAX_RUN_TIME`] (`OUTBOX_MAX_RUN_TIME`, default 50s): longest run of one
+//!   invocation, and the run time used when the invocation has no usable deadline.
+//! - [`env::SHUTDOWN_MARGIN`] (`OUTBOX_SHUTDOWN_MARGIN`, default 3s): time left unused
+//!   before the invocation's deadline; the graceful stop ends before it.
+//! - The standard OpenTelemetry variables ([`crate::host::OtlpSettings`] of
+//!   [`crate::host::ExportMode::Invocation`]): with an OTLP endpoint (the ADOT collector
+//!   layer's `http://localhost:4318`), the relay's publish spans are exported, flushed
+//!   before each invocation returns.
+//! - `OUTBOX_IDLE_STOP` defaults to [`DEFAULT_IDLE_STOP`] here (the library's default is
+//!   never), and `OUTBOX_MAX_IN_FLIGHT_BYTES` to an eighth of the function's memory
+//!   (`AWS_LAMBDA_FUNCTION_MEMORY_SIZE`; 16 MiB at the template's 128 MB).
+//!
+//! # Examples
+//! A function of your own whose `main` runs the relay handler (the project's relay
+//! function is this; `lib/examples/relay_in_your_own_lambda.rs` adds to it):
+//! ```no_run
+//! #[tokio::main]
+//! async fn main() -> Result<(), lambda_runtime::Error> {
+//!     dynamo_outbox::logging::init_lambda();
+//!     let handler = dynamo_outbox::lambda::RelayHandler::from_env().await?;
+//!     dynamo_outbox::lambda::run(handler).await
+//! }
+//! ```
+
+mod event;
+mod handler;
+mod successor;
+
+pub use handler::{
+    env, relay_id, run, run_deadline, DeadlineSource, Ending, RelayHandler, RelaySettings,
+    RelaySummary, Trigger, DEFAULT_IDLE_STOP, DEFAULT_MAX_RUN_TIME, DEFAULT_SHUTDOWN_MARGIN,
+};
+pub use successor::LambdaSuccessor;
 
 use std::fmt;
 use std::time::{Duration, SystemTime};

@@ -22,7 +22,8 @@ impl LocalNotifier {
         Arc::new(LocalNotifier::default())
     }
 
-    /// Takes the buckets marked since the last call.
+    /// Takes the buckets marked since the last call (the relay's side).
+    #[cfg(feature = "relay")]
     pub(crate) fn take(&self) -> BTreeSet<u32> {
         std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()))
     }
@@ -30,6 +31,7 @@ impl LocalNotifier {
 
 impl LocalNotifier {
     /// Completes at the next notification (or at once if one came since the last wait).
+    #[cfg(feature = "relay")]
     pub(crate) async fn notified(&self) {
         self.notify.notified().await
     }

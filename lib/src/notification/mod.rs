@@ -28,16 +28,14 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::options::OutboxOptions;
 
+#[cfg(feature = "relay")]
 mod decide;
 mod local;
 mod successor;
+#[cfg(feature = "relay")]
 pub use decide::{decide, notification_jitter, Decision, Skip, HANDOVER_SETTLE_MAX};
 pub use local::LocalNotifier;
-#[cfg(feature = "lambda")]
-pub use successor::LambdaSuccessor;
-pub use successor::{Handoff, Successor, SUCCESSOR_KEY, SUCCESSOR_LEAD};
-#[cfg(feature = "lambda")]
-pub mod event;
+pub use successor::{Handoff, Successor, SUCCESSOR_LEAD};
 #[cfg(feature = "eventbridge")]
 mod eventbridge;
 #[cfg(feature = "eventbridge")]

@@ -17,6 +17,7 @@
 //! so its leases lapse as after a crash.
 
 mod batch;
+mod builder;
 mod graceful_stop;
 mod idle;
 mod outcome;
@@ -42,6 +43,7 @@ use crate::options::RelayOptions;
 use crate::publish::Publisher;
 use crate::store::{DynamoDbOutboxStore, WriteKind};
 
+pub use builder::RelayBuilder;
 pub use report::{RunReport, StopReason};
 use state::RunState;
 use stop_signal::Shutdown;

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use dynamo_outbox::lambda::RelaySettings;
 use dynamo_outbox::OutboxOptions;
 use lambda_runtime::LambdaEvent;
-use outbox_relay_function::RelaySettings;
 use outbox_testkit::stack_var;
 use serde_json::Value;
 
