@@ -216,12 +216,13 @@ async fn thirty_messages() -> (
 
 /// `outboxctl relay` over the table of `options`, exporting to `endpoint` every 500 ms
 /// with `token` in its OTLP headers, logging at trace, with its health endpoint on a free
-/// port.
+/// port; `overrides` last (they win).
 fn start_relay(
     options: &dynamo_outbox::OutboxOptions,
     endpoint: &str,
     relay_id: &str,
     token: &str,
+    overrides: &[(&str, &str)],
 ) -> RunningRelay {
     let mut child = Command::new(env!("CARGO_BIN_EXE_outboxctl"))
         .args([
@@ -246,6 +247,7 @@ fn start_relay(
         .env("OUTBOX_LEASE_DURATION", "3s")
         .env("OUTBOX_LEASE_RENEW_INTERVAL", "1s")
         .env("OUTBOX_POLL_INTERVAL", "100ms")
+        .envs(overrides.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -704,7 +706,7 @@ async fn relay_exports_the_reference_instruments_over_otlp_and_answers_health_pr
     let endpoint = receiver.endpoint.clone();
     let relay_id = random_name("otel-relay");
     let token = random_name("token");
-    let relay = start_relay(&options, &endpoint, &relay_id, &token);
+    let relay = start_relay(&options, &endpoint, &relay_id, &token, &[]);
     let addr = assert_health_probes(&relay.lines);
     wait_for_the_exports(&topic, &written, &receiver).await;
     let (status, body) = get(&addr, "/readyz");
@@ -785,4 +787,65 @@ async fn a_relay_that_cannot_reach_dynamodb_is_live_and_not_ready() {
     );
     let logs = log.lock().unwrap().join("\n");
     assert!(!logs.contains("OTLP"), "no export configured: {logs}");
+}
+
+/// The stop waits for the final export at most 5 s (metrics and spans together), even when
+/// the endpoint accepts connections and never answers and each export may take 30 s: a
+/// relay stopped by SIGTERM after publishing exits within that bound plus its own stop.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_final_export_to_an_endpoint_that_never_answers_holds_the_stop_at_most_5_s() {
+    let (options, topic, written, _) = thirty_messages().await;
+    // A black hole: accepts connections, reads nothing, answers nothing.
+    let hole = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", hole.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in hole.incoming().map_while(Result::ok) {
+            held.push(stream);
+        }
+    });
+    let RunningRelay {
+        process: mut relay,
+        log,
+        mut stdout,
+        ..
+    } = start_relay(
+        &options,
+        &endpoint,
+        &random_name("hole-relay"),
+        &random_name("token"),
+        &[
+            ("RUST_LOG", "info"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "30000"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "60000"),
+        ],
+    );
+    // Published: there are spans to export as well as metrics.
+    wait_for_ids(&topic, &written, Duration::from_secs(60)).await;
+
+    let pid = relay.0.id().to_string();
+    let signalled = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let exit = wait_until("the relay exits", Duration::from_secs(60), || {
+        relay.0.try_wait().unwrap()
+    });
+    let took = signalled.elapsed();
+    let mut out = String::new();
+    stdout.read_to_string(&mut out).unwrap();
+    let logs = log.lock().unwrap().join("\n");
+    assert!(exit.success(), "{exit:?}\n{out}\n{logs}");
+    assert!(
+        out.contains("published 30,") && out.contains("leases released: true"),
+        "{out}"
+    );
+    println!("stopped {took:?} after SIGTERM with an OTLP endpoint that never answers");
+    // 5 s for the exports, and 2 s for the relay's own stop (its releases) and the exit.
+    assert!(
+        took < Duration::from_secs(7),
+        "the stop took {took:?}: the final export held it past 5 s\n{logs}"
+    );
 }

@@ -57,6 +57,45 @@ fn spawn<P: Publisher>(relay: Relay<P>) -> Running {
     Running { stop, handle }
 }
 
+/// When a relay started and stopped publishing each bucket, on the monotonic clock (its
+/// `RelayMetrics::ownership` reports).
+#[derive(Debug, Default)]
+struct OwnershipLog(std::sync::Mutex<Vec<(u32, bool, Instant)>>);
+
+impl dynamo_outbox::metrics::RelayMetrics for OwnershipLog {
+    fn ownership(&self, bucket: u32, owned: bool) {
+        self.0.lock().unwrap().push((bucket, owned, Instant::now()));
+    }
+}
+
+impl OwnershipLog {
+    /// The buckets first owned at or after `t`, with how long after `t`.
+    fn first_owned_after(&self, t: Instant) -> BTreeMap<u32, Duration> {
+        let mut taken = BTreeMap::new();
+        for &(b, owned, at) in self.0.lock().unwrap().iter() {
+            if owned && at >= t {
+                taken.entry(b).or_insert(at - t);
+            }
+        }
+        taken
+    }
+
+    /// The buckets owned just before `t`.
+    fn owned_before(&self, t: Instant) -> std::collections::BTreeSet<u32> {
+        let mut owned = std::collections::BTreeSet::new();
+        for &(b, is_owned, at) in self.0.lock().unwrap().iter() {
+            if at < t {
+                if is_owned {
+                    owned.insert(b);
+                } else {
+                    owned.remove(&b);
+                }
+            }
+        }
+        owned
+    }
+}
+
 async fn relay_with<P: Publisher>(
     client: &aws_sdk_dynamodb::Client,
     options: &OutboxOptions,

@@ -94,3 +94,78 @@ async fn quarantine_after_n_attempts_moves_the_poison_head_aside_and_the_bucket_
     assert_eq!(sum("PoisonItems"), 3, "{docs:?}");
     assert_eq!(sum("Published"), 2, "{docs:?}");
 }
+
+/// A broker that is down or slow is not a poison item, whatever the policy: with
+/// `quarantine-after=1`, a relay whose broker refuses connections, then holds every byte,
+/// moves nothing to the dead-letter partition, keeps every message in the table, and
+/// publishes them all once the broker answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_is_down_or_slow_quarantines_nothing_under_quarantine_after_1() {
+    let (client, counter) = counted_client().await;
+    let options = fresh_table(&client, 2).await;
+    let broker = outbox_harness::broker::ProxiedBroker::start()
+        .await
+        .expect("the stack's broker behind the fault proxy");
+    let topic = random_name("down");
+    create_topic(&topic, 1);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let messages: Vec<_> = (0..6)
+        .map(|i| {
+            writer
+                .message(&topic)
+                .with_key(format!("k{}", i % 3))
+                .with_value(format!("v{i}"))
+        })
+        .collect();
+    writer.enqueue(&messages).await.unwrap();
+
+    // Down from the start: every connection refused.
+    broker.proxy.refuse();
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let kafka = dynamo_outbox::publish::KafkaConfig::new([broker.bootstrap()]);
+    let relay = Relay::new(
+        store.clone(),
+        Arc::new(dynamo_outbox::publish::LazyKafkaPublisher::new(kafka)),
+        RelayOptions {
+            poison_policy: PoisonPolicy::QuarantineAfter(1),
+            ..fast_relay_options(&random_name("relay"), 2)
+        },
+    )
+    .unwrap();
+    let run = tokio::spawn(async move {
+        relay
+            .run_until(Instant::now() + Duration::from_secs(30))
+            .await
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Then slow: connections accepted, every byte held.
+    broker.proxy.pass();
+    broker.proxy.stall();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (dead, _) = dead_letters::list(&store, &Filter::default(), 10)
+        .await
+        .unwrap();
+    assert!(
+        dead.is_empty(),
+        "quarantined while the broker was down or slow: {dead:?}"
+    );
+    assert_eq!(pending_messages(&client, &options).await, 6);
+
+    // Back: everything is published, nothing was moved aside.
+    broker.proxy.pass();
+    let delivered = wait_for_ids(&topic, &id_set(&messages), Duration::from_secs(25)).await;
+    delivered.assert_exactly_once(&id_set(&messages));
+    let report = run.await.unwrap().unwrap();
+    assert!(report.publish_failures > 0, "{report:?}");
+    assert_eq!(report.quarantined, 0, "{report:?}");
+    let (dead, _) = dead_letters::list(&store, &Filter::default(), 10)
+        .await
+        .unwrap();
+    assert!(dead.is_empty(), "{dead:?}");
+    assert_eq!(pending_messages(&client, &options).await, 0);
+    assert_eq!(report.refused_total(), 0, "{report:?}");
+    assert_no_refusal_on_the_wire(
+        &counter,
+        "a broker down, then slow, under quarantine-after=1",
+    );
+}

@@ -379,14 +379,17 @@ async fn a_hanging_event_bus_costs_the_call_the_notification_bound_and_no_more()
         "the notification never reached the hanging endpoint"
     );
     // The call waited for the notification (an attempt is bounded by half the bound, and
-    // the SDK retries once within it) and gave up at the bound, far from the 20 s deadline.
+    // the SDK retries once within it) and gave up at the bound, 2 s, far from the 20 s
+    // deadline: not before it (less the SDK's timer granularity), and not much after it
+    // (the write itself, and a loaded machine's late timer).
+    println!("the call took {took:?} with a hanging event bus (bound {NOTIFY_TIMEOUT:?})");
     assert!(
-        took >= NOTIFY_TIMEOUT / 2,
-        "took {took:?}: the bound never ran"
+        took >= NOTIFY_TIMEOUT - Duration::from_millis(100),
+        "took {took:?}: gave up before the bound"
     );
     assert!(
-        took < NOTIFY_TIMEOUT + Duration::from_secs(5),
-        "took {took:?}"
+        took < NOTIFY_TIMEOUT + Duration::from_secs(1),
+        "took {took:?}: waited past the bound"
     );
 }
 

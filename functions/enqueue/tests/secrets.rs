@@ -1,9 +1,10 @@
-//! No secret in either function's log at any level: both handlers invoked under the
-//! subscriber their `main` installs (`dynamo_outbox::logging::lambda_subscriber`, JSON,
-//! as the template's `LoggingConfig` sets it) with `RUST_LOG=trace` and
-//! `AWS_LAMBDA_LOG_LEVEL=TRACE`, against the local stack, with planted credentials and a
-//! planted session token: random markers that cannot occur by chance. Neither appears in
-//! the output. (The relay function's handler is here, not in its own crate, so that one
+//! No secret and no payload in either function's log at any level: both handlers invoked
+//! under the subscriber their `main` installs (`dynamo_outbox::logging::lambda_subscriber`,
+//! JSON, as the template's `LoggingConfig` sets it) with `RUST_LOG=trace` and
+//! `AWS_LAMBDA_LOG_LEVEL=TRACE`, against the local stack, with planted credentials, a
+//! planted session token and messages whose keys, values and header values carry a planted
+//! marker: random markers that cannot occur by chance. None appears in the output, though
+//! the messages are enqueued, published and read back. (The relay function's handler is here, not in its own crate, so that one
 //! process has one global subscriber for both; run through scripts/stack.sh.)
 
 use std::collections::HashMap;
@@ -30,9 +31,17 @@ async fn invoke_the_enqueue_function(
     config: &aws_config::SdkConfig,
     lookup: impl Fn(&str) -> Option<String>,
     topic: &str,
+    payload: &str,
 ) {
     let enqueue = EnqueueFunction::from_lookup(config, lookup).unwrap();
-    let message = |n: u32| json!({"topic": topic, "key": format!("k-{n}"), "value": "{}"});
+    let message = |n: u32| {
+        json!({
+            "topic": topic,
+            "key": format!("{payload}-key-{n}"),
+            "value": format!("{{\"card\":\"{payload}-value-{n}\"}}"),
+            "headers": [{"key": "customer", "value": format!("{payload}-header-{n}")}],
+        })
+    };
     for payload in [
         json!({"messages": [message(1), message(2), message(3)]}),
         json!({"messages": [message(4)], "idempotency_key": "once"}),
@@ -56,7 +65,7 @@ async fn invoke_the_enqueue_function(
 
 /// `text` is a trace log (the SDK's included, with signed requests, and the relay's
 /// invocation) in which no `planted` value appears.
-fn assert_trace_without(text: &str, planted: [(&str, &str); 3]) {
+fn assert_trace_without(text: &str, planted: &[(&str, String)]) {
     // Trace is really on, the SDK's included, and requests were signed ...
     assert!(text.contains("\"level\":\"TRACE\""), "no trace line");
     assert!(
@@ -66,7 +75,10 @@ fn assert_trace_without(text: &str, planted: [(&str, &str); 3]) {
     assert!(text.contains("relay invocation done"));
     // ... and no planted credential is in it.
     for (what, planted) in planted {
-        let hits: Vec<&str> = text.lines().filter(|l| l.contains(planted)).collect();
+        let hits: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(planted.as_str()))
+            .collect();
         assert!(
             hits.is_empty(),
             "the {what} is in {} log line(s), e.g. {}",
@@ -77,9 +89,10 @@ fn assert_trace_without(text: &str, planted: [(&str, &str); 3]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_trace_neither_function_logs_the_credentials_or_the_session_token() {
+async fn at_trace_neither_function_logs_the_credentials_the_session_token_or_the_payloads() {
     stack_var("AWS_ENDPOINT_URL_DYNAMODB");
     let (key, secret, token) = (marker("AKIA"), marker(""), marker(""));
+    let payload = marker("payload");
     // The credentials the SDK's chain finds in a function's environment, as Lambda sets them.
     std::env::set_var("AWS_ACCESS_KEY_ID", &key);
     std::env::set_var("AWS_SECRET_ACCESS_KEY", &secret);
@@ -118,7 +131,7 @@ async fn at_trace_neither_function_logs_the_credentials_or_the_session_token() {
     let lookup = |n: &str| vars.get(n).cloned();
 
     // The enqueue function: a batch, an idempotent request and its replay, a rejection.
-    invoke_the_enqueue_function(&config, lookup, &topic).await;
+    invoke_the_enqueue_function(&config, lookup, &topic, &payload).await;
 
     // The relay function: a scheduled invocation publishes the four messages.
     let requests = RequestCounter::default();
@@ -135,15 +148,30 @@ async fn at_trace_neither_function_logs_the_credentials_or_the_session_token() {
         .await
         .expect("relay invocation");
     assert_eq!(summary.published, 4, "{summary:?}");
+    // The payloads went through: Kafka has them, markers and all.
+    let records = read_topic(&topic);
+    assert_eq!(records.len(), 4, "{records:?}");
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let values: Vec<String> = records
+        .iter()
+        .map(|r| String::from_utf8(b64.decode(r.value.as_deref().unwrap()).unwrap()).unwrap())
+        .collect();
+    assert!(values.iter().all(|v| v.contains(&payload)), "{values:?}");
 
     let text = captured.text();
-    assert_trace_without(
-        &text,
-        [
-            ("access key id", key.as_str()),
-            ("secret access key", secret.as_str()),
-            ("session token", token.as_str()),
-        ],
+    let mut planted = vec![
+        ("access key id", key.clone()),
+        ("secret access key", secret.clone()),
+        ("session token", token.clone()),
+        ("message payload (key, value or header)", payload.clone()),
+    ];
+    // A value's bytes as DynamoDB and Kafka carry them, base64 in a request body.
+    planted.extend(
+        values
+            .iter()
+            .map(|v| ("a message value in base64", b64.encode(v))),
     );
+    assert_trace_without(&text, &planted);
     println!("{} log lines checked", text.lines().count());
 }

@@ -49,6 +49,8 @@ pub const DEFAULT_PROCESS_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_INVOCATION_TIMEOUT: Duration = Duration::from_secs(2);
 /// The default period of the metrics export.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+/// Longest a process's stop waits for its final exports (metrics and spans together).
+pub const FINAL_EXPORT_BOUND: Duration = Duration::from_secs(5);
 
 /// What kind of host exports, which sets the defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -364,22 +366,36 @@ impl Telemetry {
         }
     }
 
-    /// Exports what is left and stops the reader and the span processor (each bounded by
-    /// the export timeout).
+    /// Exports what is left and stops the reader and the span processor, both at once,
+    /// waiting at most [`FINAL_EXPORT_BOUND`] for them: an endpoint that never answers holds
+    /// a process's stop no longer than that.
     pub async fn shutdown(self) {
-        if let Some(provider) = self.meter_provider {
-            match tokio::task::spawn_blocking(move || provider.shutdown()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => warn!(error = %e, "OTLP metrics: the final export failed"),
-                Err(e) => warn!(error = %e, "OTLP metrics: the shutdown did not finish"),
+        let metrics = async {
+            if let Some(provider) = self.meter_provider {
+                match tokio::task::spawn_blocking(move || provider.shutdown()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => warn!(error = %e, "OTLP metrics: the final export failed"),
+                    Err(e) => warn!(error = %e, "OTLP metrics: the shutdown did not finish"),
+                }
             }
-        }
-        if let Some(provider) = self.tracer_provider {
-            match tokio::task::spawn_blocking(move || provider.shutdown()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => warn!(error = %e, "OTLP spans: the final export failed"),
-                Err(e) => warn!(error = %e, "OTLP spans: the shutdown did not finish"),
+        };
+        let spans = async {
+            if let Some(provider) = self.tracer_provider {
+                match tokio::task::spawn_blocking(move || provider.shutdown()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => warn!(error = %e, "OTLP spans: the final export failed"),
+                    Err(e) => warn!(error = %e, "OTLP spans: the shutdown did not finish"),
+                }
             }
+        };
+        if tokio::time::timeout(FINAL_EXPORT_BOUND, futures::future::join(metrics, spans))
+            .await
+            .is_err()
+        {
+            warn!(
+                bound_ms = FINAL_EXPORT_BOUND.as_millis() as u64,
+                "OTLP: the final export did not finish in time; what was left is dropped"
+            );
         }
     }
 }
