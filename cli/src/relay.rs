@@ -16,7 +16,7 @@ use crate::{health, outbox_options, relay_options, Cli, Failure};
 /// Flags of `outboxctl relay`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// Stop after this long (e.g. 30s, 5m) instead of waiting for a signal.
+    /// Stop after this long (e.g. 30s, 5m), or at a signal if one comes first.
     #[arg(long = "for", value_name = "DURATION", value_parser = crate::args::positive_duration)]
     pub(crate) run_for: Option<Duration>,
     /// Time allowed for the graceful stop after a signal.
@@ -109,7 +109,11 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
     };
     let opts = host.options().clone();
     let result = match run_for {
-        Some(d) => host.run_until(opts, Instant::now() + d).await,
+        // Until the time is up or a signal, whichever comes first.
+        Some(d) => {
+            host.run_until_or_shutdown(opts, Instant::now() + d, signal, grace)
+                .await
+        }
         None => host.run_until_shutdown(opts, signal, grace).await,
     };
     health.ended();

@@ -450,3 +450,59 @@ async fn logs_never_contain_credentials_tokens_or_payloads() {
         );
     }
 }
+
+/// `relay --for` is a deadline, not a deafness: SIGTERM before it stops the relay
+/// gracefully at once (leases released, stop reason `shutdown`), as without `--for`.
+#[tokio::test]
+async fn relay_for_a_time_still_stops_gracefully_on_sigterm() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let child = Command::new(env!("CARGO_BIN_EXE_outboxctl"))
+        .args([
+            "relay",
+            "--table",
+            &options.table_name,
+            "--bucket-count",
+            "4",
+        ])
+        .args(["--for", "120s"])
+        .env("RUST_LOG", "warn")
+        .env("OUTBOX_LEASE_DURATION", "3s")
+        .env("OUTBOX_LEASE_RENEW_INTERVAL", "1s")
+        .env("OUTBOX_POLL_INTERVAL", "100ms")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run outboxctl relay");
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !lease_owners(&client, &options)
+        .await
+        .iter()
+        .all(Option::is_some)
+    {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the relay never owned every bucket"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let signalled = std::time::Instant::now();
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let out = child.wait_with_output().unwrap();
+    let took = signalled.elapsed();
+    let stdout = text(&out.stdout);
+    assert_eq!(code(&out), 0, "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("(shutdown)") && stdout.contains("leases released: true"),
+        "{stdout}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "stopped {took:?} after SIGTERM"
+    );
+    assert_eq!(lease_owners(&client, &options).await, vec![None; 4]);
+}

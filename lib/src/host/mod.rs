@@ -274,6 +274,26 @@ impl RelayHost {
         self.drive(relay.run_until_shutdown(signal, grace)).await
     }
 
+    /// Runs a relay with `options` until `deadline` or until `signal` completes, whichever
+    /// comes first ([`Relay::run_until_or_shutdown`]).
+    ///
+    /// # Errors
+    /// As [`RelayHost::run_until`].
+    pub async fn run_until_or_shutdown<F>(
+        &self,
+        options: RelayOptions,
+        deadline: Instant,
+        signal: F,
+        grace: Duration,
+    ) -> Result<RunReport>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let relay = self.relay(options, true)?;
+        self.drive(relay.run_until_or_shutdown(deadline, signal, grace))
+            .await
+    }
+
     /// Ends the OTLP export: exports what is left (each signal bounded by its timeout).
     pub async fn shutdown(self) {
         if let Some(telemetry) = self.telemetry {

@@ -167,7 +167,24 @@ impl<P: Publisher> Relay<P> {
         self.run(None, Some(Box::pin(signal)), grace).await
     }
 
-    /// Runs until `deadline` or `signal`, whichever comes first (the two public entry
+    /// Runs until `deadline` or until `signal` completes, whichever comes first: toward the
+    /// deadline it stops as [`Relay::run_until`] does (done by the deadline), on the signal
+    /// as [`Relay::run_until_shutdown`] does (within `grace`). A process that runs for a
+    /// set time and must also honour SIGTERM (`outboxctl relay --for`, a batch job).
+    pub async fn run_until_or_shutdown<F>(
+        &self,
+        deadline: Instant,
+        signal: F,
+        grace: Duration,
+    ) -> Result<RunReport>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.run(Some(deadline), Some(Box::pin(signal)), grace)
+            .await
+    }
+
+    /// Runs until `deadline` or `signal`, whichever comes first (the three public entry
     /// points above are its only callers).
     #[instrument(skip_all, fields(relay_id = %self.options.relay_id))]
     async fn run(
