@@ -133,11 +133,11 @@ if [[ ${1:-} == --inside-stack ]]; then
 
     # The local model of Lambda the end-to-end steps below rely on: the emulator, the
     # stream event source mapping and the template reader, against a fake function
-    # (scripts/test_lambda_model.py says what it checks; about two minutes).
-    # A failure is reported after the tests, which run either way.
-    step "the local model of Lambda's event sources (scripts/test_lambda_model.py)"
+    # (e2e/test_lambda_emulator.py and e2e/test_stream_mapping.py say what they check;
+    # about two minutes). A failure is reported after the tests, which run either way.
+    step "the local model of Lambda's event sources (e2e/test_lambda_emulator.py, e2e/test_stream_mapping.py)"
     model=0
-    "$CACHE/venv/bin/python" scripts/test_lambda_model.py || model=$?
+    "$CACHE/venv/bin/python" -m pytest e2e/test_lambda_emulator.py e2e/test_stream_mapping.py || model=$?
 
     # The evaluator of the template's CloudWatch alarms over EMF documents (CloudWatch's
     # M-of-N and missing-data rules; e2e/test_alarms.py says what it checks; seconds).

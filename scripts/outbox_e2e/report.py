@@ -14,9 +14,10 @@ class Failed(AssertionError):
     """A check of an end-to-end scenario failed; the message names it."""
 
 
-def check(cond, msg: str) -> None:
+def check(cond, msg: str, detail: str = "") -> None:
+    """Fails with `msg` (and `detail`, what was seen instead) unless `cond` holds."""
     if not cond:
-        raise Failed(msg)
+        raise Failed(f"{msg}: {detail}" if detail else msg)
 
 
 def step(msg: str) -> None:
