@@ -22,6 +22,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -48,6 +49,25 @@ def pytest_configure(config):
     # "Found credentials", ...) only when it is a warning.
     for noisy in ("botocore", "boto3", "urllib3", "samtranslator"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The venv's tools first (sam, cfn-lint, cargo-lambda as `cargo lambda`), as
+    # scripts/test.sh puts them.
+    venv_bin = os.path.dirname(sys.executable)
+    if venv_bin not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
+
+
+_timed_file: list[str] = []
+
+
+def pytest_runtest_logstart(nodeid, location):
+    """Under scripts/test.sh, each test file's start is a line of its times' table
+    ($OUTBOX_TEST_TIMES: epoch seconds, tab, name)."""
+    times = os.environ.get("OUTBOX_TEST_TIMES")
+    module = nodeid.split("::")[0]
+    if times and _timed_file[-1:] != [module]:
+        _timed_file.append(module)
+        with open(times, "a") as f:
+            f.write(f"{int(time.time())}\t  {module}\n")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -245,7 +265,8 @@ while True:
         body = {"request_id": rid, "received_ms": int(got * 1000), "headers": headers,
                 "pid": os.getpid(), "event": event, "cpu_s": cpu_s,
                 "env": {k: v for k, v in os.environ.items()
-                        if k.startswith(("AWS_LAMBDA", "FAKE", "LAMBDA_", "_HANDLER", "AWS_REGION"))}}
+                        if k.startswith(("AWS_LAMBDA", "FAKE", "LAMBDA_", "_HANDLER",
+                                         "AWS_REGION"))}}
         req = urllib.request.Request(api + f"/invocation/{rid}/response", method="POST",
                                      data=json.dumps(body).encode())
     urllib.request.urlopen(req).read()

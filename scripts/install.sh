@@ -13,7 +13,7 @@
 #                      cargo-lambda cross-compiles arm64 with), moto[server]
 #                      (the EventBridge/SQS stand-in of the local stack)
 #   $CACHE/checkov-venv  Checkov, the policy scan of the template
-#                      (scripts/template_test.py), in a venv of its own so that its
+#                      (e2e/test_template.py), in a venv of its own so that its
 #                      dependencies never move the pins of the one above
 #   rustup target      aarch64-unknown-linux-gnu (cargo lambda arm64 builds)
 #   apt (arm64)        qemu-user-static and libc6:arm64 (after dpkg --add-architecture
@@ -266,7 +266,7 @@ install_kafka() {
 }
 
 # ------------------------------------------------------------------- checkov
-# The policy scan of scripts/template_test.py (Checkov, --framework cloudformation).
+# The policy scan of e2e/test_template.py (Checkov, --framework cloudformation).
 CHECKOV_VERSION=3.3.30
 install_checkov() {
     local venv=$CACHE/checkov-venv log=$LOGS/checkov-install.log

@@ -245,6 +245,8 @@ def check_msk_iam_token(token: str, region: str, access_key: str, secret_key: st
 class Proxy:
     """The proxy on 127.0.0.1 (a free port), run by an asyncio loop in a thread."""
 
+    name = "the MSK IAM proxy"
+
     def __init__(self, upstream: str, cert: str, key: str | None = None, *, region: str,
                  access_key: str, secret_key: str, session_token: str | None = None):
         self.upstream = upstream.rsplit(":", 1)
@@ -264,6 +266,12 @@ class Proxy:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def tail(self, n: int = 30) -> str:
+        """What it saw, but the frames it forwarded."""
+        with self._lock:
+            seen = [e for e in self.events if e["kind"] != "forwarded"]
+        return "\n".join(str(e) for e in seen[-n:])
 
     def record(self, **event) -> None:
         event["at"] = time.time()

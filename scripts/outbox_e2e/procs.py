@@ -122,3 +122,17 @@ def wait_for(pred, timeout: float, interval: float = 0.05):
             return v
         time.sleep(interval)
     return pred()
+
+
+class Stopper:
+    """A thing a scenario started that a call stops (a thread's flag), for `Started`."""
+
+    def __init__(self, name: str, stop):
+        self.name = name
+        self._stop = stop
+
+    def stop(self) -> None:
+        self._stop()
+
+    def tail(self, n: int = 30) -> str:
+        return ""
