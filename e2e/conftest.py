@@ -56,6 +56,18 @@ def pytest_configure(config):
         os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
 
 
+# The order of the test files in a run: the checks that need no stack first, then the
+# scenarios, the longest last (pytest's own order is alphabetical).
+FILE_ORDER = ["test_template.py", "test_alarms.py", "test_lambda_emulator.py",
+              "test_stream_mapping.py", "test_lambda_watch.py", "test_kafka_setups.py",
+              "test_examples.py", "test_serverless.py", "test_continuity.py"]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(FILE_ORDER)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 _timed_file: list[str] = []
 
 
