@@ -3,7 +3,7 @@
   stack              the stack's endpoints (scripts/stack.sh run exports them); a test
                      that needs the stack fails, never skips, outside it
   dynamodb_endpoint  the stack's DynamoDB Local, else one of the suite's own
-  fresh              fresh names, outbox and business tables, and topics
+  fresh              fresh outbox and business tables, and topics
   kafka              the independent Kafka client (confluent-kafka): topics, read-back
   started            what a test started; stopped at its end, their logs shown when it
                      failed
@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
@@ -119,11 +118,7 @@ def dynamodb_endpoint(tmp_path_factory) -> str:
 
 
 class Fresh:
-    """Fresh names (a random suffix each), outbox and business tables, topics."""
-
-    @staticmethod
-    def name(prefix: str) -> str:
-        return f"{prefix}-{uuid.uuid4().hex[:10]}"
+    """Fresh outbox and business tables and topics (the tests give them random names)."""
 
     def outbox_table(self, name: str, stream: bool = False) -> str:
         """An outbox table as the library creates it; with `stream`, its KEYS_ONLY stream
