@@ -129,12 +129,13 @@ if [[ ${1:-} == --inside-stack ]]; then
     # $sam_dir is removed after the end-to-end suite, which runs these bootstraps.
 
     # The end-to-end suite, one pytest run (e2e/; docs/testing.md says what each test file
-    # checks; about 15 minutes): the template per setup, the alarm evaluator, the local
-    # model of Lambda, both functions under cargo lambda watch, the Kafka setups, the
-    # library's examples, the serverless mode with sam build's bootstraps above (x86_64
-    # woken by the doorbell; arm64 under qemu-aarch64-static, one scheduled invocation),
-    # and the continuity scenarios (bus, stuck, outage, burst), each test file a line of
-    # the times' table. A failure is reported after the cargo tests, which run either way.
+    # checks; about 6 minutes once its binaries are built): the template per setup, the
+    # alarm evaluator, the local model of Lambda, both functions under cargo lambda
+    # watch, the Kafka setups, the library's examples, the serverless mode with sam
+    # build's bootstraps above (x86_64 woken by the doorbell; arm64 under
+    # qemu-aarch64-static, one scheduled invocation), and the continuity scenarios (bus,
+    # stuck, outage, burst), each test file a line of the times' table. A failure is
+    # reported after the cargo tests, which run either way.
     step "the end-to-end suite (pytest e2e/)"
     e2e=0
     e2e_suite --sam-build "$sam_dir" || e2e=$?
