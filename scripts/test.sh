@@ -9,44 +9,28 @@
 #        cargo clippy --workspace --all-targets --all-features -- -D warnings
 #        cargo doc -p dynamo-outbox --no-deps --all-features, warnings denied
 #        cfn-lint template.yaml, sam validate --lint
-#        scripts/template_test.py (the template as SAM translates it for each named
-#          setup: grants, network, variables, table, alarms, outputs, rules; cfn-lint on
-#          each setup and Checkov over the template and each setup)
-#        scripts/test_alarms.py (the self-test of the CloudWatch alarm evaluator)
-#        scripts/continuity_e2e.py --scenario bus (one wake-up per commit in stream mode)
-#        scripts/continuity_e2e.py --scenario stuck (a poison head in a quiet period puts
-#          the stuck-outbox and poison alarms into ALARM, over the EMF the relay wrote)
-#        scripts/continuity_e2e.py --scenario outage --cut-before (Kafka refusing 40 s:
-#          bounded successors, publishing resumes once it returns)
-#        scripts/continuity_e2e.py --scenario burst (3,000 messages into an idle fleet,
-#          drained by doorbells alone: every message, per-key order, no tick)
-#        scripts/test_lambda_model.py (the self-test of the local model of Lambda:
-#          lambda_runtime.py, streams.py poll, cfn_template.py, with a fake function)
 #        scripts/sam_build_check.sh: sam build with samconfig.toml for x86_64 (and again
 #          with nothing changed), and as it is for arm64 (the template's default: the
 #          artifact `sam build && sam deploy` ships), each checked for its ELF machine and
 #          its built template's literal architecture
-#        scripts/lambda_e2e.py (both functions under cargo lambda watch/invoke)
-#        scripts/kafka_setups_e2e.py (the debug binaries under scripts/lambda_runtime.py
-#          with the template's environment against the broker's own SSL and SASL_SSL
-#          listeners: mTLS, SCRAM (a wrong password, then rotated), PLAIN without a VPC;
-#          MSK IAM through scripts/kafka_proxy.py; the CA, certificates, keys and
-#          passwords in moto's Secrets Manager)
-#        scripts/examples_e2e.py (the library's examples: place_orders, then
-#          embedded_relay publishing the orders and stopping on SIGTERM)
-#        scripts/serverless_e2e.py (sam build's x86_64 bootstraps under
-#          scripts/lambda_runtime.py, woken by the table's stream through
-#          scripts/streams.py: the doorbell)
-#        scripts/serverless_e2e.py --mode tick (the arm64 bootstraps under
-#          qemu-aarch64-static: a batch enqueued, one scheduled relay invocation)
+#        pytest: the end-to-end suite (e2e/, one pytest run; docs/testing.md lists its
+#          tests): the template per setup (translated, linted, policy-scanned), the
+#          alarm evaluator, the local model of Lambda (the emulator and the stream
+#          mapping, against a fake function), both functions under cargo lambda watch,
+#          the Kafka setups (mTLS, SCRAM, MSK IAM, PLAIN without a VPC), the library's
+#          examples, sam build's x86_64 bootstraps woken by the stream's doorbell, the
+#          arm64 bootstraps under qemu-aarch64-static (one scheduled invocation), and
+#          the continuity scenarios (bus, stuck, outage, burst)
 #        cargo test -p dynamo-outbox --lib (the library without optional features)
 #        cargo test --workspace --all-features (the local-stack test targets included)
 #   3. scripts/stack.sh run again with KAFKA_VERSION set to the 3.x line (3.9.x): every
-#      integration test target (cargo test --workspace --all-features --test '*') and
-#      scripts/kafka_setups_e2e.py against that broker. Should Maven not have served that
-#      version, this step prints NOT RUN with the reason (install.sh wrote it).
-#   4. A table of the steps' times, and the cargo tests' total as the last line
-#      ("tests: N passed, M failed").
+#      integration test target (cargo test --workspace --all-features --test '*') and the
+#      suite's Kafka setups (pytest -m kafka_lines) against that broker. Should Maven not
+#      have served that version, this step prints NOT RUN with the reason (install.sh
+#      wrote it).
+#   4. A table of the steps' times (each of the suite's test files a line of its own),
+#      pytest's summary line of each run, and the total of the cargo tests and the pytest
+#      tests as the last line ("tests: N passed, M failed").
 #
 # Build output goes to CARGO_TARGET_DIR (default ~/.cache/dynamo-outbox/target,
 # shared by every clone on the machine, so CI's fresh clone builds
@@ -58,9 +42,9 @@ CACHE=${DYNAMO_OUTBOX_CACHE:-$HOME/.cache/dynamo-outbox}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$CACHE/target}
 cd "$ROOT"
 
-# Each step's start goes to $OUTBOX_TEST_TIMES (epoch seconds, tab, name); the first half
-# prints the table at the end. The cargo tests' output is kept in $OUTBOX_TEST_RESULTS
-# for the closing count.
+# Each step's start goes to $OUTBOX_TEST_TIMES (epoch seconds, tab, name; e2e/conftest.py
+# adds a line per test file of the suite); the first half prints the table at the end. The
+# cargo tests' and pytest's output is kept in $OUTBOX_TEST_RESULTS for the closing count.
 step() {
     printf '\n==> %s\n' "$*"
     [[ -z ${OUTBOX_TEST_TIMES:-} ]] || printf '%s\t%s\n' "$(date +%s)" "$*" >>"$OUTBOX_TEST_TIMES"
@@ -73,14 +57,22 @@ cargo_test() {
     return "$rc"
 }
 
+# The end-to-end suite (pytest.ini: e2e/, the support code in scripts/outbox_e2e/) with the
+# venv's python, its output also appended to $OUTBOX_TEST_RESULTS; returns pytest's status.
+e2e_suite() {
+    local rc=0
+    "$CACHE/venv/bin/python" -u -m pytest "$@" 2>&1 | tee -a "${OUTBOX_TEST_RESULTS:-/dev/null}" || rc=$?
+    return "$rc"
+}
+
 # The 3.x run: every integration test target and the Kafka setups against the broker of
 # KAFKA_VERSION (stack.sh started it), after the main run with 4.x.
 if [[ ${1:-} == --inside-stack-compat ]]; then
     shift
     export PATH="$CACHE/venv/bin:$PATH"
-    step "Apache Kafka $KAFKA_VERSION: Kafka setups end-to-end (scripts/kafka_setups_e2e.py)"
+    step "Apache Kafka $KAFKA_VERSION: the Kafka setups end-to-end (pytest -m kafka_lines)"
     setups=0
-    "$CACHE/venv/bin/python" scripts/kafka_setups_e2e.py || setups=$?
+    e2e_suite -m kafka_lines || setups=$?
     step "Apache Kafka $KAFKA_VERSION: cargo test --workspace --all-features --no-fail-fast --test '*'"
     tests=0
     cargo_test --workspace --all-features --no-fail-fast --test '*' "$@" || tests=$?
@@ -122,30 +114,6 @@ if [[ ${1:-} == --inside-stack ]]; then
     step "sam validate --lint"
     SAM_CLI_TELEMETRY=0 sam validate --lint --template template.yaml
 
-    # The template as each kind of user deploys it (MSK IAM, SCRAM, Serverless, SASL over
-    # the internet, mTLS, schedule mode, an existing table, the options): translated by
-    # SAM, resolved per setup and checked for its grants, network, variables, table,
-    # alarms and outputs; the Rules refuse the broken combinations; cfn-lint on each
-    # setup and the policy scan (Checkov, every suppression with its reason in the
-    # template). scripts/template_test.py says what it checks; about 25 s.
-    step "the template per setup: translated, linted, policy-scanned (scripts/template_test.py)"
-    "$CACHE/venv/bin/python" scripts/template_test.py
-
-    # The local model of Lambda the end-to-end steps below rely on: the emulator, the
-    # stream event source mapping and the template reader, against a fake function
-    # (scripts/test_lambda_model.py says what it checks; about two minutes).
-    # A failure is reported after the tests, which run either way.
-    step "the local model of Lambda's event sources (scripts/test_lambda_model.py)"
-    model=0
-    "$CACHE/venv/bin/python" scripts/test_lambda_model.py || model=$?
-
-    # The evaluator of the template's CloudWatch alarms over EMF documents (CloudWatch's
-    # M-of-N and missing-data rules; scripts/test_alarms.py says what it checks; seconds).
-    # A failure is reported after the tests, which run either way.
-    step "the CloudWatch alarm evaluator (scripts/test_alarms.py)"
-    alarms=0
-    "$CACHE/venv/bin/python" scripts/test_alarms.py || alarms=$?
-
     # sam build with the repository's samconfig.toml (cached = false) into the shared
     # target directory: for the host's architecture (x86_64: the template's architecture
     # line changed, as docs/deploy.md tells users without zig), then again with nothing
@@ -158,94 +126,19 @@ if [[ ${1:-} == --inside-stack ]]; then
     step "sam build with samconfig.toml: x86_64, again with nothing changed, and arm64 (scripts/sam_build_check.sh)"
     sam_dir=$(mktemp -d "${TMPDIR:-/tmp}/outbox-sam.XXXXXX")
     bash scripts/sam_build_check.sh "$sam_dir"
-    # $sam_dir is removed after the end-to-end steps, which run these bootstraps.
+    # $sam_dir is removed after the end-to-end suite, which runs these bootstraps.
 
-    # Both functions under cargo-lambda's emulator: enqueue, notification, bad request,
-    # relay, read back with confluent-kafka (scripts/lambda_e2e.py says what it checks).
-    # A failure is reported after the tests, which run either way.
-    step "lambda end-to-end: cargo lambda watch + cargo lambda invoke (scripts/lambda_e2e.py)"
+    # The end-to-end suite, one pytest run (e2e/; docs/testing.md says what each test file
+    # checks; about 6 minutes once its binaries are built): the template per setup, the
+    # alarm evaluator, the local model of Lambda, both functions under cargo lambda
+    # watch, the Kafka setups, the library's examples, the serverless mode with sam
+    # build's bootstraps above (x86_64 woken by the doorbell; arm64 under
+    # qemu-aarch64-static, one scheduled invocation), and the continuity scenarios (bus,
+    # stuck, outage, burst), each test file a line of the times' table. A failure is
+    # reported after the cargo tests, which run either way.
+    step "the end-to-end suite (pytest e2e/)"
     e2e=0
-    "$CACHE/venv/bin/python" scripts/lambda_e2e.py || e2e=$?
-
-    # The relay against Kafka set up as deployments find it, each over TLS with a private
-    # CA and its material in moto's Secrets Manager, the functions' environment resolved
-    # from template.yaml for the setup (scripts/kafka_setups_e2e.py says what it checks;
-    # about 45 s with the binaries lambda_e2e.py built). A failure is reported after the
-    # tests, which run either way.
-    step "Kafka setups end-to-end: mTLS, SCRAM, MSK IAM, no VPC (scripts/kafka_setups_e2e.py)"
-    setups=0
-    "$CACHE/venv/bin/python" scripts/kafka_setups_e2e.py || setups=$?
-
-    # The library's examples (lib/examples/): place_orders writes orders and their
-    # messages in one transaction each, embedded_relay publishes them and stops
-    # gracefully on SIGTERM with its leases released, read back with confluent-kafka
-    # (scripts/examples_e2e.py says what it checks; seconds, its build reused by the
-    # cargo test step). A failure is reported after the tests, which run either way.
-    step "the library's examples on the local stack (scripts/examples_e2e.py)"
-    examples=0
-    "$CACHE/venv/bin/python" scripts/examples_e2e.py || examples=$?
-
-    # The serverless mode with the artifacts sam build just made: both bootstraps under
-    # scripts/lambda_runtime.py (real deadlines), the table's stream polled by
-    # scripts/streams.py with the template's mapping, no schedule: the enqueue function's
-    # commit and a direct TransactWriteItems each wake the relay through the doorbell,
-    # read back with confluent-kafka (scripts/serverless_e2e.py says what it checks).
-    # A failure is reported after the tests, which run either way.
-    step "serverless end-to-end: sam build's bootstraps woken by the stream doorbell (scripts/serverless_e2e.py)"
-    serverless=0
-    "$CACHE/venv/bin/python" scripts/serverless_e2e.py "$sam_dir/build" || serverless=$?
-
-    # One wake-up per commit: stream mode with an event bus configured, the debug
-    # bootstraps lambda_e2e.py built under scripts/lambda_runtime.py, the stream read by
-    # scripts/streams.py with the template's mapping: each commit reaches the relay as one
-    # doorbell and no notification (scripts/continuity_e2e.py --scenario bus; about 40 s).
-    # A failure is reported after the tests, which run either way.
-    step "one wake-up per commit with a bus in stream mode (scripts/continuity_e2e.py --scenario bus)"
-    wakeups=0
-    "$CACHE/venv/bin/python" scripts/continuity_e2e.py --scenario bus --commits 3 --spacing 8 || wakeups=$?
-
-    # A poison head in a quiet period: the relay (debug bootstrap, the doorbell and a
-    # schedule every 30 s) parks the bucket and stops idle each time; the template's
-    # alarms (StuckMessageAgeSeconds 60), evaluated by scripts/alarms.py over the EMF the
-    # relay wrote, go into ALARM: PoisonItemsAlarm, then OutboxStuckAlarm within the age
-    # plus a tick plus 90 s (scripts/continuity_e2e.py --scenario stuck; about 2 minutes).
-    step "a poison head in a quiet period alarms (scripts/continuity_e2e.py --scenario stuck)"
-    "$CACHE/venv/bin/python" scripts/continuity_e2e.py --scenario stuck --enforce-goals || wakeups=$?
-
-    # Kafka refusing for 40 s from just before a burst of 500: the relay function (30 s
-    # timeout) starts one successor a run while nothing moves (at most outage / (run - the
-    # 10 s lead) + 1 runs start in the outage), publishing resumes within 60 s of Kafka's
-    # return, each message once or more, 0 refused writes (continuity_e2e.py --scenario
-    # outage --cut-before; about a minute).
-    step "Kafka refusing during a burst (scripts/continuity_e2e.py --scenario outage --cut-before)"
-    "$CACHE/venv/bin/python" scripts/continuity_e2e.py --scenario outage --cut-before --messages 500 \
-        --outage-seconds 40 --relay-timeout 30 --enforce-goals || wakeups=$?
-
-    # A burst of 3,000 into an idle fleet, then nothing (the debug bootstrap with the
-    # template's relay environment and a 30 s timeout, the stream read by streams.py with
-    # the template's mapping, no schedule): drained by doorbells alone, each message in Kafka once or more in
-    # per-key order, the table empty and its leases released, 0 refused writes, no
-    # function error, the template's alarms quiet, no bucket with a message and no live
-    # owner for more than 10 s. The 2 s owner-gap goals are reported, not enforced: they
-    # are a benchmark's figures (BENCHMARKS.md, serverless continuity), and a loaded
-    # machine stretches them (continuity_e2e.py --scenario burst; about a minute).
-    step "a burst drained by doorbells alone (scripts/continuity_e2e.py --scenario burst)"
-    "$CACHE/venv/bin/python" scripts/continuity_e2e.py --scenario burst --messages 3000 \
-        --no-compare || wakeups=$?
-
-    # The default artifact: sam build's arm64 bootstraps, each under qemu-aarch64-static
-    # (scripts/install.sh installs it and libc6:arm64) through scripts/lambda_runtime.py
-    # (real deadlines): 20 messages through the enqueue function, one relay invocation
-    # with the template's schedule payload, read back with confluent-kafka (each id once,
-    # per-key order), the table empty, the leases released, the answer before the
-    # deadline.  The emulator is for correctness, not timing: no bound on durations.
-    # A failure is reported after the tests, which run either way.
-    emulator=()
-    [[ $(uname -m) == aarch64 ]] || emulator=(--prefix "qemu-aarch64-static -L /")
-    step "arm64 smoke run: sam build's arm64 bootstraps ${emulator[1]:+under ${emulator[1]} }(scripts/serverless_e2e.py --mode tick)"
-    arm64=0
-    "$CACHE/venv/bin/python" scripts/serverless_e2e.py "$sam_dir/build-arm64" --mode tick \
-        --arch aarch64 "${emulator[@]}" --relay-timeout 60 --init-timeout 30 || arm64=$?
+    e2e_suite --sam-build "$sam_dir" || e2e=$?
     rm -rf "$sam_dir"
 
     # The library as a writer-only service builds it (default-features = false: no Kafka
@@ -272,54 +165,12 @@ if [[ ${1:-} == --inside-stack ]]; then
     # --all-features turns on `local-stack`: every integration test runs, none is skipped.
     step "cargo test --workspace --all-features --no-fail-fast"
     cargo_test --workspace --all-features --no-fail-fast "$@"
-    if ((model != 0)); then
-        echo "the Lambda model's self-test FAILED (exit $model); see its output above" >&2
-    fi
-    if ((alarms != 0)); then
-        echo "the alarm evaluator's self-test FAILED (exit $alarms); see its output above" >&2
-    fi
-    if ((wakeups != 0)); then
-        echo "a continuity scenario (bus, stuck, outage or burst) FAILED (exit $wakeups); see its output above" >&2
-    fi
-    if ((arm64 != 0)); then
-        echo "arm64 smoke run FAILED (exit $arm64); see its output above" >&2
-    fi
-    if ((serverless != 0)); then
-        echo "serverless end-to-end test FAILED (exit $serverless); see its output above" >&2
-    fi
-    if ((examples != 0)); then
-        echo "the examples' end-to-end test FAILED (exit $examples); see its output above" >&2
-    fi
-    if ((setups != 0)); then
-        echo "the Kafka setups' end-to-end test FAILED (exit $setups); see its output above" >&2
-    fi
     if ((lib_plain != 0)); then
         echo "the writer-only library's unit tests or a feature's build alone FAILED (exit $lib_plain); see above" >&2
     fi
     if ((e2e != 0)); then
-        echo "lambda end-to-end test FAILED (exit $e2e); see its output above" >&2
+        echo "the end-to-end suite FAILED (pytest exit $e2e); its failures are listed above its summary line" >&2
         exit "$e2e"
-    fi
-    if ((serverless != 0)); then
-        exit "$serverless"
-    fi
-    if ((arm64 != 0)); then
-        exit "$arm64"
-    fi
-    if ((model != 0)); then
-        exit "$model"
-    fi
-    if ((alarms != 0)); then
-        exit "$alarms"
-    fi
-    if ((wakeups != 0)); then
-        exit "$wakeups"
-    fi
-    if ((examples != 0)); then
-        exit "$examples"
-    fi
-    if ((setups != 0)); then
-        exit "$setups"
     fi
     if ((lib_plain != 0)); then
         exit "$lib_plain"
@@ -379,8 +230,18 @@ awk -F'\t' '
 ' "$OUTBOX_TEST_TIMES"
 echo "main run (Apache Kafka ${KAFKA_LINES[0]}): $( ((main == 0)) && echo passed || echo "FAILED (exit $main)")"
 echo "$compat_line"
-# Last: the cargo tests of both runs, counted from their summary lines.
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+# pytest's summary line of each run (the main run's, then the 3.x line's).
+grep -E '^=+ .*(passed|failed|error|no tests ran).* in [0-9.]+s' "$OUTBOX_TEST_RESULTS" |
+    sed 's/^/pytest: /' || true
+# Last: the cargo tests and the pytest tests of both runs, counted from their summary lines
+# (cargo's "test result: ok. N passed; M failed; ...", pytest's "== N passed, M failed,
+# K errors in S s ==", an error counted as a failure).
+awk '/^test result:/ || /^=+ .* in [0-9.]+s/ {
+         for (i = 1; i < NF; i++) {
+             if ($(i+1) ~ /^passed/) p += $i
+             if ($(i+1) ~ /^failed/ || $(i+1) ~ /^errors?[,;]?$/) f += $i
+         }
+     }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$OUTBOX_TEST_RESULTS"
 ((main == 0)) || exit "$main"
 exit "$compat"

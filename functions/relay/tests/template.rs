@@ -164,14 +164,14 @@ fn the_relay_gets_exactly_its_actions() {
             "dynamodb:DeleteItem",
             "dynamodb:Query",
             "dynamodb:UpdateItem",
-            // Only with PoisonPolicy quarantine-after=N (scripts/template_test.py).
+            // Only with PoisonPolicy quarantine-after=N (e2e/test_template.py).
             "dynamodb:PutItem",
             "kafka-cluster:Connect",
             "kafka-cluster:DescribeCluster",
             "kafka-cluster:DescribeTopic",
             "kafka-cluster:WriteData",
             // Only with named Kafka secrets (and their key), on them only
-            // (scripts/template_test.py checks each setup).
+            // (e2e/test_template.py checks each setup).
             "secretsmanager:GetSecretValue",
             "kms:Decrypt",
             // Only with TableKmsKeyArn, through DynamoDB.
@@ -195,7 +195,7 @@ fn the_enqueue_function_gets_exactly_its_actions() {
             "dynamodb:PutItem",
             "dynamodb:UpdateItem",
             "events:PutEvents",
-            // Only with TableKmsKeyArn, through DynamoDB (scripts/template_test.py).
+            // Only with TableKmsKeyArn, through DynamoDB (e2e/test_template.py).
             "kms:Decrypt",
             "kms:Encrypt",
             "kms:GenerateDataKey",
@@ -1434,7 +1434,7 @@ fn conditional_policy(lines: &[&str], sid: &str) -> String {
 
 /// The relay is told the mechanism and each Kafka secret, a secret only when it is named.
 /// Which secrets it may read, per setup, is checked over the SAM-translated template
-/// (scripts/template_test.py).
+/// (e2e/test_template.py).
 #[test]
 fn the_relay_is_told_each_kafka_secret_only_when_it_is_named() {
     let t = template();

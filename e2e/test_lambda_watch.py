@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """End-to-end test of both Lambda functions under cargo-lambda's emulator.
 
-Runs inside `scripts/stack.sh run` (DynamoDB Local, Apache Kafka, moto's EventBridge/SQS)
-with the stack's venv python, from the workspace root, with `cargo lambda` on PATH:
+Needs the stack (DynamoDB Local, Apache Kafka, moto's EventBridge/SQS) and `cargo lambda`
+on PATH (the venv's):
 
   1. creates a fresh outbox table (outboxctl), a topic (confluent-kafka) and an
      event bus whose commit notifications land in an SQS queue (moto);
@@ -19,8 +18,6 @@ with the stack's venv python, from the workspace root, with `cargo lambda` on PA
   6. reads the topic back with confluent-kafka: every message once, per-key
      order, the message-id header equal to the enqueue response's id; the
      table holds no message any more.
-
-Prints what it checks; exits non-zero at the first failed check.
 """
 
 from __future__ import annotations
@@ -30,68 +27,26 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import uuid
 
-import boto3
-
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(SCRIPTS)
-PY = sys.executable
-TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-
-
-def step(msg: str) -> None:
-    print(f"[lambda-e2e] {msg}", flush=True)
-
-
-def fail(msg: str) -> None:
-    print(f"[lambda-e2e] FAILED: {msg}", file=sys.stderr, flush=True)
-    sys.exit(1)
-
-
-def check(cond: bool, msg: str) -> None:
-    if not cond:
-        fail(msg)
+from outbox_e2e import events
+from outbox_e2e.dynamodb import free_port, message_items, scan
+from outbox_e2e.paths import ROOT
+from outbox_e2e.report import Failed, check, step
 
 
 def run(args: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, **kw)
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def scan(table: str) -> list[dict]:
-    ddb = boto3.client("dynamodb")
-    items, start = [], None
-    while True:
-        kw = {"TableName": table, "ConsistentRead": True}
-        if start:
-            kw["ExclusiveStartKey"] = start
-        out = ddb.scan(**kw)
-        items += out["Items"]
-        start = out.get("LastEvaluatedKey")
-        if not start:
-            return sorted(items, key=lambda i: (i["PK"]["S"], i["SK"]["S"]))
-
-
-def messages_in(items: list[dict], prefix: str) -> list[dict]:
-    return [i for i in items if i["PK"]["S"].startswith(f"{prefix}#MESSAGES#")]
-
-
 class Watch:
     """`cargo lambda watch` on a loopback port, stopped (with its functions) on exit."""
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], log_path: str):
+        self.name = "cargo lambda watch"
         self.port = free_port()
-        self.log = open(os.path.join(TARGET, "lambda-e2e-watch.log"), "w")
+        self.log = open(log_path, "w")
         self.proc = subprocess.Popen(
             ["cargo", "lambda", "watch", "--invoke-address", "127.0.0.1",
              "--invoke-port", str(self.port), "--ignore-changes"],
@@ -103,15 +58,14 @@ class Watch:
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                self.dump()
-                fail(f"cargo lambda watch exited with {self.proc.returncode}")
+                raise Failed(f"cargo lambda watch exited with {self.proc.returncode}:\n"
+                             f"{self.tail()}")
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 return
             except OSError:
                 time.sleep(0.2)
-        self.dump()
-        fail("cargo lambda watch did not listen within 120 s")
+        raise Failed(f"cargo lambda watch did not listen within 120 s:\n{self.tail()}")
 
     def invoke(self, function: str, payload: dict) -> tuple[int, str, str]:
         out = run(["cargo", "lambda", "invoke", function, "--invoke-address", "127.0.0.1",
@@ -119,10 +73,10 @@ class Watch:
                    "--data-ascii", json.dumps(payload)], cwd=ROOT, timeout=180)
         return out.returncode, out.stdout, out.stderr
 
-    def dump(self) -> None:
+    def tail(self, n: int = 40) -> str:
         self.log.flush()
         with open(self.log.name) as f:
-            print("".join(f.readlines()[-40:]), file=sys.stderr)
+            return "".join(f.readlines()[-n:])
 
     def stop(self) -> None:
         """Stops the emulator and the function processes it started (one session)."""
@@ -136,24 +90,22 @@ class Watch:
                 break
             except subprocess.TimeoutExpired:
                 continue
-        self.log.close()
+        if not self.log.closed:
+            self.log.close()
 
 
-def main() -> int:
+def test_both_functions_under_cargo_lambda_watch(stack, kafka, debug_binaries, started,
+                                                 tmp_path) -> None:
+    """The enqueue function's answer, its one commit notification, a bad request refused
+    with the table unchanged, the relay started by the notification publishing every
+    message once in per-key order (the module docstring)."""
     suffix = uuid.uuid4().hex[:10]
-    table, topic, bus, prefix = f"e2e-{suffix}", f"e2e-orders-{suffix}", f"e2e-bus-{suffix}", "OUTBOX"
-
-    step("building outboxctl and both functions (dev profile)")
-    out = run(["cargo", "build", "-q", "-p", "outboxctl", "-p", "outbox-enqueue-function",
-               "-p", "outbox-relay-function"], cwd=ROOT)
-    check(out.returncode == 0, f"cargo build: {out.stderr}")
-    out = run([os.path.join(TARGET, "debug", "outboxctl"), "create-table", "--table", table])
+    table, topic, bus, prefix = (f"e2e-{suffix}", f"e2e-orders-{suffix}", f"e2e-bus-{suffix}",
+                                 "OUTBOX")
+    out = run([debug_binaries["outboxctl"], "create-table", "--table", table])
     check(out.returncode == 0, f"outboxctl create-table: {out.stderr}")
-    out = run([PY, os.path.join(SCRIPTS, "kafka.py"), "create-topic", topic, "--partitions", "3"])
-    check(out.returncode == 0, f"create-topic: {out.stderr}")
-    out = run([PY, os.path.join(SCRIPTS, "events.py"), "watch", bus])
-    check(out.returncode == 0, f"events.py watch: {out.stderr}")
-    queue = out.stdout.strip()
+    kafka.create_topic(topic, 3)
+    queue = events.watch(bus)
 
     env = dict(os.environ)
     env.update({
@@ -164,15 +116,10 @@ def main() -> int:
         "RUST_LOG": "info",
     })
     step("starting cargo lambda watch")
-    watch = Watch(env)
-    try:
-        watch.wait_ready()
-        return scenario(watch, table, topic, prefix, queue)
-    finally:
-        watch.stop()
+    watch = Watch(env, str(tmp_path / "cargo-lambda-watch.log"))
+    started.append(watch)
+    watch.wait_ready()
 
-
-def scenario(watch: Watch, table: str, topic: str, prefix: str, queue: str) -> int:
     keys = [f"customer-{i}" for i in range(4)]
     request = {"messages": [
         {"topic": topic, "key": keys[n % 4], "value": f"order-{n}",
@@ -198,14 +145,12 @@ def scenario(watch: Watch, table: str, topic: str, prefix: str, queue: str) -> i
         seqs = [r["sequence"] for r in rs]
         check(all(b > a for a, b in zip(seqs, seqs[1:])), f"{key}: ascending sequences {seqs}")
     items_after_enqueue = scan(table)
-    check(len(messages_in(items_after_enqueue, prefix)) == 21, "21 message items in the table")
+    check(len(message_items(items_after_enqueue, prefix)) == 21, "21 message items in the table")
 
     step("the commit notification the function sent")
-    out = run([PY, os.path.join(SCRIPTS, "events.py"), "receive", queue, "--wait", "5"])
-    check(out.returncode == 0, f"events.py receive: {out.stderr}")
-    events = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
-    check(len(events) == 1, f"one notification, got {events}")
-    event = events[0]
+    got = events.receive(queue, wait=5)
+    check(len(got) == 1, f"one notification, got {got}")
+    event = got[0]
     buckets = sorted({r["bucket"] for r in sent})
     check(event["source"] == "dynamo-outbox" and event["detail-type"] == "OutboxCommitted",
           f"event source/detail-type: {event}")
@@ -219,9 +164,8 @@ def scenario(watch: Watch, table: str, topic: str, prefix: str, queue: str) -> i
     check("ValidationError" in stderr, f"errorType ValidationError: {stderr}")
     check("messages[1].topic" in stderr, f"the error names the field: {stderr}")
     check(scan(table) == items_after_enqueue, "the table is unchanged after the bad request")
-    out = run([PY, os.path.join(SCRIPTS, "events.py"), "receive", queue, "--wait", "1"])
-    check(out.returncode == 0, f"events.py receive: {out.stderr}")
-    check(out.stdout.strip() == "", f"no notification for a rejected request: {out.stdout}")
+    late = events.receive(queue, wait=1)
+    check(late == [], f"no notification for a rejected request: {late}")
 
     step("invoke outbox-relay-function with the notification")
     started = time.time()
@@ -237,9 +181,7 @@ def scenario(watch: Watch, table: str, topic: str, prefix: str, queue: str) -> i
           "cargo lambda watch sends no usable deadline: the configured run time applies")
 
     step("read the topic back with confluent-kafka")
-    out = run([PY, os.path.join(SCRIPTS, "kafka.py"), "read", topic])
-    check(out.returncode == 0, f"kafka.py read: {out.stderr}")
-    records = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    records = kafka.read(topic)
     check(len(records) == 21, f"21 records, got {len(records)}")
     ids = {r["message_id"] for r in sent}
     got_ids = set()
@@ -258,11 +200,6 @@ def scenario(watch: Watch, table: str, topic: str, prefix: str, queue: str) -> i
     check(got_ids == ids, "every message id exactly once")
     for key, ns in per_key.items():
         check(ns == sorted(ns), f"per-key order for {key}: {ns}")
-    check(messages_in(scan(table), prefix) == [], "no message left in the table")
+    check(message_items(scan(table), prefix) == [], "no message left in the table")
     step(f"ok: 21 enqueued through the function, 1 notification, bad request rejected with the "
          f"table unchanged, 21 relayed in per-key order over {len(per_key) + 1} keys")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """The library's examples (lib/examples/) against the local stack.
 
-Runs inside `scripts/stack.sh run` with the stack's venv python, from anywhere:
+Needs the stack:
 
   1. builds outboxctl and the examples (dev profile, the shared target directory,
      the features `cargo test --workspace --all-features` builds them with);
@@ -9,7 +8,7 @@ Runs inside `scripts/stack.sh run` with the stack's venv python, from anywhere:
      --count abc` and `embedded_relay` without OUTBOX_TABLE_NAME exit 2 with an
      error naming the flag or variable;
   3. creates a fresh outbox table (`outboxctl create-table`) and topic
-     (scripts/kafka.py, 3 partitions);
+     (3 partitions);
   4. runs `place_orders --count 12`: each order item is in the orders table and
      each message in the outbox table, as printed;
   5. starts `embedded_relay` in the background and waits until every printed
@@ -18,8 +17,6 @@ Runs inside `scripts/stack.sh run` with the stack's venv python, from anywhere:
   6. sends SIGTERM: the relay exits 0 within 20 s, reports the shutdown with
      its leases released, and `outboxctl status --json` shows no bucket owned,
      nothing pending and the relay stopped.
-
-Prints what it checks; exits 1 at the first failed check.
 """
 
 from __future__ import annotations
@@ -30,66 +27,28 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 import uuid
 
-import boto3
+from outbox_e2e import kafka
+from outbox_e2e.dynamodb import message_items, scan
+from outbox_e2e.paths import ROOT, target_dir
+from outbox_e2e.report import Failed, check, step
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(SCRIPTS)
-PY = sys.executable
-CACHE = os.environ.get("DYNAMO_OUTBOX_CACHE", os.path.expanduser("~/.cache/dynamo-outbox"))
-TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(CACHE, "target"))
-OUTBOXCTL = os.path.join(TARGET, "debug", "outboxctl")
-EXAMPLES = os.path.join(TARGET, "debug", "examples")
+OUTBOXCTL = os.path.join(target_dir(), "debug", "outboxctl")
+EXAMPLES = os.path.join(target_dir(), "debug", "examples")
 ORDERS = 12
 PLACED = re.compile(
     r"^placed order (?P<order>\S+) for (?P<customer>\S+): message (?P<id>[0-9a-f-]{36}) to "
 )
 
 
-def step(msg: str) -> None:
-    print(f"[examples-e2e] {msg}", flush=True)
-
-
-def fail(msg: str) -> None:
-    print(f"[examples-e2e] FAILED: {msg}", file=sys.stderr, flush=True)
-    sys.exit(1)
-
-
-def check(cond: bool, msg: str) -> None:
-    if not cond:
-        fail(msg)
-
-
 def run(args: list[str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def scan(table: str) -> list[dict]:
-    ddb = boto3.client("dynamodb")
-    items, start = [], None
-    while True:
-        kw = {"TableName": table, "ConsistentRead": True}
-        if start:
-            kw["ExclusiveStartKey"] = start
-        out = ddb.scan(**kw)
-        items += out["Items"]
-        start = out.get("LastEvaluatedKey")
-        if not start:
-            return items
-
-
 def outbox_messages(table: str) -> list[dict]:
-    return [i for i in scan(table) if i["PK"]["S"].startswith("OUTBOX#MESSAGES#")]
-
-
-def read_topic(topic: str) -> list[dict]:
-    out = run([PY, os.path.join(SCRIPTS, "kafka.py"), "read", topic])
-    check(out.returncode == 0, f"kafka.py read: {out.stderr}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    return message_items(scan(table))
 
 
 def bad_input(env: dict) -> None:
@@ -126,7 +85,7 @@ def relay_publishes(env: dict, table: str, topic: str, placed: list[dict], log) 
               f"embedded_relay's first line: {first!r} (log: {log.name})")
         deadline = time.monotonic() + 30
         while True:
-            records = read_topic(topic)
+            records = kafka.read_topic(topic)
             if len(records) >= ORDERS:
                 break
             check(relay.poll() is None,
@@ -157,7 +116,7 @@ def relay_publishes(env: dict, table: str, topic: str, placed: list[dict], log) 
         try:
             rest, _ = relay.communicate(timeout=20)
         except subprocess.TimeoutExpired:
-            fail(f"embedded_relay still running 20 s after SIGTERM (log: {log.name})")
+            raise Failed(f"embedded_relay still running 20 s after SIGTERM (log: {log.name})")
         check(relay.returncode == 0, f"embedded_relay exited {relay.returncode} (log: {log.name})")
         stopped = [line for line in rest.splitlines() if " stopped (" in line]
         check(len(stopped) == 1 and stopped[0].endswith("leases released: true")
@@ -182,7 +141,9 @@ def status_after(table: str, env: dict) -> None:
     step("outboxctl status: no bucket owned, nothing pending, the relay stopped")
 
 
-def main() -> int:
+def test_examples_place_orders_then_embedded_relay(stack, fresh, tmp_path) -> None:
+    """place_orders writes orders with their messages; embedded_relay publishes them in
+    per-key order and stops on SIGTERM with its leases released (the module docstring)."""
     started = time.monotonic()
     step("building outboxctl and the examples (dev profile)")
     # The features `cargo test --workspace --all-features` resolves: that step then finds
@@ -200,19 +161,11 @@ def main() -> int:
     bad_input(env)
     out = run([OUTBOXCTL, "create-table"], env=env)
     check(out.returncode == 0, f"outboxctl create-table: {out.stderr}")
-    out = run([PY, os.path.join(SCRIPTS, "kafka.py"), "create-topic", topic, "--partitions", "3"])
-    check(out.returncode == 0, f"kafka.py create-topic: {out.stderr}")
+    fresh.topic(topic, 3)
 
     placed = place_orders(env, orders_table, topic, table)
-    with tempfile.NamedTemporaryFile("w", prefix="embedded-relay-", suffix=".log",
-                                     delete=False) as log:
+    with open(tmp_path / "embedded-relay.log", "w") as log:
         relay_publishes(env, table, topic, placed, log)
     status_after(table, env)
-    os.unlink(log.name)
     step(f"ok: both examples on the local stack (build {built - started:.1f} s, "
          f"run {time.monotonic() - built:.1f} s)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

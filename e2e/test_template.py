@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """The SAM template (template.yaml) as each kind of user deploys it: for every named setup
 (below) the template is translated by SAM's own translator (samtranslator, in the venv,
-as `sam deploy` would), resolved for the setup's parameter values (scripts/cfn_template.py:
+as `sam deploy` would), resolved for the setup's parameter values (outbox_e2e.cfn_template:
 Conditions evaluated, what they leave out removed), and checked for what the user would
 see in the deployed stack:
 
@@ -22,38 +21,33 @@ The Rules section is evaluated too: each setup passes them, and each refused com
 (msk-iam without a cluster, mtls without a client secret, subnets without security
 groups, ...) fails with its message.
 
-Then, unless --no-lint: cfn-lint on template.yaml and on every resolved setup,
-`sam validate --lint` on template.yaml, and the policy scan: Checkov
-(--framework cloudformation) over template.yaml and every resolved setup, from its own
-venv (--checkov, default ~/.cache/dynamo-outbox/checkov-venv/bin/checkov, installed by
-scripts/install.sh). Every check Checkov would fail is suppressed in the template, on the
-resource, with its reason (Metadata: checkov: skip); a failed check here is a new finding.
-
-  scripts/template_test.py [--no-lint] [--keep DIR] [--setup NAME ...]
+Then cfn-lint on template.yaml and on every resolved setup, `sam validate --lint` on
+template.yaml, and the policy scan: Checkov (--framework cloudformation) over
+template.yaml and every resolved setup, from its own venv
+(~/.cache/dynamo-outbox/checkov-venv/bin/checkov, installed by scripts/install.sh;
+$OUTBOX_CHECKOV names another). Every check Checkov would fail is suppressed in the
+template, on the resource, with its reason (Metadata: checkov: skip); a failed check here
+is a new finding.
 
 What template.rs (functions/relay/tests/template.rs) checks of the template's text, or
-against the library's code, is not repeated here.  Exit codes: 0 all passed, 1 a check
-failed, 2 usage.
+against the library's code, is not repeated here.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
+import functools
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cfn_template  # noqa: E402
+import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEMPLATE = os.path.join(ROOT, "template.yaml")
-CACHE = os.environ.get("DYNAMO_OUTBOX_CACHE", os.path.expanduser("~/.cache/dynamo-outbox"))
+from outbox_e2e import cfn_template
+from outbox_e2e.paths import CACHE, ROOT, TEMPLATE
+from outbox_e2e.report import step
 
 ACCOUNT, REGION, STACK = "123456789012", "eu-west-1", "orders-outbox"
 MSK = f"arn:aws:kafka:{REGION}:{ACCOUNT}:cluster/orders/0a1b2c3d-1111-2222-3333-444455556666-2"
@@ -151,18 +145,12 @@ ITEM_ACTIONS = {"dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "
 VPC_POLICY = "arn:aws:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"
 
 
-class Failed(Exception):
-    pass
-
-
 def check(cond, what):
-    if not cond:
-        raise Failed(what)
+    assert cond, what
 
 
 def eq(got, want, what):
-    if got != want:
-        raise Failed(f"{what}: got {got!r}, want {want!r}")
+    assert got == want, f"{what}: got {got!r}, want {want!r}"
 
 
 class _NoManagedPolicies:
@@ -399,25 +387,10 @@ def tool(name: str) -> str:
 
 
 def run(cmd: list[str], what: str) -> tuple[int, str]:
+    """Runs a tool of the venv from the repository's root: its status and output."""
     cmd = [tool(cmd[0]), *cmd[1:]]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     return p.returncode, (p.stdout + p.stderr).strip()
-
-
-def lint(files: list[str]) -> list[str]:
-    problems = []
-    rc, out = run(["cfn-lint", "--", *files], "cfn-lint setups")
-    if rc:
-        problems.append(f"cfn-lint on the resolved setups:\n{out}")
-    rc, out = run(["cfn-lint", TEMPLATE], "cfn-lint")
-    if rc:
-        problems.append(f"cfn-lint template.yaml:\n{out}")
-    env = dict(os.environ, SAM_CLI_TELEMETRY="0")
-    p = subprocess.run([tool("sam"), "validate", "--lint", "--template", TEMPLATE],
-                       capture_output=True, text=True, cwd=ROOT, env=env)
-    if p.returncode:
-        problems.append(f"sam validate --lint:\n{p.stdout}{p.stderr}")
-    return problems
 
 
 def checkov(checkov_bin: str, files: list[str]) -> tuple[list[str], dict]:
@@ -458,65 +431,76 @@ def checkov(checkov_bin: str, files: list[str]) -> tuple[list[str], dict]:
     return problems, skipped
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--no-lint", action="store_true",
-                    help="only the translated-template checks and the rules")
-    ap.add_argument("--keep", metavar="DIR", help="write the resolved setups here and keep them")
-    ap.add_argument("--setup", action="append", choices=sorted(SETUPS),
-                    help="only these setups (default: all)")
-    ap.add_argument("--checkov", default=os.path.join(CACHE, "checkov-venv", "bin", "checkov"))
-    args = ap.parse_args()
+# ------------------------------------------------------------------------ the tests
 
-    out_dir = args.keep or tempfile.mkdtemp(prefix="outbox-template-")
-    os.makedirs(out_dir, exist_ok=True)
-    failures, files = [], []
-    for name in args.setup or SETUPS:
-        params = {**BASE, **SETUPS[name]}
+@functools.cache
+def setup_deployed(name: str) -> tuple[dict, cfn_template.Template]:
+    """A setup as SAM translates and the resolver resolves it (once per session)."""
+    return deployed({**BASE, **SETUPS[name]})
+
+
+@pytest.mark.parametrize("name", SETUPS)
+def test_setup(name):
+    """A named setup: the Rules pass, and the deployed stack has the grants, network,
+    variables, table, alarms, outputs and permissions its parameters call for."""
+    params = {**BASE, **SETUPS[name]}
+    t, tpl = setup_deployed(name)
+    check_rules(name, params, tpl)
+    check_setup(name, params, t)
+
+
+@pytest.mark.parametrize("label", REFUSED)
+def test_refused(label):
+    """A combination the Rules refuse, with the message the user gets."""
+    params, word = REFUSED[label]
+    check_refused(label, params, word)
+
+
+@pytest.fixture(scope="module")
+def setup_files(tmp_path_factory) -> list[str]:
+    """Every setup that translates, resolved, as a JSON template (for the linters)."""
+    out_dir = tmp_path_factory.mktemp("template-setups")
+    files = []
+    for name in SETUPS:
         try:
-            t, tpl = deployed(params)
-            check_rules(name, params, tpl)
-            check_setup(name, params, t)
-            print(f"ok - {name}")
-        except (Failed, cfn_template.TemplateError, KeyError, IndexError) as e:
-            failures.append(f"{name}: {type(e).__name__}: {e}")
-            print(f"FAILED - {name}: {e}")
+            t, _ = setup_deployed(name)
+        except Exception:  # that setup's own test reports it
             continue
-        path = os.path.join(out_dir, f"{name}.json")
-        with open(path, "w") as f:
-            json.dump(t, f, indent=1)
-        files.append(path)
-    for label, (params, word) in REFUSED.items():
-        try:
-            check_refused(label, params, word)
-            print(f"ok - refused: {label}")
-        except Failed as e:
-            failures.append(str(e))
-            print(f"FAILED - refused: {label}: {e}")
-
-    if not args.no_lint:
-        for problem in lint(files):
-            failures.append(problem)
-            print(f"FAILED - {problem}")
-        if not os.access(args.checkov, os.X_OK):
-            failures.append(f"checkov not found at {args.checkov} (scripts/install.sh)")
-        else:
-            problems, skipped = checkov(args.checkov, files)
-            for problem in problems:
-                failures.append(problem)
-                print(f"FAILED - {problem}")
-            if not problems:
-                print(f"ok - checkov: template.yaml and {len(files)} setups, no failed check")
-            for (cid, resource), why in sorted(skipped.items()):
-                print(f"  skipped {cid} on {resource}: {' '.join(why.split())}")
-        if not failures:
-            print(f"ok - cfn-lint (template.yaml and {len(files)} setups), sam validate --lint")
-    if not args.keep:
-        shutil.rmtree(out_dir, ignore_errors=True)
-    print(f"{len(SETUPS if not args.setup else args.setup)} setups, {len(REFUSED)} refused "
-          f"combinations: {len(failures)} failure(s)")
-    return 1 if failures else 0
+        path = out_dir / f"{name}.json"
+        path.write_text(json.dumps(t, indent=1))
+        files.append(str(path))
+    return files
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def test_cfn_lint_setups(setup_files):
+    """cfn-lint on every resolved setup."""
+    rc, out = run(["cfn-lint", "--", *setup_files], "cfn-lint setups")
+    assert rc == 0, f"cfn-lint on the resolved setups:\n{out}"
+    step(f"cfn-lint: {len(setup_files)} setups")
+
+
+def test_cfn_lint_template():
+    """cfn-lint on template.yaml."""
+    rc, out = run(["cfn-lint", TEMPLATE], "cfn-lint")
+    assert rc == 0, f"cfn-lint template.yaml:\n{out}"
+
+
+def test_sam_validate_lint():
+    """`sam validate --lint` on template.yaml."""
+    env = dict(os.environ, SAM_CLI_TELEMETRY="0")
+    p = subprocess.run([tool("sam"), "validate", "--lint", "--template", TEMPLATE],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+    assert p.returncode == 0, f"sam validate --lint:\n{p.stdout}{p.stderr}"
+
+
+def test_checkov(setup_files):
+    """Checkov over template.yaml and every resolved setup: no failed check, every skip
+    with the template's reason."""
+    checkov_bin = os.environ.get("OUTBOX_CHECKOV") or os.path.join(
+        CACHE, "checkov-venv", "bin", "checkov")
+    assert os.access(checkov_bin, os.X_OK), f"checkov not found at {checkov_bin} (scripts/install.sh)"
+    problems, skipped = checkov(checkov_bin, setup_files)
+    assert not problems, "\n".join(problems)
+    step(f"checkov: template.yaml and {len(setup_files)} setups, no failed check")
+    for (cid, resource), why in sorted(skipped.items()):
+        step(f"  skipped {cid} on {resource}: {' '.join(why.split())}")

@@ -1,48 +1,22 @@
-#!/usr/bin/env python3
-"""Self-test of scripts/alarms.py: one line per check, then "N passed, M failed"
-(exit 1 on a failure). No network; reads the repository's template.yaml.
+"""The CloudWatch alarm evaluator (scripts/outbox_e2e/alarms/): CloudWatch's M-of-N and
+missing-data rules against every row of AWS's tables, statistics, EMF, the template's
+alarms over synthetic series, and the command line.  No network; reads the repository's
+template.yaml."""
 
-Run: ~/.cache/dynamo-outbox/venv/bin/python scripts/test_alarms.py
-"""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tempfile
-import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+import pytest
 
-import alarms as A  # noqa: E402
+from outbox_e2e import alarms as A
+from outbox_e2e.paths import ROOT, TEMPLATE, script
 
-TEMPLATE = os.path.join(ROOT, "template.yaml")
 TOPIC = "arn:aws:sns:us-east-1:123456789012:outbox-alarms"
 T0 = 1_764_500_000_000 - 1_764_500_000_000 % 60_000  # a whole minute
 MIN = 60_000
-
-results: list = []
-
-
-def check(name):
-    def run(fn):
-        try:
-            fn()
-        except Exception as e:  # a failed assertion or an unexpected error
-            detail = str(e) or type(e).__name__
-            if not isinstance(e, AssertionError):
-                detail = traceback.format_exc().strip().splitlines()[-1]
-            results.append((name, False))
-            print(f"FAIL - {name}: {detail}")
-        else:
-            results.append((name, True))
-            print(f"ok - {name}")
-        return fn
-
-    return run
 
 
 def eq(actual, expected, what=""):
@@ -78,27 +52,24 @@ TABLE_2_OF_3 = [
 ]
 
 
-def table_check(table, m):
-    for row in table:
-        data, *expected = row
-        for treat, want in zip(("missing", "ignore", "breaching", "notBreaching"), expected):
-            for current in (A.OK, A.ALARM, A.INSUFFICIENT_DATA):
-                got, _ = A.decide(points(data), 3, m, treat, current)
-                eq(got, current if want == "keep" else want, f"{data} {treat} from {current}")
+def table_rows() -> list:
+    return [pytest.param(m, row, id=f"{m} of 3: {row[0]}")
+            for m, table in ((3, TABLE_3_OF_3), (2, TABLE_2_OF_3)) for row in table]
 
 
-@check("AWS table, 3 of 3: every row and every TreatMissingData")
-def _():
-    table_check(TABLE_3_OF_3, 3)
+@pytest.mark.parametrize("m, row", table_rows())
+def test_aws_tables(m, row):
+    """AWS's tables, 3 of 3 and 2 of 3: every row, every TreatMissingData, from every
+    state."""
+    data, *expected = row
+    for treat, want in zip(("missing", "ignore", "breaching", "notBreaching"), expected):
+        for current in (A.OK, A.ALARM, A.INSUFFICIENT_DATA):
+            got, _ = A.decide(points(data), 3, m, treat, current)
+            eq(got, current if want == "keep" else want, f"{data} {treat} from {current}")
 
 
-@check("AWS table, 2 of 3: every row and every TreatMissingData")
-def _():
-    table_check(TABLE_2_OF_3, 2)
-
-
-@check("AWS table row 2 (3 of 3, breaching): OK now, ALARM once the real datapoint leaves the range")
-def _():
+def test_aws_table_row_2_breaching_alarms_once_the_real_datapoint_leaves():
+    """AWS table row 2 (3 of 3, breaching): OK now, ALARM once the real datapoint leaves the range."""
     eq(A.decide(points("0 - - - -"), 3, 3, "breaching", A.OK)[0], A.OK)
     eq(A.decide(points("- - - - -"), 3, 3, "breaching", A.OK)[0], A.ALARM)
 
@@ -132,8 +103,8 @@ def transitions(ev):
     return [((t["time_ms"] - T0) // MIN, t["to"]) for t in ev.transitions]
 
 
-@check("M of N with gaps (3 of 5, missing): ALARM at the third breach within 5 minutes, OK when a window holds fewer")
-def _():
+def test_m_of_n_with_gaps():
+    """M of N with gaps (3 of 5, missing): ALARM at the third breach within 5 minutes, OK when a window holds fewer."""
     a = alarm(evaluation_periods=5, datapoints_to_alarm=3)
     # minute:        0   1     2   3     4   5  6  7  8  9
     s = series([20, None, 5, None, 20, 20, 5, 5, 5, 5])
@@ -149,16 +120,16 @@ def _():
     eq(transitions(ev), [(3, A.OK), (6, A.ALARM), (8, A.OK)], "transitions")
 
 
-@check("M of N: breaches that are not consecutive still alarm (2 of 3, notBreaching)")
-def _():
+def test_m_of_n_breaches_not_consecutive():
+    """M of N: breaches that are not consecutive still alarm (2 of 3, notBreaching)."""
     a = alarm(evaluation_periods=3, datapoints_to_alarm=2, treat_missing_data="notBreaching")
     ev = A.evaluate(a, series([20, 1, 20, 1, 1, 1]), start=T0, end=T0 + 6 * MIN)
     # 3: X 0 X, two breaching of three: ALARM; 4: 0 X 0: OK.
     eq(ev.states(), [A.OK, A.OK, A.ALARM, A.OK, A.OK, A.OK])
 
 
-@check("evaluation every minute over sliding periods: a 5-minute Sum alarm sees an error for 5 evaluations")
-def _():
+def test_evaluation_every_minute_over_sliding_periods():
+    """evaluation every minute over sliding periods: a 5-minute Sum alarm sees an error for 5 evaluations."""
     a = alarm(period=300, evaluation_periods=1, datapoints_to_alarm=1, threshold=1,
               comparison="GreaterThanOrEqualToThreshold", statistic="Sum",
               treat_missing_data="notBreaching")
@@ -167,16 +138,16 @@ def _():
     eq(transitions(ev), [(1, A.OK), (3, A.ALARM), (8, A.OK)])
 
 
-@check("after the metric stops, the last real datapoints keep deciding while they are in the range")
-def _():
+def test_last_real_datapoints_decide_while_in_range():
+    """after the metric stops, the last real datapoints keep deciding while they are in the range."""
     a = alarm(treat_missing_data="notBreaching")  # 3 of 3, range 5
     ev = A.evaluate(a, series([20, 20, 20]), start=T0, end=T0 + 8 * MIN)
     # ALARM at 3; at 4 and 5 the three real ones are still in the range; at 6 only two.
     eq(transitions(ev), [(1, A.OK), (3, A.ALARM), (6, A.OK)])
 
 
-@check("TreatMissingData over a timeline: each mode once the metric stops")
-def _():
+def test_treat_missing_data_over_a_timeline():
+    """TreatMissingData over a timeline: each mode once the metric stops."""
     s = series([5, 5, 5])  # healthy, then nothing
     want = {
         "missing": A.INSUFFICIENT_DATA,
@@ -194,8 +165,8 @@ def _():
     eq(transitions(ev), [(1, A.OK), (8, A.INSUFFICIENT_DATA)], "missing")
 
 
-@check("one breaching datapoint per 5 minutes, 3 of 3: notBreaching never alarms, missing does (premature-alarm rule)")
-def _():
+def test_premature_alarm_rule():
+    """one breaching datapoint per 5 minutes, 3 of 3: notBreaching never alarms, missing does (premature-alarm rule)."""
     s = series([400, None, None, None, None] * 6)
     ev = A.evaluate(alarm(threshold=300, treat_missing_data="notBreaching"), s, start=T0, end=T0 + 30 * MIN)
     eq(set(ev.states()), {A.OK}, "notBreaching")
@@ -206,32 +177,28 @@ def _():
                          A.INSUFFICIENT_DATA], "missing")
 
 
-@check("AWS/DynamoDB alarms always ignore missing data")
-def _():
+def test_dynamodb_alarms_ignore_missing_data():
+    """AWS/DynamoDB alarms always ignore missing data."""
     a = alarm(namespace="AWS/DynamoDB", treat_missing_data="breaching")
     s = [A.Sample("AWS/DynamoDB", "M", (), T0 + 30_000, 5.0)]
     ev = A.evaluate(a, s, start=T0, end=T0 + 10 * MIN)
     eq(ev.final_state, A.OK)
 
 
-@check("statistics: SampleCount, Sum, Average, Minimum, Maximum, p50, p90, p100")
-def _():
+def test_statistics():
+    """statistics: SampleCount, Sum, Average, Minimum, Maximum, p50, p90, p100."""
     v = [4.0, 1.0, 7.0, 2.0, 6.0, 3.0, 5.0, 8.0, 10.0, 9.0]
     want = {"SampleCount": 10, "Sum": 55, "Average": 5.5, "Minimum": 1, "Maximum": 10,
             "p50": 5, "p90": 9, "p100": 10}
     for name, w in want.items():
         eq(A.statistic(name, v), float(w), name)
     eq(A.statistic("Sum", []), None, "no sample")
-    try:
+    with pytest.raises(A.AlarmError):
         A.statistic("tm90", v)
-    except A.AlarmError:
-        pass
-    else:
-        raise AssertionError("tm90 should be refused")
 
 
-@check("statistics over a period: each statistic decides its own alarm on the same samples")
-def _():
+def test_each_statistic_decides_its_own_alarm():
+    """statistics over a period: each statistic decides its own alarm on the same samples."""
     # One period with the samples 1, 2 and 9 (an EMF array); threshold 3, GreaterThan.
     s = series([[1, 2, 9]])
     for stat, breach in [("SampleCount", False), ("Sum", True), ("Average", True),
@@ -242,8 +209,8 @@ def _():
     eq(A.evaluate(a, s).final_state, A.ALARM, "p50 = 2 > 1.5")
 
 
-@check("a 10-second alarm is evaluated every 10 seconds over high-resolution samples")
-def _():
+def test_high_resolution_alarm_every_10_seconds():
+    """a 10-second alarm is evaluated every 10 seconds over high-resolution samples."""
     a = alarm(period=10, evaluation_periods=1, datapoints_to_alarm=1)
     s = [A.Sample("Test", "M", (), T0 + 12_000, 20.0, None, 1)]
     ev = A.evaluate(a, s, start=T0, end=T0 + MIN)
@@ -274,8 +241,8 @@ def relay_doc(ts, table="OutboxTable", namespace="Outbox", service="outbox-relay
     return json.dumps(doc, separators=(",", ":"))
 
 
-@check("EMF: documents picked out of mixed log lines, Lambda's prefix allowed, arrays are samples")
-def _():
+def test_emf_documents_in_mixed_log_lines():
+    """EMF: documents picked out of mixed log lines, Lambda's prefix allowed, arrays are samples."""
     lines = [
         "START RequestId: 1 Version: $LATEST",
         '{"level":"INFO","message":"relay started"}',
@@ -297,8 +264,8 @@ def _():
        ("Outbox", (("service", "outbox-relay"), ("table", "OutboxTable")), T0 + 2000, "Seconds"))
 
 
-@check("EMF: documents breaking the specification are rejected whole")
-def _():
+def test_emf_documents_breaking_the_specification_rejected():
+    """EMF: documents breaking the specification are rejected whole."""
     good = json.loads(relay_doc(T0, Published=1))
     bad = []
     d = json.loads(json.dumps(good)); d["table"] = 5; bad.append(d)                      # dimension not a string
@@ -313,8 +280,8 @@ def _():
     eq(len(r.samples), 1, "samples")
 
 
-@check("EMF: each dimension set is its own metric; an alarm matches the exact dimension set")
-def _():
+def test_emf_dimension_sets_are_metrics():
+    """EMF: each dimension set is its own metric; an alarm matches the exact dimension set."""
     doc = json.loads(relay_doc(T0, OldestPendingAge=400))
     doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"] = [["service", "table"], ["service"], []]
     doc["function_name"] = "relay"
@@ -351,13 +318,13 @@ ALARMS = ["EnqueueErrorsAlarm", "EnqueueThrottlesAlarm", "OutboxStuckAlarm", "Po
           "RelayThrottlesAlarm"]
 
 
-@check("template with its defaults: every alarm exists (AlarmTopicArn only adds actions)")
-def _():
+def test_template_defaults_every_alarm_exists():
+    """template with its defaults: every alarm exists (AlarmTopicArn only adds actions)."""
     eq(sorted(A.resolve_alarms(A.load_template(TEMPLATE))), ALARMS)
 
 
-@check("template with AlarmTopicArn: nine alarms, fields resolved from the defaults")
-def _():
+def test_template_alarm_fields_resolved():
+    """template with AlarmTopicArn: nine alarms, fields resolved from the defaults."""
     al = template_alarms()
     eq(sorted(al), ALARMS)
     s = al["OutboxStuckAlarm"]
@@ -376,8 +343,8 @@ def _():
        ({"FunctionName": "RelayFunction"}, 15, 15, "breaching"))
 
 
-@check("template parameters, conditions and resource names: overrides reach the alarms")
-def _():
+def test_template_overrides_reach_the_alarms():
+    """template parameters, conditions and resource names: overrides reach the alarms."""
     t = A.load_template(TEMPLATE)
     al = A.resolve_alarms(t, {"AlarmTopicArn": TOPIC, "UseExistingTable": "true", "TableName": "orders-outbox",
                               "RefusedWritesMinutes": "7", "StuckMessageAgeSeconds": "60"},
@@ -388,12 +355,8 @@ def _():
     eq(al["RelayErrorsAlarm"].dimensions, {"FunctionName": "stack-RelayFunction-ABC"})
     al = A.resolve_alarms(t, {"AlarmTopicArn": TOPIC}, resource_names={"OutboxTable": "stack-OutboxTable-XYZ"})
     eq(al["RefusedWritesAlarm"].dimensions["table"], "stack-OutboxTable-XYZ", "created table's name")
-    try:
+    with pytest.raises(A.AlarmError):
         A.resolve_alarms(t, {"NoSuchParameter": "1"})
-    except A.AlarmError:
-        pass
-    else:
-        raise AssertionError("an unknown parameter should be refused")
 
 
 def stuck_series(alarm_, minutes, growing=True):
@@ -404,8 +367,8 @@ def stuck_series(alarm_, minutes, growing=True):
             for i in range(minutes)]
 
 
-@check("template OutboxStuckAlarm: ALARM at the first minute a relay sees a head as old as the threshold")
-def _():
+def test_stuck_alarm_at_the_first_old_head():
+    """template OutboxStuckAlarm: ALARM at the first minute a relay sees a head as old as the threshold."""
     a = template_alarms()["OutboxStuckAlarm"]
     lines = stuck_series(a, 15)
     r = A.read_emf(lines)
@@ -414,8 +377,8 @@ def _():
     eq(transitions(ev), [(1, A.OK), (first_breach + 1, A.ALARM)])
 
 
-@check("template OutboxStuckAlarm: stays OK on a healthy series")
-def _():
+def test_stuck_alarm_stays_ok_when_healthy():
+    """template OutboxStuckAlarm: stays OK on a healthy series."""
     a = template_alarms()["OutboxStuckAlarm"]
     ev = A.evaluate(a, A.read_emf(stuck_series(a, 30, growing=False)).samples)
     eq(transitions(ev), [(1, A.OK)])
@@ -439,8 +402,8 @@ def quiet_poison_series(minutes, poison_at_min=0, tick_every=5, run_min=2):
     return docs
 
 
-@check("a poison head in a quiet period (stream mode, schedule every 5 minutes): stuck and poison alarms within 10 minutes")
-def _():
+def test_poison_head_in_a_quiet_period_alarms():
+    """a poison head in a quiet period (stream mode, schedule every 5 minutes): stuck and poison alarms within 10 minutes."""
     al = template_alarms()
     samples = A.read_emf(quiet_poison_series(30)).samples
     stuck = A.evaluate(al["OutboxStuckAlarm"], samples, start=T0, end=T0 + 30 * MIN)
@@ -452,8 +415,8 @@ def _():
     eq(transitions(poison)[-1][1], A.ALARM, "stays in ALARM: a retry at least every 10 minutes")
 
 
-@check("a healthy drain then quiet: no stuck, poison or publish-failure alarm")
-def _():
+def test_healthy_drain_raises_no_alarm():
+    """a healthy drain then quiet: no stuck, poison or publish-failure alarm."""
     al = template_alarms()
     docs = [relay_doc(T0 + i * MIN + 30_000, Published=500, OldestPendingAge=[40, 25, 8, 0][i]) for i in range(4)]
     samples = A.read_emf(docs).samples
@@ -462,8 +425,8 @@ def _():
         assert all(state != A.ALARM for _, state in transitions(ev)), (name, transitions(ev))
 
 
-@check("template OutboxStuckAlarm: another table's documents do not count")
-def _():
+def test_stuck_alarm_ignores_another_table():
+    """template OutboxStuckAlarm: another table's documents do not count."""
     a = template_alarms()["OutboxStuckAlarm"]
     other = A.alarm_from_properties("X", {"Namespace": "Outbox", "MetricName": "M", "ComparisonOperator": "GreaterThanThreshold",
                                            "Statistic": "Sum", "Period": 60, "EvaluationPeriods": 1, "Threshold": 0})
@@ -472,8 +435,8 @@ def _():
     eq(A.matching_samples(a, r.samples), [])
 
 
-@check("template RelayQuietAlarm (direct Lambda datapoints): OK while invoked every 5 minutes, ALARM after they stop")
-def _():
+def test_relay_quiet_alarm():
+    """template RelayQuietAlarm (direct Lambda datapoints): OK while invoked every 5 minutes, ALARM after they stop."""
     a = template_alarms()["RelayQuietAlarm"]
     fn = a.dimensions["FunctionName"]
     records = [{"namespace": "AWS/Lambda", "metric": "Invocations", "dimensions": {"FunctionName": fn},
@@ -486,8 +449,8 @@ def _():
     eq(transitions(ev), [(1, A.OK), (last + n + 2 + 1, A.ALARM)])
 
 
-@check("template RelayErrorsAlarm (direct Lambda datapoints): ALARM on an error, OK 5 minutes later")
-def _():
+def test_relay_errors_alarm():
+    """template RelayErrorsAlarm (direct Lambda datapoints): ALARM on an error, OK 5 minutes later."""
     a = template_alarms()["RelayErrorsAlarm"]
     fn = a.dimensions["FunctionName"]
     records = [{"namespace": "AWS/Lambda", "metric": "Errors", "dimensions": [{"Name": "FunctionName", "Value": fn}],
@@ -501,21 +464,20 @@ def _():
 
 
 def cli(*args, stdin=None):
-    p = subprocess.run([sys.executable, os.path.join(HERE, "alarms.py"), *args], input=stdin,
+    p = subprocess.run([sys.executable, script("alarms.py"), *args], input=stdin,
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     return p.returncode, p.stdout, p.stderr
 
 
-@check("CLI: EMF on stdin and datapoints from a file, transitions as JSON")
-def _():
+def test_cli_emf_and_datapoints(tmp_path):
+    """CLI: EMF on stdin and datapoints from a file, transitions as JSON."""
     a = template_alarms()["OutboxStuckAlarm"]
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "lambda.json")
-        with open(path, "w") as f:
-            json.dump([{"namespace": "AWS/Lambda", "metric": "Errors", "dimensions": {"FunctionName": "RelayFunction"},
-                        "timestamp": T0 + 2 * MIN, "value": 1}], f)
-        rc, out, err = cli("--param", f"AlarmTopicArn={TOPIC}", "--emf", "-", "--datapoints", path,
-                           stdin="\n".join(["a log line"] + stuck_series(a, 12)) + "\n")
+    path = tmp_path / "lambda.json"
+    path.write_text(json.dumps([{"namespace": "AWS/Lambda", "metric": "Errors",
+                                 "dimensions": {"FunctionName": "RelayFunction"},
+                                 "timestamp": T0 + 2 * MIN, "value": 1}]))
+    rc, out, err = cli("--param", f"AlarmTopicArn={TOPIC}", "--emf", "-", "--datapoints", str(path),
+                       stdin="\n".join(["a log line"] + stuck_series(a, 12)) + "\n")
     eq(rc, 0, f"exit status ({err.strip()})")
     doc = json.loads(out)
     eq(doc["emf"]["documents"], 12, "documents")
@@ -528,8 +490,8 @@ def _():
     eq(doc["alarms"]["RefusedWritesAlarm"]["final_state"], A.OK, "refused writes: none")
 
 
-@check("CLI: --from/--to, --alarm, --list, and errors exit 2")
-def _():
+def test_cli_options_and_errors():
+    """CLI: --from/--to, --alarm, --list, and errors exit 2."""
     a = template_alarms()["OutboxStuckAlarm"]
     rc, out, err = cli("--param", f"AlarmTopicArn={TOPIC}", "--alarm", "OutboxStuckAlarm", "--emf", "-",
                        "--from", A.iso(T0), "--to", A.iso(T0 + 30 * MIN), stdin="\n".join(stuck_series(a, 12)))
@@ -543,9 +505,3 @@ def _():
     eq((rc, sorted(json.loads(out))), (0, ALARMS), "--list with defaults: every alarm")
     rc, _, err = cli("--alarm", "NoSuchAlarm")
     eq(rc, 2, "an alarm the template does not have")
-
-
-passed = sum(1 for _, ok in results if ok)
-failed = len(results) - passed
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
