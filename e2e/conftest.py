@@ -294,9 +294,12 @@ def fake_function(tmp_path_factory) -> str:
 def debug_binaries() -> dict[str, str]:
     """outboxctl and both functions, built once per session (dev profile, in
     CARGO_TARGET_DIR): {"outboxctl", "enqueue", "relay"} -> path."""
-    step("building outboxctl and both functions (dev profile)")
-    out = subprocess.run(["cargo", "build", "-q", "-p", "outboxctl", "-p",
-                          "outbox-enqueue-function", "-p", "outbox-relay-function"],
+    step("building outboxctl, both functions and the examples (dev profile)")
+    # The features `cargo test --workspace --all-features` resolves (examples bring the
+    # dev-dependencies in, as tests do): that step then finds every binary built, and
+    # the library is compiled once per run, not once per feature set.
+    out = subprocess.run(["cargo", "build", "-q", "--workspace", "--all-features",
+                          "--examples", "--bins"],
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, f"cargo build: {out.stderr}"
     debug = os.path.join(target_dir(), "debug")

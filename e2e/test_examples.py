@@ -16,7 +16,10 @@ Needs the stack:
      once, per-key order as placed, the outbox table empty of messages;
   6. sends SIGTERM: the relay exits 0 within 20 s, reports the shutdown with
      its leases released, and `outboxctl status --json` shows no bucket owned,
-     nothing pending and the relay stopped.
+     nothing pending and the relay stopped;
+  7. runs `relay_in_your_own_lambda` (a user's own Lambda function on the library's
+     relay handler) under the local model of Lambda: one scheduled invocation publishes
+     what place_orders wrote, in per-key order, and the function's own log line is there.
 """
 
 from __future__ import annotations
@@ -169,3 +172,51 @@ def test_examples_place_orders_then_embedded_relay(stack, fresh, tmp_path) -> No
     status_after(table, env)
     step(f"ok: both examples on the local stack (build {built - started:.1f} s, "
          f"run {time.monotonic() - built:.1f} s)")
+
+
+def test_example_relay_in_your_own_lambda_under_the_lambda_emulator(
+        stack, fresh, debug_binaries, lambda_emulator, tmp_path) -> None:
+    """relay_in_your_own_lambda (a user's own function on the library's relay handler)
+    under the local model of Lambda, with the relay function's environment: a scheduled
+    invocation publishes what place_orders wrote, in per-key order, and answers with the
+    handler's summary (stopped idle, its leases released); the example's own step (the
+    `my-service:` line) is in the function's log."""
+    suffix = uuid.uuid4().hex[:10]
+    table, orders_table, topic = f"own-outbox-{suffix}", f"own-orders-{suffix}", f"own-{suffix}"
+    env = {**os.environ, "OUTBOX_TABLE_NAME": table}
+    out = run([debug_binaries["outboxctl"], "create-table"], env=env)
+    check(out.returncode == 0, f"outboxctl create-table: {out.stderr}")
+    fresh.topic(topic, 3)
+    placed = place_orders(env, orders_table, topic, table)
+
+    function_env = {k: v for k, v in os.environ.items()
+                    if k.startswith("AWS_") or k == "KAFKA_BOOTSTRAP_SERVERS"}
+    function_env.update(OUTBOX_TABLE_NAME=table, OUTBOX_POLL_INTERVAL="100ms")
+    emu = lambda_emulator.function("my-relay", os.path.join(EXAMPLES, "relay_in_your_own_lambda"),
+                                   30, function_env)
+    status, error, body = emu.invoke({"source": "aws.scheduler"}, timeout=60)
+    check(status == 200 and error is None, f"invocation: HTTP {status}, {error}: {body!r}")
+    summary = json.loads(body)
+    check(summary["published"] == ORDERS and summary["stop_reason"] == "idle"
+          and summary["released"] and summary["refused_writes"] == 0,
+          f"{ORDERS} published, stopped idle, leases released: {summary}")
+    step(f"relay_in_your_own_lambda: {summary['published']} published, stop "
+         f"{summary['stop_reason']}, {summary['time_left_ms']} ms left of 30 s")
+
+    records = kafka.read_topic(topic)
+    ids: dict[str, list[str]] = {}
+    for rec in sorted(records, key=lambda r: (r["partition"], r["offset"])):
+        headers = dict(rec["headers"])
+        ids.setdefault(base64.b64decode(rec["key"]).decode(), []).append(
+            base64.b64decode(headers["x-outbox-message-id"]).decode())
+    for customer, got in ids.items():
+        check(got == [p["id"] for p in placed if p["customer"] == customer],
+              f"{customer}'s messages once each, in the order placed")
+    check(sum(map(len, ids.values())) == ORDERS, f"{ORDERS} records in {topic}")
+    check(not outbox_messages(table), "the outbox table is empty")
+    with open(emu.function_log) as f:
+        own = [line for line in f if "my-service: the outbox published" in line]
+    check(len(own) == 1 and f"published {ORDERS} messages" in own[0],
+          f"the example's own log line, once: {own}")
+    step("relay_in_your_own_lambda: every record in per-key order, the table empty, "
+         "its own log line written")

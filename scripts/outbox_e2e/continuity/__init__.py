@@ -56,7 +56,9 @@ burst  A burst of --messages (3000) messages of --value-bytes (1000) over --keys
        OWNER_GAP_BOUND_S (10 s: a doorbell's delivery plus a cold start, and a handover's
        poll interval plus a cold start, with room for a loaded two-core machine and the
        monitor's sampling period, which such a machine stretched to 3.7 s; a relay that
-       dropped its buckets mid-drain, or a backlog left to a tick, shows minutes).  Then (unless
+       dropped its buckets mid-drain, or a backlog left to a tick, shows minutes), and no
+       first owner later than WAKE_BOUND_S (6 s) after a bucket's first message: a
+       commit wakes a relay within a few seconds (docs/design.md).  Then (unless
        --no-compare) the same burst into another fresh table with ONE always-on relay
        (`outboxctl relay` with the same table settings and its defaults, started and
        holding every bucket before the burst; SIGTERM once drained): its drain time, its

@@ -32,6 +32,7 @@ from .rig import (alarm_report, burst, check_delivery, check_invocations,
 SUCCESSOR_LEAD_S = 10.0  # lib/src/notification/successor.rs
 STOP_RESERVE_S = 2.0  # relay::DEFAULT_STOP_RESERVE (docs/protocol.md constants)
 OWNER_GAP_BOUND_S = 10.0  # the burst's check (the package docstring); its goal is 2 s
+WAKE_BOUND_S = 6.0  # a commit wakes a relay: the first owner's bound (docs/design.md)
 
 
 def run_lambda_burst(args, workdir: str, started: list, messages: int,
@@ -171,6 +172,11 @@ def scenario_burst(args, workdir: str, started: list) -> dict:
           f"a bucket had a message and no live owner for {g['max_gap_s']}s "
           f"({g['max_gap_after_first_owner_s']}s after its first owner), more than the "
           f"{OWNER_GAP_BOUND_S}s bound: {g['longest'][:3]}")
+    # A commit wakes a relay within a few seconds: the idle fleet's first owner came no
+    # later than WAKE_BOUND_S after a bucket had its first message (measured 1.8-4.5 s).
+    check(fo.get("at_most") is not None and fo["at_most"] <= WAKE_BOUND_S,
+          f"the idle fleet's first owner took up to {fo.get('at_most')}s after a bucket's "
+          f"first message, more than the {WAKE_BOUND_S}s bound: {lam['first_owner']}")
     step(f"lambda: drain {lam['drain_s']}s, invocations {lam['relay']['by_trigger']}, "
          f"successors started {lam['relay']['successors_started']}, max owner gap "
          f"{g['max_gap_s']}s ({g['max_gap_after_first_owner_s']}s after the first owner); "
