@@ -138,7 +138,7 @@ if [[ ${1:-} == --inside-stack ]]; then
     # reported after the cargo tests, which run either way.
     step "the end-to-end suite (pytest e2e/)"
     e2e=0
-    e2e_suite --sam-build "$sam_dir" || e2e=$?
+    e2e_suite --sam-build="$sam_dir" || e2e=$?
     rm -rf "$sam_dir"
 
     # The library as a writer-only service builds it (default-features = false: no Kafka
