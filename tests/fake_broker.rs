@@ -11,7 +11,7 @@ use aws_credential_types::provider::SharedCredentialsProvider;
 use aws_credential_types::Credentials;
 use base64::engine::general_purpose::{STANDARD as B64, URL_SAFE_NO_PAD};
 use base64::Engine as _;
-use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, KafkaPublisher, SaslCredentials};
+use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, KafkaPublisher, KafkaTls, SaslCredentials};
 use dynamo_outbox::Error;
 use outbox_testkit::fake_broker::{FakeBroker, FakeSasl, METADATA};
 
@@ -32,7 +32,7 @@ fn msk_iam_config(broker: &FakeBroker) -> KafkaConfig {
     let mut config = KafkaConfig::new([broker.address.clone()])
         .with_msk_iam("eu-west-1")
         .with_credentials(SharedCredentialsProvider::new(credentials));
-    config.tls = false;
+    config.tls = KafkaTls::Off;
     config.retry_budget = Duration::from_millis(300);
     config
 }
@@ -166,7 +166,7 @@ async fn the_client_refuses_a_scram_broker_whose_server_signature_is_forged() {
         KafkaAuth::ScramSha512,
         SaslCredentials::new("alice", "pw-5e1c"),
     );
-    config.tls = false; // the fake speaks plaintext
+    config.tls = KafkaTls::Off; // the fake speaks plaintext
     config.retry_budget = Duration::from_millis(300);
     let err = KafkaPublisher::connect(
         config,

@@ -515,7 +515,7 @@ struct KafkaDown;
 impl dynamo_outbox::publish::Publisher for KafkaDown {
     async fn publish(
         &self,
-        _: &[dynamo_outbox::protocol::schema::StoredMessage],
+        _: &[dynamo_outbox::message::StoredMessage],
     ) -> dynamo_outbox::publish::PublishOutcome {
         dynamo_outbox::publish::PublishOutcome::failed(dynamo_outbox::Error::Kafka {
             message: "injected: connection refused".into(),

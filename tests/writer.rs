@@ -107,7 +107,7 @@ async fn provisioning_refuses_a_table_with_other_keys() {
     let err = table::create_if_not_exists(&client, &OutboxOptions::new(&name))
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Misconfiguration(_)), "{err}");
+    assert!(matches!(err, Error::Misconfiguration { .. }), "{err}");
     assert!(
         err.to_string()
             .contains("partition key is id, but the options expect PK"),

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 use aws_sdk_dynamodb::Client;
-use dynamo_outbox::protocol::schema::{self, Keys, StoredMessage};
+use dynamo_outbox::message::StoredMessage;
+use dynamo_outbox::protocol::schema::{self, Keys};
 use dynamo_outbox::publish::{KafkaPublisher, Publisher};
 use dynamo_outbox::{DynamoDbOutboxStore, OutboxOptions, Relay, RelayOptions, RunReport};
 use futures::stream::{self, StreamExt, TryStreamExt};

@@ -83,10 +83,7 @@ impl DeadLetter {
                 original.extend(keys.key(keys.message_pk(b), schema::message_sk(s)));
                 schema::parse_message(keys, &original)
                     .map(|m| m.message)
-                    .map_err(|e| match e {
-                        Error::Corrupt { reason, .. } => reason,
-                        other => other.to_string(),
-                    })
+                    .map_err(|e| crate::error::unreadable_because(&e))
             }
             _ => Err("its original bucket and sequence cannot be read".into()),
         };
@@ -295,7 +292,9 @@ pub async fn redrive(store: &DynamoDbOutboxStore, d: &DeadLetter) -> Result<Redr
     )
     .await?;
     let item = schema::message_item(keys, &message, bucket, sequence)?;
-    let build = |e: aws_sdk_dynamodb::error::BuildError| Error::Misconfiguration(e.to_string());
+    let build = |e: aws_sdk_dynamodb::error::BuildError| {
+        Error::misconfigured_by("the redrive's request could not be built", e)
+    };
     let put = Put::builder()
         .table_name(&options.table_name)
         .set_item(Some(item))

@@ -275,9 +275,10 @@ impl EnqueueService {
             .key(self.keys.idempotency_pk(key), schema::IDEMPOTENCY_SK.into());
         item.insert(
             attr::RESULT.into(),
-            schema::s(serde_json::to_string(&response).map_err(|e| {
-                Error::Misconfiguration(format!("cannot serialize the response: {e}"))
-            })?),
+            schema::s(
+                serde_json::to_string(&response)
+                    .map_err(|e| Error::misconfigured_by("cannot serialize the response", e))?,
+            ),
         );
         item.insert(attr::IDEMPOTENCY_EXPIRES_AT.into(), schema::n(expires));
         let marker = Put::builder()
@@ -289,7 +290,9 @@ impl EnqueueService {
             .expression_attribute_values(":now", schema::n(now))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
-            .map_err(|e| Error::Misconfiguration(e.to_string()))?;
+            .map_err(|e| {
+                Error::misconfigured_by("the idempotency record's request could not be built", e)
+            })?;
         let mut items = reserved
             .iter()
             .map(Reserved::transact_write_item)
@@ -319,15 +322,23 @@ impl EnqueueService {
                     if let Some(reason) =
                         marker_reason.filter(|r| r.code() == Some("ConditionalCheckFailed"))
                     {
-                        let stored = reason
+                        let stored = match reason
                             .item()
                             .and_then(|i| schema::get_s(i, attr::RESULT))
-                            .and_then(|r| serde_json::from_str::<EnqueueResponse>(r).ok())
-                            .ok_or_else(|| Error::Corrupt {
-                                pk: self.keys.idempotency_pk(key),
-                                sk: schema::IDEMPOTENCY_SK.into(),
-                                reason: "the idempotency marker has no readable Result".into(),
-                            })?;
+                            .map(serde_json::from_str::<EnqueueResponse>)
+                        {
+                            Some(Ok(stored)) => stored,
+                            unreadable => {
+                                return Err(Error::Corrupt {
+                                    pk: self.keys.idempotency_pk(key),
+                                    sk: schema::IDEMPOTENCY_SK.into(),
+                                    reason: "the idempotency marker has no readable Result".into(),
+                                    source: unreadable
+                                        .and_then(std::result::Result::err)
+                                        .map(|e| Box::new(e) as crate::error::BoxError),
+                                })
+                            }
+                        };
                         info!(idempotency_key = key, "replayed the first call's response");
                         return Ok(EnqueueOutcome {
                             response: stored,

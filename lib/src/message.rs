@@ -118,6 +118,30 @@ impl OutboxMessage {
     }
 }
 
+/// A message read back from the table, with where it sits: what a relay hands its
+/// [`Publisher`](crate::publish::Publisher), one bucket's messages in sequence order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredMessage {
+    /// The bucket (from the partition key).
+    pub bucket: u32,
+    /// The sequence number (from the sort key).
+    pub sequence: u64,
+    /// The message.
+    pub message: OutboxMessage,
+}
+
+impl StoredMessage {
+    /// `message`, stored at `sequence` of `bucket`.
+    pub fn new(bucket: u32, sequence: u64, message: OutboxMessage) -> Self {
+        StoredMessage {
+            bucket,
+            sequence,
+            message,
+        }
+    }
+}
+
 /// Checks Kafka's topic name rules: 1 to 249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
 pub fn validate_topic(topic: &str) -> std::result::Result<(), String> {
     if topic.is_empty() {

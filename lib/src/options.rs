@@ -356,7 +356,8 @@ pub struct RelayOptions {
     pub batch_size: u32,
     /// How often an idle relay probes its buckets (1 s).
     pub poll_interval: Duration,
-    /// Pause after a failed round before the next one (1 s).
+    /// Pause after a failed round before the next one (1 s); greater than zero, so that a
+    /// failing relay never retries in a tight loop against DynamoDB or the brokers.
     pub error_backoff: Duration,
     /// How long a lease and a heartbeat stay valid without renewal (30 s).
     pub lease_duration: Duration,
@@ -522,6 +523,9 @@ impl RelayOptions {
         }
         if let Some(v) = lookup(env::ERROR_BACKOFF) {
             o.error_backoff = parse_duration(env::ERROR_BACKOFF, &v)?;
+            if o.error_backoff.is_zero() {
+                return Err(Error::option(env::ERROR_BACKOFF, ERROR_BACKOFF_RULE));
+            }
         }
         if let Some(v) = lookup(env::LEASE_DURATION) {
             o.lease_duration = parse_duration(env::LEASE_DURATION, &v)?;
@@ -558,6 +562,9 @@ impl RelayOptions {
         }
         if self.poll_interval.is_zero() {
             return Err(Error::option("poll_interval", "must be greater than zero"));
+        }
+        if self.error_backoff.is_zero() {
+            return Err(Error::option("error_backoff", ERROR_BACKOFF_RULE));
         }
         if self.lease_renew_interval.is_zero() {
             return Err(Error::option(
@@ -609,6 +616,10 @@ impl RelayOptions {
         Ok(())
     }
 }
+
+/// The rule [`RelayOptions::error_backoff`] breaks at zero.
+const ERROR_BACKOFF_RULE: &str =
+    "must be greater than zero (a failing relay would retry at once, in a tight loop)";
 
 fn parse_number<T: std::str::FromStr>(field: &str, value: &str) -> Result<T> {
     value
@@ -729,6 +740,35 @@ mod tests {
         let long = "x".repeat(129);
         let e = RelayOptions::from_lookup(lookup(&[(env::RELAY_ID, &long)])).unwrap_err();
         assert!(e.to_string().starts_with("relay_id:"), "{e}");
+    }
+
+    #[test]
+    fn a_zero_error_backoff_is_refused_naming_the_field() {
+        let zero = RelayOptions {
+            error_backoff: Duration::ZERO,
+            ..RelayOptions::default()
+        };
+        match zero.validate().unwrap_err() {
+            Error::InvalidOption { field, rule } => {
+                assert_eq!(field, "error_backoff");
+                assert!(rule.starts_with("must be greater than zero"), "{rule}");
+            }
+            other => panic!("{other:?}"),
+        }
+        for value in ["0", "0s", "0ms"] {
+            let e = RelayOptions::from_lookup(lookup(&[(env::ERROR_BACKOFF, value)])).unwrap_err();
+            assert!(
+                matches!(&e, Error::InvalidOption { field, .. } if field == env::ERROR_BACKOFF),
+                "{value}: {e:?}"
+            );
+            assert_eq!(
+                e.to_string(),
+                "OUTBOX_ERROR_BACKOFF: must be greater than zero (a failing relay would retry \
+                 at once, in a tight loop)"
+            );
+        }
+        let o = RelayOptions::from_lookup(lookup(&[(env::ERROR_BACKOFF, "250ms")])).unwrap();
+        assert_eq!(o.error_backoff, Duration::from_millis(250));
     }
 
     #[test]

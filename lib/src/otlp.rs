@@ -65,7 +65,7 @@ impl OtlpHttpClient {
             let found = rustls_native_certs::load_native_certs();
             let (added, _) = roots.add_parsable_certificates(found.certs);
             if added == 0 {
-                return Err(Error::Misconfiguration(format!(
+                return Err(Error::misconfigured(format!(
                     "OTLP endpoint {https}: no trusted root certificates found on this system"
                 )));
             }
@@ -74,7 +74,7 @@ impl OtlpHttpClient {
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Misconfiguration(format!("OTLP TLS: {e}")))?
+        .map_err(|e| Error::misconfigured(format!("OTLP TLS: {e}")))?
         .with_root_certificates(roots)
         .with_no_client_auth();
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
@@ -85,9 +85,8 @@ impl OtlpHttpClient {
         let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
         Ok(OtlpHttpClient {
             client,
-            runtime: tokio::runtime::Handle::try_current().map_err(|_| {
-                Error::Misconfiguration("the OTLP client needs a tokio runtime".into())
-            })?,
+            runtime: tokio::runtime::Handle::try_current()
+                .map_err(|_| Error::misconfigured("the OTLP client needs a tokio runtime"))?,
             timeout,
             endpoint: endpoint.to_string(),
             signal,
@@ -194,7 +193,7 @@ pub fn tracer_provider(client: &OtlpHttpClient, resource: Resource) -> Result<Sd
         .with_endpoint(client.endpoint().to_string())
         .with_timeout(client.timeout())
         .build()
-        .map_err(|e| Error::Misconfiguration(format!("OTLP span exporter: {e}")))?;
+        .map_err(|e| Error::misconfigured(format!("OTLP span exporter: {e}")))?;
     Ok(SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         .with_resource(resource)

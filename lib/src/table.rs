@@ -32,7 +32,9 @@ pub fn create_table_request(options: &OutboxOptions) -> Result<CreateTableInput>
             .key_type(kind)
             .build()
     };
-    let build_err = |e: aws_sdk_dynamodb::error::BuildError| Error::Misconfiguration(e.to_string());
+    let build_err = |e: aws_sdk_dynamodb::error::BuildError| {
+        Error::misconfigured_by("the table definition could not be built", e)
+    };
     CreateTableInput::builder()
         .table_name(&options.table_name)
         .billing_mode(BillingMode::PayPerRequest)
@@ -162,18 +164,18 @@ pub fn check_key_schema(table: &TableDescription, options: &OutboxOptions) -> Re
         match key_of(kind) {
             Some(actual) if &actual == want => {
                 if type_of(want) != Some(ScalarAttributeType::S) {
-                    return Err(Error::Misconfiguration(format!(
+                    return Err(Error::misconfigured(format!(
                         "table {name}: {field} {want} must be of type S (string)"
                     )));
                 }
             }
             Some(actual) => {
-                return Err(Error::Misconfiguration(format!(
+                return Err(Error::misconfigured(format!(
                     "table {name}: {field} is {actual}, but the options expect {want}"
                 )))
             }
             None => {
-                return Err(Error::Misconfiguration(format!(
+                return Err(Error::misconfigured(format!(
                     "table {name} has no {field}; the outbox needs a string {field} named {want}"
                 )))
             }

@@ -15,9 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
     Put, ReturnValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
 };
@@ -27,6 +25,7 @@ use tracing::{debug, instrument};
 use uuid::Uuid;
 
 use crate::attr;
+pub use crate::error::transaction_error;
 use crate::error::{from_sdk, Error, Result};
 use crate::message::OutboxMessage;
 use crate::notification::{CommitNotifier, NoopNotifier};
@@ -58,7 +57,9 @@ impl Reserved {
             .condition_expression("attribute_not_exists(#sk)")
             .expression_attribute_names("#sk", &self.sk_attribute)
             .build()
-            .map_err(|e| Error::Misconfiguration(e.to_string()))?;
+            .map_err(|e| {
+                Error::misconfigured_by("the outbox item's request could not be built", e)
+            })?;
         Ok(TransactWriteItem::builder().put(put).build())
     }
 }
@@ -361,32 +362,6 @@ fn with_current_trace(messages: &[OutboxMessage]) -> Cow<'_, [OutboxMessage]> {
     Cow::Borrowed(messages)
 }
 
-/// Turns a failed `TransactWriteItems` into [`Error`], keeping the cancellation reasons.
-pub fn transaction_error<R>(err: SdkError<TransactWriteItemsError, R>) -> Error
-where
-    R: Debug + Send + Sync + 'static,
-{
-    if let Some(TransactWriteItemsError::TransactionCanceledException(e)) = err.as_service_error() {
-        let reasons: Vec<String> = e
-            .cancellation_reasons()
-            .iter()
-            .map(|r| r.code().unwrap_or("None").to_string())
-            .collect();
-        let retryable = reasons.iter().any(|r| {
-            matches!(
-                r.as_str(),
-                "TransactionConflict" | "ThrottlingError" | "ProvisionedThroughputExceeded"
-            )
-        });
-        return Error::TransactionCanceled {
-            reasons,
-            retryable,
-            source: Box::new(err),
-        };
-    }
-    from_sdk("TransactWriteItems", err)
-}
-
 /// `ADD Sequence :n` on `bucket`'s counter, as every writer takes sequence numbers (the
 /// library's writer, and a redriven dead letter); returns the new (last reserved) number.
 pub(crate) async fn reserve_sequence_numbers(
@@ -428,6 +403,7 @@ fn reserved_range(keys: &Keys, bucket: u32, after_add: Option<u64>, count: u64) 
         pk: keys.sequence_pk(bucket),
         sk: schema::SEQUENCE_SK.into(),
         reason,
+        source: None,
     };
     let last = after_add
         .ok_or_else(|| corrupt("Sequence is missing or not a whole number after ADD".into()))?;
@@ -477,6 +453,7 @@ mod tests {
                     pk: got_pk,
                     sk,
                     reason,
+                    ..
                 }) => {
                     assert_eq!((got_pk.as_str(), sk.as_str()), (pk.as_str(), "SEQUENCE"));
                     assert!(reason.contains(says), "{reason}");

@@ -41,9 +41,10 @@ use super::msk_iam::MskIamTokenProvider;
 use super::record::{estimated_size, to_record};
 use super::route::{acknowledged_prefix, chunks, plan, TopicRoute, Unroutable};
 use super::span::PublishSpan;
+use super::tls::KafkaTls;
 use super::{PublishOutcome, Publisher};
 use crate::error::{BoxError, Error, Rejection, Result};
-use crate::schema::StoredMessage;
+use crate::message::StoredMessage;
 
 /// Publishes outbox batches to Kafka with rskafka. Cheap to clone (one shared client).
 #[derive(Clone)]
@@ -103,11 +104,16 @@ impl KafkaPublisher {
         let mut builder = ClientBuilder::new(config.bootstrap_servers.clone())
             .client_id(config.client_id.as_str())
             .backoff_config(backoff);
-        if config.tls {
-            builder = builder.tls_config(super::tls::client_config(&config).await?);
+        if let KafkaTls::On {
+            roots,
+            client_certificate,
+        } = &config.tls
+        {
+            let tls = super::tls::client_config(roots, client_certificate.as_ref()).await?;
+            builder = builder.tls_config(tls);
         }
         if config.auth == KafkaAuth::MskIam {
-            if !config.tls {
+            if !config.tls.is_on() {
                 warn!("MSK accepts IAM authentication only over TLS, and KAFKA_TLS is off");
             }
             let region = config
@@ -138,7 +144,7 @@ impl KafkaPublisher {
         info!(
             servers = ?config.bootstrap_servers,
             auth = ?config.auth,
-            tls = config.tls,
+            tls = config.tls.is_on(),
             principal = %principal,
             "connected to kafka"
         );
@@ -694,7 +700,7 @@ async fn principal_without_password(config: &KafkaConfig) -> String {
     if config.auth == KafkaAuth::MskIam {
         return "msk-iam".into();
     }
-    match super::tls::client_subject(config).await {
+    match super::tls::client_subject(&config.tls).await {
         Some(Some(subject)) => format!("User:{subject}"),
         Some(None) => "the client certificate (its subject could not be read)".into(),
         None => "User:ANONYMOUS".into(),
@@ -710,6 +716,6 @@ async fn default_credentials(
         .load()
         .await;
     sdk.credentials_provider().ok_or_else(|| {
-        Error::Misconfiguration("MSK IAM: the AWS configuration has no credentials provider".into())
+        Error::misconfigured("MSK IAM: the AWS configuration has no credentials provider")
     })
 }

@@ -11,7 +11,7 @@ use tracing::warn;
 
 use super::{KafkaConfig, KafkaPublisher, PublishOutcome, Publisher};
 use crate::error::{Error, Result};
-use crate::schema::StoredMessage;
+use crate::message::StoredMessage;
 
 /// Longest time one connection attempt may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

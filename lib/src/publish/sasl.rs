@@ -185,7 +185,7 @@ async fn fetch(secret_id: &str) -> Result<UsernamePassword> {
 /// input, so errors say only which rule was broken.
 pub(crate) fn parse_secret(secret_id: &str, text: &str) -> Result<UsernamePassword> {
     let bad = |rule: &str| {
-        Error::Misconfiguration(format!(
+        Error::misconfigured(format!(
             "{}: the secret {secret_id} {rule}",
             env::SASL_SECRET_ARN
         ))

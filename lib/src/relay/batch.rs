@@ -14,9 +14,10 @@ use super::outcome::{BatchReport, BatchResult, Settled};
 use super::state::{Owned, RunState};
 use super::Relay;
 use crate::error::{Error, Result};
+use crate::message::StoredMessage;
 use crate::options::RelayOptions;
 use crate::publish::{PublishOutcome, Publisher};
-use crate::schema::{StoredMessage, MAX_ITEM_BYTES};
+use crate::schema::MAX_ITEM_BYTES;
 use crate::store::Fetched;
 
 /// How long past its limit an in-flight request may take to answer before the batch stops

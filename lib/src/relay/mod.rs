@@ -88,7 +88,7 @@ impl<P: Publisher> Relay<P> {
     ) -> Result<Self> {
         options.validate()?;
         if options.bucket_count != store.options().bucket_count {
-            return Err(Error::Misconfiguration(format!(
+            return Err(Error::misconfigured(format!(
                 "the relay's bucket count is {}, the store's is {}: they must be equal",
                 options.bucket_count,
                 store.options().bucket_count
@@ -212,7 +212,7 @@ impl<P: Publisher> Relay<P> {
                     return Ok(report);
                 }
                 Some(Ok(())) => {}
-                Some(Err(e @ Error::Misconfiguration(_))) => {
+                Some(Err(e @ Error::Misconfiguration { .. })) => {
                     error!(error = %crate::error::chain(&e), "relay faulted");
                     self.stop(&mut state, shutdown.hard_deadline()).await;
                     return Err(e);

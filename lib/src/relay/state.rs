@@ -462,7 +462,7 @@ impl RunState {
                     }
                 }
             }
-            Err(e @ Error::Misconfiguration(_)) => return Some(e),
+            Err(e @ Error::Misconfiguration { .. }) => return Some(e),
             Err(e) => {
                 warn!(bucket, error = %crate::error::chain(&e), "batch failed");
                 self.errors += 1;
@@ -580,8 +580,8 @@ mod tests {
         }
     }
 
-    fn stored(sequence: u64) -> crate::schema::StoredMessage {
-        crate::schema::StoredMessage {
+    fn stored(sequence: u64) -> crate::message::StoredMessage {
+        crate::message::StoredMessage {
             bucket: 3,
             sequence,
             message: crate::OutboxMessage::new("t", 4),
@@ -799,7 +799,7 @@ mod tests {
         assert_eq!((s.published, s.publish_failures), (16, 1));
 
         let poison = BatchResult::Poison {
-            error: Error::Misconfiguration("bad".into()),
+            error: Error::misconfigured("bad"),
             at: None,
             deleted: 0,
             last: None,
@@ -813,15 +813,8 @@ mod tests {
 
         s.apply(&o, &m, 3, Err(Error::DeadlineExceeded("x")), 40 * MS, now);
         assert_eq!(s.errors, 1);
-        let fault = s.apply(
-            &o,
-            &m,
-            3,
-            Err(Error::Misconfiguration("m".into())),
-            40 * MS,
-            now,
-        );
-        assert!(matches!(fault, Some(Error::Misconfiguration(_))));
+        let fault = s.apply(&o, &m, 3, Err(Error::misconfigured("m")), 40 * MS, now);
+        assert!(matches!(fault, Some(Error::Misconfiguration { .. })));
         // A bucket lost meanwhile: nothing applies.
         assert!(s.apply(&o, &m, 9, Ok(BatchResult::Idle), MS, now).is_none());
     }
@@ -880,6 +873,7 @@ mod tests {
                 pk: "OUTBOX#MESSAGES#3".into(),
                 sk: "0000000000000000011".into(),
                 reason: "MessageId is missing".into(),
+                source: None,
             },
             at: None,
             deleted: 0,

@@ -163,6 +163,7 @@ impl DynamoDbOutboxStore {
                         return Err(Error::DynamoDb {
                             operation: "BatchWriteItem",
                             retryable: true,
+                            request_id: None,
                             source: format!(
                                 "{} deletes still unprocessed after {attempt} attempts",
                                 left.len()
