@@ -38,14 +38,14 @@ impl Publisher for RejectingHead {
         }
         // What follows the rejected record goes out in its own requests (another partition).
         let _ = self.inner.publish(&batch[at + 1..]).await;
-        PublishOutcome {
-            acknowledged: at,
-            error: Some(Error::KafkaRejected {
+        PublishOutcome::new(
+            at,
+            Some(Error::KafkaRejected {
                 topic: batch[at].message.topic.clone(),
                 reason: dynamo_outbox::error::Rejection::TooLarge,
                 source: None,
             }),
-        }
+        )
     }
 }
 

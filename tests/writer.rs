@@ -147,9 +147,10 @@ async fn enqueue_reserves_in_list_order_per_bucket() {
         .enqueue(
             &messages[..3]
                 .iter()
-                .map(|m| OutboxMessage {
-                    message_id: uuid::Uuid::new_v4(),
-                    ..m.clone()
+                .map(|m| {
+                    let mut m = m.clone();
+                    m.message_id = uuid::Uuid::new_v4();
+                    m
                 })
                 .collect::<Vec<_>>(),
         )

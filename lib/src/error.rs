@@ -168,6 +168,7 @@ pub enum Error {
 /// An authorization the brokers refused (see [`Error::KafkaNotAuthorized`]): what the
 /// relay logs and reports as metrics, so that an operator knows what to grant to whom.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NotAuthorized {
     /// The topic of the refused request.
     pub topic: String,
@@ -180,6 +181,24 @@ pub struct NotAuthorized {
     pub operation: &'static str,
     /// The broker's error code.
     pub failure: AuthorizationFailure,
+}
+
+impl NotAuthorized {
+    /// `principal` may not do `operation` (a Kafka ACL operation) on `topic`: the brokers
+    /// answered `failure`.
+    pub fn new(
+        topic: impl Into<String>,
+        principal: impl Into<String>,
+        operation: &'static str,
+        failure: AuthorizationFailure,
+    ) -> Self {
+        NotAuthorized {
+            topic: topic.into(),
+            principal: principal.into(),
+            operation,
+            failure,
+        }
+    }
 }
 
 impl std::fmt::Display for NotAuthorized {

@@ -11,6 +11,7 @@ use crate::trace_context::TraceContext;
 ///
 /// Key and value are stored pre-serialized; the relay passes them through byte for byte.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OutboxMessage {
     /// Random (v4) id, stamped on the record as the message-id header so consumers can
     /// deduplicate the copies that at-least-once delivery may produce.

@@ -66,6 +66,7 @@ impl Reserved {
 
 /// The result of [`DynamoDbOutboxWriter::enqueue`] for one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Enqueued {
     /// The message's id.
     pub message_id: Uuid,

@@ -40,10 +40,8 @@ async fn quarantine_after_n_attempts_moves_the_poison_head_aside_and_the_bucket_
     let relay = Relay::new(
         store.clone(),
         kafka_publisher().await,
-        RelayOptions {
-            poison_policy: PoisonPolicy::QuarantineAfter(3),
-            ..fast_relay_options(&random_name("relay"), 2)
-        },
+        fast_relay_options(&random_name("relay"), 2)
+            .with_poison_policy(PoisonPolicy::QuarantineAfter(3)),
     )
     .unwrap()
     .with_metrics(metrics.clone());

@@ -46,6 +46,7 @@ pub const HANDOVER_SETTLE_MAX: Duration = Duration::from_millis(1500);
 
 /// Why a woken host returns without running a relay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Skip {
     /// Live relays hold (or, having just joined, are claiming) every notified bucket.
     Covered,

@@ -69,6 +69,7 @@ pub const DETAIL_TYPE: &str = "OutboxCommitted";
 /// The `detail` of a commit notification: which outbox, and which of its buckets received
 /// messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CommitNotification {
     /// The outbox table's name.
     pub table: String,

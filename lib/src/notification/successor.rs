@@ -41,6 +41,7 @@ pub const SUCCESSOR_KEY: &str = "outbox_successor";
 
 /// What a leaving relay tells its successor (the payload's [`SUCCESSOR_KEY`] object).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Handoff {
     /// The outbox table's name.
     pub table: String,

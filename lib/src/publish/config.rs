@@ -152,7 +152,22 @@ impl KafkaAuth {
 }
 
 /// Options of [`KafkaPublisher`](super::KafkaPublisher).
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use dynamo_outbox::publish::{KafkaCompression, KafkaConfig, KafkaTls, TrustedRoots};
+///
+/// let config = KafkaConfig::new(["b-1.example:9098", "b-2.example:9098"])
+///     .with_msk_iam("eu-west-1")
+///     .with_tls(KafkaTls::system().with_roots(TrustedRoots::File("/etc/kafka/ca.pem".into())))
+///     .with_compression(KafkaCompression::Zstd)
+///     .with_publish_timeout(Duration::from_secs(10));
+/// config.validate()?;
+/// # Ok::<(), dynamo_outbox::Error>(())
+/// ```
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct KafkaConfig {
     /// `host:port` of one or more brokers to learn the cluster from (required).
     pub bootstrap_servers: Vec<String>,
@@ -300,18 +315,96 @@ impl KafkaConfig {
         self
     }
 
-    /// Sets the message-id header name.
+    /// Sets the message-id header name ([`Self::message_id_header`]).
     pub fn with_message_id_header(mut self, name: impl Into<String>) -> Self {
         self.message_id_header = name.into();
         self
     }
 
+    /// Sets the client id the brokers log requests under ([`Self::client_id`]).
+    pub fn with_client_id(mut self, client_id: impl Into<String>) -> Self {
+        self.client_id = client_id.into();
+        self
+    }
+
+    /// Sets the longest one publish may take ([`Self::publish_timeout`]).
+    pub fn with_publish_timeout(mut self, publish_timeout: Duration) -> Self {
+        self.publish_timeout = publish_timeout;
+        self
+    }
+
+    /// Sets the backoff budget of one request's retries ([`Self::retry_budget`]).
+    pub fn with_retry_budget(mut self, retry_budget: Duration) -> Self {
+        self.retry_budget = retry_budget;
+        self
+    }
+
+    /// Sets the attempts per produce request ([`Self::produce_attempts`]).
+    pub fn with_produce_attempts(mut self, produce_attempts: u32) -> Self {
+        self.produce_attempts = produce_attempts;
+        self
+    }
+
+    /// Sets the largest estimated size of one produce request ([`Self::max_request_bytes`]).
+    pub fn with_max_request_bytes(mut self, max_request_bytes: usize) -> Self {
+        self.max_request_bytes = max_request_bytes;
+        self
+    }
+
+    /// Sets the produce requests of one batch in flight at once ([`Self::max_in_flight`]).
+    pub fn with_max_in_flight(mut self, max_in_flight: usize) -> Self {
+        self.max_in_flight = max_in_flight;
+        self
+    }
+
+    /// Sets how long a topic's partition count is trusted ([`Self::metadata_max_age`]).
+    pub fn with_metadata_max_age(mut self, metadata_max_age: Duration) -> Self {
+        self.metadata_max_age = metadata_max_age;
+        self
+    }
+
+    /// Sets the compression of the produce requests ([`Self::compression`]).
+    pub fn with_compression(mut self, compression: KafkaCompression) -> Self {
+        self.compression = compression;
+        self
+    }
+
     /// Reads the options from the process environment (see [`env`](mod@env)) and validates them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the variable (or the field) and the rule it broke:
+    /// [`env::BOOTSTRAP_SERVERS`] unset or not `host:port`, an unknown [`env::AUTH`] or
+    /// [`env::COMPRESSION`], credentials or TLS files that are missing, partial or named
+    /// twice, a rule of [`validate`](Self::validate).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// let config = dynamo_outbox::publish::KafkaConfig::from_env()?;
+    /// # Ok::<(), dynamo_outbox::Error>(())
+    /// ```
     pub fn from_env() -> Result<Self> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
     /// Reads the options through `lookup` (an environment stand-in) and validates them.
+    ///
+    /// # Errors
+    /// As [`from_env`](Self::from_env).
+    ///
+    /// # Examples
+    /// ```
+    /// use dynamo_outbox::publish::{env, KafkaAuth, KafkaConfig};
+    ///
+    /// let config = KafkaConfig::from_lookup(|name| match name {
+    ///     env::BOOTSTRAP_SERVERS => Some("b-1.example:9096".into()),
+    ///     env::AUTH => Some("scram-sha-512".into()),
+    ///     env::SASL_SECRET_ARN => Some("AmazonMSK_outbox".into()),
+    ///     _ => None,
+    /// })?;
+    /// assert_eq!(config.auth, KafkaAuth::ScramSha512);
+    /// assert!(config.tls.is_on(), "SASL turns TLS on");
+    /// # Ok::<(), dynamo_outbox::Error>(())
+    /// ```
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let mut config = KafkaConfig::new(servers_from_lookup(&lookup)?);
         if let Some(v) = lookup(env::AUTH) {
@@ -357,7 +450,10 @@ impl KafkaConfig {
         Ok(config)
     }
 
-    /// Checks every rule; the error names the field and the rule.
+    /// Checks every rule.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the field and the rule it broke.
     pub fn validate(&self) -> Result<()> {
         if self.bootstrap_servers.is_empty() {
             return Err(Error::option(

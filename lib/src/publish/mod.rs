@@ -66,6 +66,7 @@ pub use tls::{ClientCertificate, KafkaTls, TlsSecret, TrustedRoots};
 /// What happened to a batch: the first `acknowledged` messages are durably in Kafka
 /// (acks=all); the rest were not (or not known to be) written.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct PublishOutcome {
     /// How many leading messages of the batch the brokers acknowledged.
     pub acknowledged: usize,
@@ -76,6 +77,15 @@ pub struct PublishOutcome {
 }
 
 impl PublishOutcome {
+    /// The first `acknowledged` messages acknowledged; `error` says why the next one was
+    /// not (`None` when the batch had no more).
+    pub fn new(acknowledged: usize, error: Option<Error>) -> Self {
+        PublishOutcome {
+            acknowledged,
+            error,
+        }
+    }
+
     /// Every one of `len` messages acknowledged.
     pub fn complete(len: usize) -> Self {
         PublishOutcome {
