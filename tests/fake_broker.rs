@@ -1,6 +1,6 @@
 //! What only a fake broker can show (`outbox_testkit::fake_broker`), through the public
 //! API: Amazon MSK IAM's SASL/OAUTHBEARER (only MSK verifies its token; the token's SigV4
-//! signature is checked independently by the signer's own tests in `lib/src/publish/msk_iam.rs`),
+//! signature is checked independently by the signer's own tests in `tests/msk_iam.rs`),
 //! a SCRAM broker that does not know the password, and a broker that never answers.
 //! SCRAM and PLAIN against a broker that checks them are in `kafka_auth.rs`, against the
 //! stack's Apache Kafka. No local stack needed: the fakes run in the test.

@@ -28,12 +28,11 @@ use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, ReturnValue, Transact
 use uuid::Uuid;
 
 use crate::attr;
-use crate::clock::duration_to_ticks;
-use crate::error::{from_sdk, Error, Result};
+use crate::error::{from_sdk, transaction_error, Error, Result};
 use crate::message::OutboxMessage;
-use crate::schema::{self, Item, Keys};
-use crate::store::{DynamoDbOutboxStore, ORIGINAL_PK, ORIGINAL_SK};
-use crate::writer::transaction_error;
+use crate::protocol::clock::duration_to_ticks;
+use crate::protocol::schema::{self, Item, Keys};
+use crate::protocol::store::{DynamoDbOutboxStore, ORIGINAL_PK, ORIGINAL_SK};
 
 /// The most dead letters one call redrives or purges.
 pub const MAX_BATCH: usize = 1000;

@@ -58,15 +58,15 @@ use tracing::warn;
 use uuid::Uuid;
 
 use crate::attr;
-use crate::clock::{duration_to_ticks, ticks_from_system_time};
 use crate::enqueue_request::{parse_request, EnqueueRequest, EnqueueResponse, EnqueuedMessage};
-use crate::error::{Error, Result};
+use crate::error::{transaction_error, Error, Result};
 #[cfg(feature = "eventbridge")]
 use crate::notification::{CommitNotification, EventBridgeNotifier, NOTIFY_TIMEOUT};
 use crate::options::OutboxOptions;
-use crate::schema::{self, Keys};
+use crate::protocol::clock::{duration_to_ticks, ticks_from_system_time};
+use crate::protocol::schema::{self, Keys};
 use crate::trace_context::TraceContext;
-use crate::writer::{transaction_error, DynamoDbOutboxWriter, Reserved};
+use crate::writer::{DynamoDbOutboxWriter, Reserved};
 
 /// The environment variable saying how long an idempotency key answers with the first
 /// call's response (default [`DEFAULT_IDEMPOTENCY_RETENTION`]).
@@ -262,7 +262,7 @@ impl EnqueueService {
     /// key cancels it, and its stored response is returned instead.
     async fn enqueue_idempotent(
         &self,
-        messages: &[crate::OutboxMessage],
+        messages: &[crate::message::OutboxMessage],
         key: &str,
     ) -> Result<EnqueueOutcome> {
         let reserved = self.writer.reserve(messages).await?;

@@ -37,7 +37,7 @@ use serde_json::{Map, Value};
 use crate::error::{Error, Result};
 use crate::headers::Header;
 use crate::message::OutboxMessage;
-use crate::schema::MAX_TRANSACTION_ITEMS;
+use crate::protocol::schema::MAX_TRANSACTION_ITEMS;
 use crate::trace_context::TraceContext;
 use crate::writer::Enqueued;
 

@@ -72,7 +72,9 @@ pub mod trace_context;
 pub mod writer;
 
 pub mod protocol;
-pub(crate) use protocol::{attr, clock, coordination, plan, schema, store};
+
+mod attr;
+mod ticks;
 
 pub use error::{Error, Result};
 pub use headers::Header;

@@ -2,9 +2,9 @@
 
 use uuid::Uuid;
 
-use crate::clock::ticks_from_system_time;
 use crate::error::{Error, Result};
 use crate::headers::Header;
+use crate::ticks::ticks_from_system_time;
 use crate::trace_context::TraceContext;
 
 /// A Kafka record waiting in the outbox.

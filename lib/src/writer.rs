@@ -30,7 +30,7 @@ use crate::error::{from_sdk, Error, Result};
 use crate::message::OutboxMessage;
 use crate::notification::{CommitNotifier, NoopNotifier};
 use crate::options::{OutboxOptions, TopicAllowList};
-use crate::schema::{self, Item, Keys};
+use crate::protocol::schema::{self, Item, Keys};
 
 /// A message with its reserved place, ready to join a transaction.
 #[derive(Debug, Clone)]
@@ -469,7 +469,7 @@ mod tests {
         let own = "00-11111111111111111111111111111111-2222222222222222-00";
         let plain = OutboxMessage::new("t", 8);
         let with_own =
-            OutboxMessage::new("t", 8).with_header(crate::Header::new("traceparent", own));
+            OutboxMessage::new("t", 8).with_header(crate::headers::Header::new("traceparent", own));
         let both = [plain.clone(), with_own.clone()];
         // Outside any span (and always without the feature): written as they are.
         assert!(matches!(with_current_trace(&both), Cow::Borrowed(_)));
@@ -491,7 +491,7 @@ mod tests {
             let stamped = with_current_trace(&both);
             assert_eq!(
                 stamped[0].headers,
-                vec![crate::Header::new(
+                vec![crate::headers::Header::new(
                     "traceparent",
                     "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
                 )]

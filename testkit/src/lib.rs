@@ -9,6 +9,7 @@ pub mod fake_broker;
 pub mod fault;
 pub mod kafka;
 pub mod lambda;
+pub mod msk_iam;
 pub mod otlp;
 
 pub use fault::{dynamodb_builder, faulty_dynamodb, Fault};

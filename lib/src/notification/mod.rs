@@ -18,7 +18,7 @@
 //! Every commit can send a notification, and every notification can start a relay
 //! invocation. A relay started by one first reads the coordination partition once
 //! (one strongly consistent `Query`, no write) and returns at once when
-//! [`crate::coordination::Coordination::uncovered`] finds every notified bucket held by a
+//! [`crate::protocol::coordination::Coordination::uncovered`] finds every notified bucket held by a
 //! live relay; only otherwise does it join the fleet as a relay.
 
 use std::fmt::Debug;

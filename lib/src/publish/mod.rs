@@ -52,9 +52,6 @@ mod secret;
 mod span;
 mod tls;
 
-#[cfg(test)]
-mod token_check;
-
 pub use config::{KafkaAuth, KafkaCompression, KafkaConfig, DEFAULT_MESSAGE_ID_HEADER};
 pub use kafka::KafkaPublisher;
 pub use lazy::{LazyKafkaPublisher, CONNECT_TIMEOUT, RECONNECT_PAUSE};

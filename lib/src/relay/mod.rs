@@ -39,8 +39,8 @@ use crate::error::{Error, Result};
 use crate::metrics::{NoMetrics, RelayMetrics};
 use crate::notification::{Handoff, LocalNotifier, Successor, SUCCESSOR_LEAD};
 use crate::options::RelayOptions;
+use crate::protocol::store::{DynamoDbOutboxStore, WriteKind};
 use crate::publish::Publisher;
-use crate::store::{DynamoDbOutboxStore, WriteKind};
 
 pub use report::{RunReport, StopReason};
 use state::RunState;
@@ -50,8 +50,7 @@ use stop_signal::Shutdown;
 pub const DEFAULT_STOP_RESERVE: Duration = Duration::from_secs(2);
 /// Longest time a relay waits for its successor's start to be accepted.
 pub const SUCCESSOR_START_TIMEOUT: Duration = Duration::from_secs(3);
-/// Pause between a relay's first heartbeat and its first read of the coordination partition.
-pub const JOIN_DELAY: Duration = Duration::from_millis(300);
+pub use crate::protocol::coordination::JOIN_DELAY;
 /// How often the owner of bucket zero samples the backlog (counts are billed per item
 /// counted, so not every round; never in the first round, before anything is published).
 pub const BACKLOG_SAMPLE_INTERVAL: Duration = Duration::from_secs(60);

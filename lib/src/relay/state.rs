@@ -10,10 +10,10 @@ use tracing::{error, info, warn};
 
 use super::outcome::{BatchResult, Settled};
 use super::report::{RunReport, StopReason};
-use crate::clock::duration_to_ticks;
 use crate::error::{Error, Result};
 use crate::metrics::RelayMetrics;
 use crate::options::{PoisonPolicy, RelayOptions};
+use crate::protocol::clock::duration_to_ticks;
 
 /// A bucket this relay holds, and what it knows of it.
 #[derive(Debug, Clone)]
@@ -537,7 +537,7 @@ fn smoothed_estimate(
 fn poison_sequence(error: &Error, at: Option<&(String, u64)>) -> Option<u64> {
     match (at, error) {
         (Some((_, seq)), _) => Some(*seq),
-        (None, Error::Corrupt { sk, .. }) => crate::schema::parse_message_sk(sk),
+        (None, Error::Corrupt { sk, .. }) => crate::protocol::schema::parse_message_sk(sk),
         (None, _) => None,
     }
 }
@@ -584,7 +584,7 @@ mod tests {
         crate::message::StoredMessage {
             bucket: 3,
             sequence,
-            message: crate::OutboxMessage::new("t", 4),
+            message: crate::message::OutboxMessage::new("t", 4),
         }
     }
 

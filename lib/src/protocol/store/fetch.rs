@@ -11,7 +11,7 @@ use tracing::{debug, instrument};
 use super::DynamoDbOutboxStore;
 use crate::error::{from_sdk, Error, Result};
 use crate::message::StoredMessage;
-use crate::schema::{self, Item};
+use crate::protocol::schema::{self, Item};
 
 /// Most gap probes per fetch.
 pub const MAX_GAP_PROBES: usize = 8;

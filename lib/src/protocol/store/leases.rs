@@ -13,11 +13,11 @@ use tracing::{debug, instrument, warn};
 use super::{DynamoDbOutboxStore, WriteKind};
 
 use crate::attr;
-use crate::clock::duration_to_ticks;
-use crate::coordination::{self, Coordination, LeaseRecord, ReadExpiry, RelayRecord};
 use crate::error::{from_sdk, Error, Result};
 use crate::options::RelayOptions;
-use crate::schema::{self, get_n, get_s};
+use crate::protocol::clock::duration_to_ticks;
+use crate::protocol::coordination::{self, Coordination, LeaseRecord, ReadExpiry, RelayRecord};
+use crate::protocol::schema::{self, get_n, get_s};
 
 /// What one read of the coordination partition says of notified buckets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +84,7 @@ impl DynamoDbOutboxStore {
             aws_sdk_dynamodb::operation::update_item::UpdateItemOutput,
             aws_sdk_dynamodb::error::SdkError<UpdateItemError, HttpResponse>,
         >,
-        applied: impl Fn(&crate::schema::Item) -> bool,
+        applied: impl Fn(&crate::protocol::schema::Item) -> bool,
     ) -> Result<bool> {
         if let Err(e) = &result {
             if let Some(UpdateItemError::ConditionalCheckFailedException(c)) = e.as_service_error()
@@ -192,7 +192,7 @@ impl DynamoDbOutboxStore {
         } else {
             coordination
                 .taken_over_at(&uncovered, self.options().bucket_count, now, &takeover)
-                .map(|at| crate::clock::ticks_to_duration(at.saturating_sub(now)))
+                .map(|at| crate::protocol::clock::ticks_to_duration(at.saturating_sub(now)))
         };
         Ok(Coverage {
             uncovered,

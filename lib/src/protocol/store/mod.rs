@@ -31,10 +31,10 @@ use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, Select};
 use aws_sdk_dynamodb::Client;
 
-use crate::clock::{Clock, SystemClock};
 use crate::error::{from_sdk, Result};
 use crate::options::OutboxOptions;
-use crate::schema::Keys;
+use crate::protocol::clock::{Clock, SystemClock};
+use crate::protocol::schema::Keys;
 
 /// Kinds of conditional write a relay makes; a refusal of any of them is counted by kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -19,9 +19,8 @@ use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem};
 
 use super::DynamoDbOutboxStore;
 use crate::attr;
-use crate::error::{from_sdk, Error, Result};
-use crate::schema::{self, Item};
-use crate::writer::transaction_error;
+use crate::error::{from_sdk, transaction_error, Error, Result};
+use crate::protocol::schema::{self, Item};
 
 /// Attribute holding a dead letter's original partition key.
 pub const ORIGINAL_PK: &str = "OriginalPK";

@@ -4,7 +4,7 @@
 use super::DynamoDbOutboxStore;
 use crate::attr;
 use crate::error::{from_sdk, Result};
-use crate::schema::{self};
+use crate::protocol::schema::{self};
 
 /// The backlog of one bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
