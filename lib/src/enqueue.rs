@@ -77,6 +77,7 @@ pub const DEFAULT_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 360
 
 /// What one enqueue call did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EnqueueOutcome {
     /// The response: each message's id, bucket and sequence, in request order.
     pub response: EnqueueResponse,
@@ -98,6 +99,9 @@ pub struct EnqueueService {
 impl EnqueueService {
     /// The service over `client` for the outbox `options` describe (validated here), with
     /// the default idempotency retention and no notifier.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `options` break a rule ([`OutboxOptions::validate`]).
     pub fn new(client: aws_sdk_dynamodb::Client, options: OutboxOptions) -> Result<Self> {
         Ok(EnqueueService {
             keys: Keys::new(&options),
@@ -113,6 +117,22 @@ impl EnqueueService {
     /// [`IDEMPOTENCY_RETENTION`] and
     /// [`NOTIFY_EVENT_BUS`](crate::notification::NOTIFY_EVENT_BUS), read through `lookup`
     /// (the process environment, or a stand-in); the clients are built for `config`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the variable and the rule it broke.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dynamo_outbox::enqueue::EnqueueService;
+    ///
+    /// # async fn example() -> dynamo_outbox::Result<()> {
+    /// let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    /// let service = EnqueueService::from_lookup(&sdk, |name| std::env::var(name).ok())?;
+    /// let request = serde_json::json!({"messages": [{"topic": "orders", "value": "placed"}]});
+    /// let outcome = service.enqueue_json(&request, None).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     #[cfg(feature = "eventbridge")]
     pub fn from_lookup(
         config: &aws_config::SdkConfig,
@@ -159,6 +179,9 @@ impl EnqueueService {
 
     /// Parses the JSON request `payload` ([`parse_request`], for this outbox's bucket
     /// count) and enqueues it ([`Self::enqueue`]).
+    ///
+    /// # Errors
+    /// What [`parse_request`] refuses, and as [`Self::enqueue`].
     pub async fn enqueue_json(
         &self,
         payload: &Value,
@@ -170,6 +193,9 @@ impl EnqueueService {
     /// [`Self::enqueue_json`], stamping `fallback` (the enqueue function: the invocation's
     /// X-Ray trace header in W3C form) on every message that neither the request's
     /// `traceparent` nor a header of its own gives a trace context.
+    ///
+    /// # Errors
+    /// As [`Self::enqueue_json`].
     pub async fn enqueue_json_traced(
         &self,
         payload: &Value,
@@ -194,6 +220,12 @@ impl EnqueueService {
     /// The write gives up at `deadline` with [`Error::DeadlineExceeded`] (it may or may
     /// not have committed); without one, the SDK's own timeouts bound it. The notification
     /// ends by `deadline` too, and never fails the call.
+    ///
+    /// # Errors
+    /// Before anything is written, [`Error::InvalidMessage`] or [`Error::Limit`] naming
+    /// the field (`errorType` `ValidationError`); then [`Error::DynamoDb`] or
+    /// [`Error::TransactionCanceled`] when the write fails, [`Error::DeadlineExceeded`] at
+    /// `deadline`.
     pub async fn enqueue(
         &self,
         request: &EnqueueRequest,

@@ -46,6 +46,7 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 256;
 
 /// A parsed and validated enqueue request.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EnqueueRequest {
     /// The messages, stamped with the writer's bucket count, in request order.
     pub messages: Vec<OutboxMessage>,
@@ -55,6 +56,7 @@ pub struct EnqueueRequest {
 
 /// One enqueued message of an [`EnqueueResponse`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct EnqueuedMessage {
     /// The message id (a UUID, hyphenated), also stamped on the record as a header.
     pub message_id: String,
@@ -66,6 +68,7 @@ pub struct EnqueuedMessage {
 
 /// The response to an enqueue request: one entry per message, in request order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct EnqueueResponse {
     /// The enqueued messages.
     pub messages: Vec<EnqueuedMessage>,

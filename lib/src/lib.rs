@@ -10,26 +10,44 @@
 //! # The public surface
 //! The rule: what a service embeds is documented here, one module per concept; the
 //! protocol's internals are in [`protocol`], public on purpose for tests and tools and
-//! outside any compatibility promise; the support code of this workspace's own binaries
-//! (the Lambda functions and `outboxctl`) is hidden from these docs and not for other
-//! crates.
+//! outside any compatibility promise (but for [`DynamoDbOutboxStore`] and
+//! [`metrics::WriteKind`], stable under those paths); the glue of this workspace's own
+//! Lambda functions and OTLP exporter (`lambda`, `otlp`) is hidden from these docs and not
+//! for other crates. Types that will grow are `#[non_exhaustive]`: the options are built
+//! with their constructor and `with_*` setters, the reports and errors are read and
+//! matched with a wildcard arm.
 //!
 //! - Writing: [`DynamoDbOutboxWriter`] ([`writer`]), [`OutboxMessage`] ([`message`]),
 //!   [`Header`] ([`headers`]), [`OutboxOptions`] ([`options`]), the W3C trace context a
 //!   message carries to its consumer ([`trace_context`]).
+//! - The enqueue service: [`enqueue`] runs one JSON request of [`enqueue_request`]
+//!   (parsed, validated, written with its idempotency marker, announced), as the enqueue
+//!   function and `outboxctl enqueue` do; a service of your own can run it too.
 //! - Relaying: [`Relay`], [`RunReport`], [`StopReason`] ([`relay`]), [`RelayOptions`],
 //!   [`DynamoDbOutboxStore`] (the table as a relay uses it), the Kafka publisher and its
 //!   configuration ([`publish`]), the measurements ([`metrics`]).
 //! - Waking relays: [`notification`]: the in-process [`LocalNotifier`], commit
 //!   notifications over EventBridge, the wake-up decision of a host started by one, and
 //!   successors.
-//! - The table: [`table`] (its definition and `create_if_not_exists`).
+//! - Operating: [`status`] reads the state of an outbox as `outboxctl status` shows it;
+//!   [`dead_letters`] lists, redrives and purges what the dead-letter partition holds.
+//! - The table: [`table`] (its definition and `create_if_not_exists`); [`client`], a
+//!   DynamoDB client with the per-attempt and per-operation timeouts a relay needs;
+//!   [`accounting`], an SDK interceptor counting every DynamoDB attempt by operation and
+//!   outcome (what the cost model is measured with).
 //! - Errors: [`Error`], [`Result`] ([`error`]).
 //! - Logs: [`logging`], a subscriber whose filter keeps the AWS SDK's signing and
 //!   credential internals out of the output at any level.
 //! - [`protocol`]: the item layout and keys, the clock, the coordination partition, the
 //!   lease plan, and each request of the lease protocol, for tools and tests that drive it
 //!   step by step.
+//!
+//! # Layers
+//! One way, bottom up: the ground types (errors, headers, the attribute names, the time
+//! format, the trace context, the message, the options); [`protocol`] on them; the
+//! publisher, the notifications, the metrics and the table over the protocol; the writer
+//! and the relay over those; the enqueue service, status and dead letters on top. No
+//! module imports one above it.
 //!
 //! `scripts/test.sh` builds these docs with `-D warnings` (no broken or private links,
 //! every public item documented).
@@ -40,15 +58,10 @@
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
-#[doc(hidden)]
 pub mod accounting;
-#[doc(hidden)]
 pub mod client;
-#[doc(hidden)]
 pub mod dead_letters;
-#[doc(hidden)]
 pub mod enqueue;
-#[doc(hidden)]
 pub mod enqueue_request;
 pub mod error;
 pub mod headers;
@@ -65,7 +78,6 @@ pub mod options;
 pub mod otlp;
 pub mod publish;
 pub mod relay;
-#[doc(hidden)]
 pub mod status;
 pub mod table;
 pub mod trace_context;

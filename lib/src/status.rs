@@ -240,6 +240,24 @@ fn seconds(ticks: i64) -> f64 {
 
 /// Reads the state of the outbox of `store` now. `lease_duration` is the relays' (it
 /// decides which heartbeats count as live; `RelayOptions::lease_duration`).
+///
+/// # Errors
+/// [`Error::DynamoDb`](crate::Error::DynamoDb) when a read fails; nothing is reported then.
+///
+/// # Examples
+/// ```no_run
+/// use dynamo_outbox::status::read_status;
+///
+/// # async fn example(store: dynamo_outbox::DynamoDbOutboxStore) -> dynamo_outbox::Result<()> {
+/// let lease_duration = dynamo_outbox::RelayOptions::default().lease_duration;
+/// let report = read_status(&store, lease_duration).await?;
+/// println!("{} messages pending", report.total_pending());
+/// for warning in &report.warnings {
+///     println!("{}", warning.message);
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub async fn read_status(
     store: &DynamoDbOutboxStore,
     lease_duration: Duration,
@@ -421,7 +439,7 @@ fn pending_without_owner(b: &BucketStatus, bucket_count: u32) -> Option<Warning>
 }
 
 /// The command that moves the item at `bucket` / `sequence` to the dead-letter partition.
-pub fn quarantine_command(bucket: u32, sequence: u64) -> String {
+pub(crate) fn quarantine_command(bucket: u32, sequence: u64) -> String {
     format!("outboxctl quarantine {bucket} {sequence}")
 }
 

@@ -87,6 +87,21 @@ pub struct DynamoDbOutboxWriter {
 
 impl DynamoDbOutboxWriter {
     /// A writer for the outbox `options` describe; the options are validated here.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `options` break a rule ([`OutboxOptions::validate`]).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions};
+    ///
+    /// # async fn example() -> dynamo_outbox::Result<()> {
+    /// let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    /// let client = aws_sdk_dynamodb::Client::new(&sdk);
+    /// let writer = DynamoDbOutboxWriter::new(client, OutboxOptions::new("orders-outbox"))?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(client: Client, options: OutboxOptions) -> Result<Self> {
         options.validate()?;
         Ok(DynamoDbOutboxWriter {
@@ -124,6 +139,37 @@ impl DynamoDbOutboxWriter {
 
     /// Reserves a sequence number for one message and returns its `Put` for your own
     /// transaction. Call it inside your retry loop: a rebuilt transaction must reserve again.
+    ///
+    /// # Errors
+    /// As [`transact_write_items`](Self::transact_write_items).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+    /// use dynamo_outbox::error::transaction_error;
+    /// use dynamo_outbox::DynamoDbOutboxWriter;
+    ///
+    /// # async fn example(
+    /// #     client: aws_sdk_dynamodb::Client,
+    /// #     writer: DynamoDbOutboxWriter,
+    /// #     order: TransactWriteItem,
+    /// # ) -> dynamo_outbox::Result<()> {
+    /// let message = writer
+    ///     .message("orders")
+    ///     .with_key("order-42")
+    ///     .with_value(r#"{"status":"placed"}"#);
+    /// // the business write and the outbox item commit together, or neither does
+    /// client
+    ///     .transact_write_items()
+    ///     .transact_items(order)
+    ///     .transact_items(writer.transact_write_item(&message).await?)
+    ///     .send()
+    ///     .await
+    ///     .map_err(transaction_error)?;
+    /// writer.notify_committed(&[message]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn transact_write_item(&self, message: &OutboxMessage) -> Result<TransactWriteItem> {
         self.transact_write_items(std::slice::from_ref(message))
             .await?
@@ -133,6 +179,12 @@ impl DynamoDbOutboxWriter {
 
     /// Reserves sequence numbers for several messages (one request per distinct bucket;
     /// messages sharing a bucket keep their list order) and returns their `Put`s.
+    ///
+    /// # Errors
+    /// Before any request, what [`check`](Self::check) finds ([`Error::InvalidMessage`],
+    /// [`Error::Limit`]); [`Error::DynamoDb`] when a reservation fails (retryable ones say
+    /// so, [`Error::is_retryable`]); [`Error::Corrupt`] when a bucket's sequence counter
+    /// holds no number.
     pub async fn transact_write_items(
         &self,
         messages: &[OutboxMessage],
@@ -146,6 +198,11 @@ impl DynamoDbOutboxWriter {
 
     /// Checks every message, the topic allow-list ([`OutboxOptions::allowed_topics`]) and
     /// DynamoDB's limits without sending anything.
+    ///
+    /// # Errors
+    /// [`Error::InvalidMessage`] naming the message's field and the rule it broke (a topic
+    /// outside the allow-list among them), [`Error::Limit`] for an item or a transaction
+    /// DynamoDB would refuse.
     pub fn check(&self, messages: &[OutboxMessage]) -> Result<()> {
         self.check_stamped(&with_current_trace(messages))
     }
@@ -267,6 +324,21 @@ impl DynamoDbOutboxWriter {
     /// SDK's retry of a write that was applied: a success, not a second copy. Two or more
     /// messages are one `TransactWriteItems` with a `ClientRequestToken`, so a retry of the
     /// SDK whose first attempt was applied is a success there too.
+    ///
+    /// # Errors
+    /// As [`transact_write_items`](Self::transact_write_items), and for the write itself
+    /// [`Error::DynamoDb`] or [`Error::TransactionCanceled`]; nothing is written then.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn example(writer: dynamo_outbox::DynamoDbOutboxWriter) -> dynamo_outbox::Result<()> {
+    /// let enqueued = writer
+    ///     .enqueue(&[writer.message("orders").with_key("order-42").with_value("placed")])
+    ///     .await?;
+    /// println!("message {} in bucket {}", enqueued[0].message_id, enqueued[0].bucket);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn enqueue(&self, messages: &[OutboxMessage]) -> Result<Vec<Enqueued>> {
         let reserved = self.reserve(messages).await?;
         match reserved.as_slice() {

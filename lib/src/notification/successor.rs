@@ -131,6 +131,23 @@ mod lambda {
 
     impl LambdaSuccessor {
         /// Invokes `function_name` (a name or an ARN) through `client`.
+        ///
+        /// # Examples
+        /// ```no_run
+        /// use std::sync::Arc;
+        /// use dynamo_outbox::notification::LambdaSuccessor;
+        ///
+        /// # async fn example(
+        /// #     relay: dynamo_outbox::Relay<dynamo_outbox::publish::LazyKafkaPublisher>,
+        /// # ) {
+        /// let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        /// let successor = LambdaSuccessor::new(
+        ///     aws_sdk_lambda::Client::new(&sdk),
+        ///     std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default(),
+        /// );
+        /// let relay = relay.with_successor(Arc::new(successor));
+        /// # }
+        /// ```
         pub fn new(client: aws_sdk_lambda::Client, function_name: impl Into<String>) -> Self {
             LambdaSuccessor {
                 client,

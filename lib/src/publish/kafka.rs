@@ -86,6 +86,27 @@ impl fmt::Debug for KafkaPublisher {
 impl KafkaPublisher {
     /// Connects to the cluster (bootstrap, TLS, SASL, a first metadata read), giving up at
     /// `deadline`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `config` breaks a rule ([`KafkaConfig::validate`]);
+    /// [`Error::Misconfiguration`] for TLS files or secrets that cannot be used (the
+    /// reason names the variable, the source says why); [`Error::Kafka`] when the brokers
+    /// cannot be reached or refuse the credentials or the certificate (the message says
+    /// what to check); [`Error::DeadlineExceeded`] at `deadline`.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
+    /// use tokio::time::Instant;
+    ///
+    /// # async fn example() -> dynamo_outbox::Result<()> {
+    /// let config = KafkaConfig::new(["localhost:9092"]);
+    /// let publisher = KafkaPublisher::connect(config, Instant::now() + Duration::from_secs(10)).await?;
+    /// println!("publishing as {}", publisher.principal());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn connect(config: KafkaConfig, deadline: Instant) -> Result<Self> {
         config.validate()?;
         match tokio::time::timeout_at(deadline, Self::build(config)).await {

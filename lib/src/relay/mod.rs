@@ -78,8 +78,36 @@ impl<P: Publisher> std::fmt::Debug for Relay<P> {
 }
 
 impl<P: Publisher> Relay<P> {
-    /// A relay over `store` publishing with `publisher`. Faults with
+    /// A relay over `store` publishing with `publisher`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `options` break a rule ([`RelayOptions::validate`]);
     /// [`Error::Misconfiguration`] when the relay's bucket count differs from the store's.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use dynamo_outbox::publish::{KafkaConfig, LazyKafkaPublisher};
+    /// use dynamo_outbox::{DynamoDbOutboxStore, OutboxOptions, Relay, RelayOptions};
+    ///
+    /// # async fn example() -> dynamo_outbox::Result<()> {
+    /// let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    /// let client = dynamo_outbox::client::dynamodb_client(&sdk);
+    /// let store = DynamoDbOutboxStore::new(client, OutboxOptions::from_env()?)?;
+    /// let publisher = std::sync::Arc::new(LazyKafkaPublisher::new(KafkaConfig::from_env()?));
+    /// let relay = Relay::new(store, publisher, RelayOptions::from_env()?)?;
+    /// let report = relay
+    ///     .run_until_shutdown(
+    ///         async {
+    ///             let _ = tokio::signal::ctrl_c().await;
+    ///         },
+    ///         Duration::from_secs(10),
+    ///     )
+    ///     .await?;
+    /// println!("published {} messages", report.published);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(
         store: DynamoDbOutboxStore,
         publisher: Arc<P>,
@@ -151,12 +179,42 @@ impl<P: Publisher> Relay<P> {
         &self.store
     }
 
-    /// Runs until `deadline` (everything, the graceful stop included, ends by then).
+    /// Runs until `deadline` (everything, the graceful stop included, ends by then): the
+    /// shape of a Lambda invocation, whose deadline is the invocation's.
+    ///
+    /// Failed requests and rounds are retried after the error backoff and counted in the
+    /// report ([`RunReport::errors`]), not returned.
+    ///
+    /// # Errors
+    /// [`Error::Misconfiguration`] when the deployment disagrees with itself (a message
+    /// stamped with another bucket count, say): the relay stops gracefully and returns it,
+    /// as retrying cannot help.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    ///
+    /// # async fn example(
+    /// #     relay: dynamo_outbox::Relay<dynamo_outbox::publish::LazyKafkaPublisher>,
+    /// # ) -> dynamo_outbox::Result<()> {
+    /// let report = relay.run_until(Instant::now() + Duration::from_secs(60)).await?;
+    /// println!("{}: {} published", report.stop_reason.as_str(), report.published);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn run_until(&self, deadline: Instant) -> Result<RunReport> {
         self.run(Some(deadline), None, Duration::ZERO).await
     }
 
-    /// Runs until `signal` completes, then stops gracefully within `grace`.
+    /// Runs until `signal` completes, then stops gracefully within `grace`: the shape of a
+    /// long-lived process (`outboxctl relay`, a container).
+    ///
+    /// # Errors
+    /// As [`run_until`](Self::run_until).
+    ///
+    /// # Examples
+    /// See [`Relay::new`].
     pub async fn run_until_shutdown<F>(&self, signal: F, grace: Duration) -> Result<RunReport>
     where
         F: Future<Output = ()> + Send + 'static,

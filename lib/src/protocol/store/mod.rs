@@ -121,6 +121,22 @@ pub struct DynamoDbOutboxStore {
 
 impl DynamoDbOutboxStore {
     /// A store for the outbox `options` describe; the options are validated here.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`](crate::Error::InvalidOption) when `options` break a rule
+    /// ([`OutboxOptions::validate`]).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dynamo_outbox::{DynamoDbOutboxStore, OutboxOptions};
+    ///
+    /// # async fn example() -> dynamo_outbox::Result<()> {
+    /// let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    /// let client = dynamo_outbox::client::dynamodb_client(&sdk);
+    /// let store = DynamoDbOutboxStore::new(client, OutboxOptions::new("orders-outbox"))?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(client: Client, options: OutboxOptions) -> Result<Self> {
         options.validate()?;
         Ok(DynamoDbOutboxStore {
