@@ -126,13 +126,15 @@ async fn a_missing_or_malformed_secret_is_a_clear_error_without_its_contents() {
     let _serial = SERIAL.lock().await;
     let client = secrets_manager().await;
     let missing = "arn:aws:secretsmanager:us-east-1:123456789012:secret:AmazonMSK_missing-AbCdEf";
-    let e = config_for("plain", missing)
+    let err = config_for("plain", missing)
         .sasl
         .unwrap()
         .resolve()
         .await
-        .expect_err("no such secret")
-        .to_string();
+        .expect_err("no such secret");
+    // the SDK's error stays the source: the code is in the chain, not in the text
+    assert!(std::error::Error::source(&err).is_some(), "{err:?}");
+    let e = dynamo_outbox::error::chain(&err);
     assert!(
         e.starts_with(&format!(
             "misconfiguration: KAFKA_SASL_SECRET_ARN: reading the secret {missing} from AWS \
@@ -240,10 +242,8 @@ async fn the_tls_secrets_are_read_at_the_connect_and_the_key_is_in_no_log() {
     assert!(!logs.contains("PRIVATE KEY"), "the private key in the logs");
 
     let missing = "arn:aws:secretsmanager:us-east-1:123456789012:secret:kafka-client-AbCdEf";
-    let e = connect(config(missing))
-        .await
-        .expect_err("no such secret")
-        .to_string();
+    let err = connect(config(missing)).await.expect_err("no such secret");
+    let e = dynamo_outbox::error::chain(&err);
     assert!(
         e.starts_with(&format!(
             "misconfiguration: KAFKA_TLS_CLIENT_SECRET_ARN: reading the secret {missing} from \
