@@ -23,9 +23,7 @@ use dynamo_outbox::metrics::emf::{EmfMetrics, NOT_AUTHORIZED_MEMBER};
 use dynamo_outbox::metrics::RelayMetrics;
 use dynamo_outbox::options::PoisonPolicy;
 use dynamo_outbox::publish::{env, KafkaConfig, KafkaPublisher};
-use dynamo_outbox::{
-    DynamoDbOutboxStore, DynamoDbOutboxWriter, OutboxMessage, Relay, RelayOptions,
-};
+use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, OutboxMessage, Relay};
 use outbox_testkit::kafka::{grant_topic, SecureListeners};
 use outbox_testkit::*;
 use tokio::time::Instant;
@@ -184,12 +182,12 @@ async fn refused_in_every_bucket(
         },
     )
     .await;
-    let expected = NotAuthorized {
-        topic: topic.to_owned(),
-        principal: "User:nogrant".into(),
+    let expected = NotAuthorized::new(
+        topic,
+        "User:nogrant",
         operation,
-        failure: AuthorizationFailure::Topic,
-    };
+        AuthorizationFailure::Topic,
+    );
     for (bucket, d) in watch.denied.lock().unwrap().iter() {
         assert!(buckets.contains(bucket), "{bucket}: {d:?}");
         if d.operation == operation {
@@ -240,10 +238,7 @@ async fn refused_then_drained_after_the_grant(policy: PoisonPolicy) {
     let relay = Relay::new(
         store.clone(),
         Arc::new(publisher),
-        RelayOptions {
-            poison_policy: policy,
-            ..fast_relay_options(&random_name("relay"), 4)
-        },
+        fast_relay_options(&random_name("relay"), 4).with_poison_policy(policy),
     )
     .unwrap()
     .with_metrics(watch.clone());

@@ -12,13 +12,11 @@ use outbox_bench::classify::Class;
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn fast_idle_options() -> RelayOptions {
-    RelayOptions {
-        relay_id: "bench-smoke-idle".into(),
-        poll_interval: Duration::from_millis(250),
-        lease_renew_interval: Duration::from_secs(3),
-        lease_duration: Duration::from_secs(9),
-        ..RelayOptions::default()
-    }
+    RelayOptions::default()
+        .with_relay_id("bench-smoke-idle")
+        .with_poll_interval(Duration::from_millis(250))
+        .with_lease_renew_interval(Duration::from_secs(3))
+        .with_lease_duration(Duration::from_secs(9))
 }
 
 /// An idle relay owning every bucket: per round one heartbeat, one coordination query and

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Relay, RelayOptions, StopReason};
+use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Relay, StopReason};
 use outbox_testkit::*;
 use tokio::time::Instant;
 
@@ -40,10 +40,7 @@ async fn deletes_whose_answers_are_lost_are_counted_once_the_bucket_shows_them_g
             .build(),
     );
     let store = DynamoDbOutboxStore::new(faulty, options.clone()).unwrap();
-    let relay_options = RelayOptions {
-        idle_stop: Some(Duration::from_secs(2)),
-        ..fast_relay_options("counts", 1)
-    };
+    let relay_options = fast_relay_options("counts", 1).with_idle_stop(Duration::from_secs(2));
     let relay = Relay::new(store, kafka_publisher().await, relay_options).unwrap();
     let report = relay
         .run_until(Instant::now() + Duration::from_secs(30))

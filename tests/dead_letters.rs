@@ -390,7 +390,7 @@ async fn a_quarantine_never_overwrites_an_earlier_dead_letter_of_the_same_place(
         .await
         .unwrap();
     let e = store.quarantine(1, seq).await.unwrap_err();
-    assert!(matches!(e, Error::Misconfiguration(_)), "{e:?}");
+    assert!(matches!(e, Error::Misconfiguration { .. }), "{e:?}");
     assert!(
         e.to_string().contains("exists already") && e.to_string().contains("counter was reset"),
         "{e}"

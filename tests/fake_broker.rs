@@ -1,6 +1,6 @@
 //! What only a fake broker can show (`outbox_testkit::fake_broker`), through the public
 //! API: Amazon MSK IAM's SASL/OAUTHBEARER (only MSK verifies its token; the token's SigV4
-//! signature is checked independently by the signer's own tests in `lib/src/publish/msk_iam.rs`),
+//! signature is checked independently by the signer's own tests in `tests/msk_iam.rs`),
 //! a SCRAM broker that does not know the password, and a broker that never answers.
 //! SCRAM and PLAIN against a broker that checks them are in `kafka_auth.rs`, against the
 //! stack's Apache Kafka. No local stack needed: the fakes run in the test.
@@ -11,7 +11,7 @@ use aws_credential_types::provider::SharedCredentialsProvider;
 use aws_credential_types::Credentials;
 use base64::engine::general_purpose::{STANDARD as B64, URL_SAFE_NO_PAD};
 use base64::Engine as _;
-use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, KafkaPublisher, SaslCredentials};
+use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, KafkaPublisher, KafkaTls, SaslCredentials};
 use dynamo_outbox::Error;
 use outbox_testkit::fake_broker::{FakeBroker, FakeSasl, METADATA};
 
@@ -32,7 +32,7 @@ fn msk_iam_config(broker: &FakeBroker) -> KafkaConfig {
     let mut config = KafkaConfig::new([broker.address.clone()])
         .with_msk_iam("eu-west-1")
         .with_credentials(SharedCredentialsProvider::new(credentials));
-    config.tls = false;
+    config.tls = KafkaTls::Off;
     config.retry_budget = Duration::from_millis(300);
     config
 }
@@ -166,7 +166,7 @@ async fn the_client_refuses_a_scram_broker_whose_server_signature_is_forged() {
         KafkaAuth::ScramSha512,
         SaslCredentials::new("alice", "pw-5e1c"),
     );
-    config.tls = false; // the fake speaks plaintext
+    config.tls = KafkaTls::Off; // the fake speaks plaintext
     config.retry_budget = Duration::from_millis(300);
     let err = KafkaPublisher::connect(
         config,

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_secretsmanager::primitives::Blob;
-use dynamo_outbox::protocol::schema::StoredMessage;
+use dynamo_outbox::message::StoredMessage;
 use dynamo_outbox::publish::env;
 use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, KafkaPublisher, Publisher, SaslCredentials};
 use dynamo_outbox::OutboxMessage;
@@ -76,7 +76,10 @@ async fn the_secret_is_read_once_per_process_and_again_after_forget() {
     )
     .await;
     let config = config_for("scram-sha-512", &arn);
-    assert_eq!((config.auth, config.tls), (KafkaAuth::ScramSha512, true));
+    assert_eq!(
+        (config.auth, config.tls.is_on()),
+        (KafkaAuth::ScramSha512, true)
+    );
     let sasl = config.sasl.clone().expect("credentials from the secret");
 
     // every log line of the read at trace, through the binaries' subscriber
@@ -123,13 +126,15 @@ async fn a_missing_or_malformed_secret_is_a_clear_error_without_its_contents() {
     let _serial = SERIAL.lock().await;
     let client = secrets_manager().await;
     let missing = "arn:aws:secretsmanager:us-east-1:123456789012:secret:AmazonMSK_missing-AbCdEf";
-    let e = config_for("plain", missing)
+    let err = config_for("plain", missing)
         .sasl
         .unwrap()
         .resolve()
         .await
-        .expect_err("no such secret")
-        .to_string();
+        .expect_err("no such secret");
+    // the SDK's error stays the source: the code is in the chain, not in the text
+    assert!(std::error::Error::source(&err).is_some(), "{err:?}");
+    let e = dynamo_outbox::error::chain(&err);
     assert!(
         e.starts_with(&format!(
             "misconfiguration: KAFKA_SASL_SECRET_ARN: reading the secret {missing} from AWS \
@@ -237,10 +242,8 @@ async fn the_tls_secrets_are_read_at_the_connect_and_the_key_is_in_no_log() {
     assert!(!logs.contains("PRIVATE KEY"), "the private key in the logs");
 
     let missing = "arn:aws:secretsmanager:us-east-1:123456789012:secret:kafka-client-AbCdEf";
-    let e = connect(config(missing))
-        .await
-        .expect_err("no such secret")
-        .to_string();
+    let err = connect(config(missing)).await.expect_err("no such secret");
+    let e = dynamo_outbox::error::chain(&err);
     assert!(
         e.starts_with(&format!(
             "misconfiguration: KAFKA_TLS_CLIENT_SECRET_ARN: reading the secret {missing} from \
@@ -293,7 +296,7 @@ fn sasl_ssl_config(
             .map(|(_, v)| v.clone())
     })
     .expect("a valid configuration");
-    assert!(config.tls, "SASL turns TLS on");
+    assert!(config.tls.is_on(), "SASL turns TLS on");
     config.retry_budget = RETRY_BUDGET;
     config
 }
@@ -315,12 +318,14 @@ async fn publish_and_read_back(publisher: &KafkaPublisher, label: &str) {
         .await
         .unwrap();
     let batch: Vec<StoredMessage> = (0..3)
-        .map(|i| StoredMessage {
-            bucket: 0,
-            sequence: i + 1,
-            message: OutboxMessage::new(&topic, 8)
-                .with_key(format!("k{i}"))
-                .with_value(format!("{label} {i}")),
+        .map(|i| {
+            StoredMessage::new(
+                0,
+                i + 1,
+                OutboxMessage::new(&topic, 8)
+                    .with_key(format!("k{i}"))
+                    .with_value(format!("{label} {i}")),
+            )
         })
         .collect();
     let outcome = publisher.publish(&batch).await;

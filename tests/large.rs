@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dynamo_outbox::message::StoredMessage;
 use dynamo_outbox::metrics::RelayMetrics;
-use dynamo_outbox::protocol::schema::StoredMessage;
 use dynamo_outbox::publish::{KafkaPublisher, PublishOutcome, Publisher};
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Relay, RelayOptions};
 use outbox_testkit::*;
@@ -95,15 +95,13 @@ impl Publisher for Recording {
 }
 
 fn options(relay_id: &str) -> RelayOptions {
-    RelayOptions {
-        bucket_count: 8,
-        relay_id: relay_id.into(),
-        poll_interval: Duration::from_millis(200),
-        error_backoff: Duration::from_millis(500),
-        lease_duration: Duration::from_secs(9),
-        lease_renew_interval: Duration::from_secs(3),
-        ..RelayOptions::default()
-    }
+    RelayOptions::default()
+        .with_bucket_count(8)
+        .with_relay_id(relay_id)
+        .with_poll_interval(Duration::from_millis(200))
+        .with_error_backoff(Duration::from_millis(500))
+        .with_lease_duration(Duration::from_secs(9))
+        .with_lease_renew_interval(Duration::from_secs(3))
 }
 
 /// The records of `topic` (values cut to their first 32 bytes): message id, key, the
@@ -364,10 +362,7 @@ async fn a_backlog_too_slow_to_fetch_at_full_size_drains_in_smaller_fetches() {
     let relay = Relay::new(
         DynamoDbOutboxStore::new(slow, options.clone()).unwrap(),
         kafka_publisher().await,
-        RelayOptions {
-            idle_stop: Some(Duration::from_secs(2)),
-            ..fast_relay_options("slow-large", 1)
-        },
+        fast_relay_options("slow-large", 1).with_idle_stop(Duration::from_secs(2)),
     )
     .unwrap();
     let report = relay

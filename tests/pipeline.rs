@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dynamo_outbox::protocol::schema::StoredMessage;
+use dynamo_outbox::message::StoredMessage;
 use dynamo_outbox::publish::{KafkaPublisher, PublishOutcome, Publisher};
 use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, Error, Relay};
 use outbox_testkit::*;
@@ -38,14 +38,14 @@ impl Publisher for RejectingHead {
         }
         // What follows the rejected record goes out in its own requests (another partition).
         let _ = self.inner.publish(&batch[at + 1..]).await;
-        PublishOutcome {
-            acknowledged: at,
-            error: Some(Error::KafkaRejected {
+        PublishOutcome::new(
+            at,
+            Some(Error::KafkaRejected {
                 topic: batch[at].message.topic.clone(),
                 reason: dynamo_outbox::error::Rejection::TooLarge,
                 source: None,
             }),
-        }
+        )
     }
 }
 

@@ -5,8 +5,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dynamo_outbox::error::Rejection;
+use dynamo_outbox::message::StoredMessage;
 use dynamo_outbox::message::{murmur2, to_positive};
-use dynamo_outbox::protocol::schema::StoredMessage;
 use dynamo_outbox::publish::{KafkaCompression, KafkaConfig, KafkaPublisher, Publisher};
 use dynamo_outbox::{Error, Header, OutboxMessage};
 use outbox_testkit::{random_name, stack_var};
@@ -26,11 +26,7 @@ fn stored(messages: Vec<OutboxMessage>) -> Vec<StoredMessage> {
     messages
         .into_iter()
         .enumerate()
-        .map(|(i, message)| StoredMessage {
-            bucket: 0,
-            sequence: i as u64 + 1,
-            message,
-        })
+        .map(|(i, message)| StoredMessage::new(0, i as u64 + 1, message))
         .collect()
 }
 

@@ -67,10 +67,7 @@ impl dynamo_outbox::metrics::RelayMetrics for LastPublish {
 }
 
 fn idle_options(relay_id: &str, bucket_count: u32, idle: Duration) -> RelayOptions {
-    RelayOptions {
-        idle_stop: Some(idle),
-        ..fast_relay_options(relay_id, bucket_count)
-    }
+    fast_relay_options(relay_id, bucket_count).with_idle_stop(idle)
 }
 
 async fn relay(
@@ -437,10 +434,10 @@ async fn a_relay_about_to_idle_out_takes_the_buckets_handed_over_since_its_last_
     let counter = RequestCounter::default();
     let client = client_with(None, &counter).await;
     let options = fresh_table(&client, 2).await;
-    let slow_rounds = |id: &str, renew: Duration| RelayOptions {
-        lease_duration: Duration::from_secs(60),
-        lease_renew_interval: renew,
-        ..fast_relay_options(id, 2)
+    let slow_rounds = |id: &str, renew: Duration| {
+        fast_relay_options(id, 2)
+            .with_lease_duration(Duration::from_secs(60))
+            .with_lease_renew_interval(renew)
     };
     // The holder runs until shut down (it announces no stop).
     let holder = relay(
@@ -481,10 +478,7 @@ async fn a_relay_about_to_idle_out_takes_the_buckets_handed_over_since_its_last_
     let newcomer = relay(
         &client,
         &options,
-        RelayOptions {
-            idle_stop: Some(Duration::from_secs(4)),
-            ..slow_rounds("b-newcomer", Duration::from_secs(30))
-        },
+        slow_rounds("b-newcomer", Duration::from_secs(30)).with_idle_stop(Duration::from_secs(4)),
     )
     .await;
     let started = Instant::now();
@@ -541,7 +535,7 @@ struct KafkaDown;
 impl dynamo_outbox::publish::Publisher for KafkaDown {
     async fn publish(
         &self,
-        _: &[dynamo_outbox::protocol::schema::StoredMessage],
+        _: &[dynamo_outbox::message::StoredMessage],
     ) -> dynamo_outbox::publish::PublishOutcome {
         dynamo_outbox::publish::PublishOutcome::failed(dynamo_outbox::Error::Kafka {
             message: "injected: connection refused".into(),

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dynamo_outbox::protocol::schema::StoredMessage;
+use dynamo_outbox::message::StoredMessage;
 use dynamo_outbox::publish::env;
 use dynamo_outbox::publish::{KafkaAuth, KafkaConfig, KafkaPublisher, Publisher};
 use dynamo_outbox::OutboxMessage;
@@ -90,7 +90,7 @@ fn config(vars: &[(&str, String)]) -> KafkaConfig {
             .map(|(_, v)| v.clone())
     })
     .expect("a valid configuration");
-    assert!(config.tls, "TLS files and secrets turn TLS on");
+    assert!(config.tls.is_on(), "TLS files and secrets turn TLS on");
     config.retry_budget = Duration::from_secs(1);
     config
 }
@@ -130,12 +130,14 @@ async fn fresh_topic() -> String {
 /// Three messages for `topic`, in one bucket's order.
 fn batch(topic: &str) -> Vec<StoredMessage> {
     (0..3)
-        .map(|i| StoredMessage {
-            bucket: 0,
-            sequence: i + 1,
-            message: OutboxMessage::new(topic, 8)
-                .with_key(format!("k{i}"))
-                .with_value(format!("over TLS {i}")),
+        .map(|i| {
+            StoredMessage::new(
+                0,
+                i + 1,
+                OutboxMessage::new(topic, 8)
+                    .with_key(format!("k{i}"))
+                    .with_value(format!("over TLS {i}")),
+            )
         })
         .collect()
 }
@@ -318,13 +320,18 @@ async fn a_key_that_does_not_match_the_certificate_is_a_clear_error() {
     let err = connect(vars(&other_key))
         .await
         .expect_err("the key is another certificate's");
-    assert!(
-        err.to_string().starts_with(&format!(
+    assert_eq!(
+        err.to_string(),
+        format!(
             "misconfiguration: KAFKA_TLS_KEY_FILE: {}: does not go with the certificate of \
-             KAFKA_TLS_CERT_FILE (",
+             KAFKA_TLS_CERT_FILE",
             other_key.display()
-        )),
-        "{err}"
+        )
+    );
+    // rustls' refusal stays the source
+    assert!(
+        std::error::Error::source(&err).is_some_and(|s| !s.to_string().is_empty()),
+        "{err:?}"
     );
     let not_a_key = scratch.write("empty.key", "no key here\n");
     let err = connect(vars(&not_a_key))

@@ -107,7 +107,7 @@ async fn provisioning_refuses_a_table_with_other_keys() {
     let err = table::create_if_not_exists(&client, &OutboxOptions::new(&name))
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Misconfiguration(_)), "{err}");
+    assert!(matches!(err, Error::Misconfiguration { .. }), "{err}");
     assert!(
         err.to_string()
             .contains("partition key is id, but the options expect PK"),
@@ -147,9 +147,10 @@ async fn enqueue_reserves_in_list_order_per_bucket() {
         .enqueue(
             &messages[..3]
                 .iter()
-                .map(|m| OutboxMessage {
-                    message_id: uuid::Uuid::new_v4(),
-                    ..m.clone()
+                .map(|m| {
+                    let mut m = m.clone();
+                    m.message_id = uuid::Uuid::new_v4();
+                    m
                 })
                 .collect::<Vec<_>>(),
         )

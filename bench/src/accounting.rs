@@ -85,12 +85,10 @@ pub async fn steady_drain(
     let client = support::client(&config, Some(&classifier));
     let hook = Hook::new(None);
     let store = DynamoDbOutboxStore::new(client, options.clone())?;
-    let relay_options = RelayOptions {
-        bucket_count: buckets,
-        batch_size,
-        relay_id: "bench-steady".into(),
-        ..RelayOptions::default()
-    };
+    let relay_options = RelayOptions::default()
+        .with_bucket_count(buckets)
+        .with_batch_size(batch_size)
+        .with_relay_id("bench-steady");
     let poll = relay_options.poll_interval;
     let relay = Relay::new(store, publisher, relay_options)?.with_metrics(hook.clone());
     // After the last message, a poll interval and a moment more: every bucket fetches once
@@ -297,10 +295,7 @@ pub async fn idle(buckets: u32, duration: Duration, options: RelayOptions) -> Re
     let client = support::client(&config, Some(&classifier));
     let hook = Hook::new(Some(classifier.clone()));
     let store = DynamoDbOutboxStore::new(client, table.clone())?;
-    let options = RelayOptions {
-        bucket_count: buckets,
-        ..options
-    };
+    let options = options.with_bucket_count(buckets);
     let reserve = dynamo_outbox::relay::DEFAULT_STOP_RESERVE;
     let relay = Relay::new(store, publisher, options.clone())?.with_metrics(hook.clone());
     let started = Instant::now();
@@ -337,10 +332,7 @@ pub async fn run(messages: u64, idle_secs: u64) -> Result<()> {
     let idle = idle(
         8,
         Duration::from_secs(idle_secs),
-        RelayOptions {
-            relay_id: "bench-idle".into(),
-            ..RelayOptions::default()
-        },
+        RelayOptions::default().with_relay_id("bench-idle"),
     )
     .await?;
     idle.print();

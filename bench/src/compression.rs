@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant as StdInstant};
 
-use dynamo_outbox::protocol::schema::StoredMessage;
+use dynamo_outbox::message::StoredMessage;
 use dynamo_outbox::publish::{KafkaCompression, KafkaConfig, KafkaPublisher, Publisher};
 use dynamo_outbox::{Header, OutboxMessage};
 use rand::rngs::StdRng;
@@ -204,11 +204,7 @@ fn backlog(topic: &str, messages: u64) -> Vec<StoredMessage> {
                 .with_value(order_event(i, customer))
                 .with_header(Header::new("type", "OrderPlaced"))
                 .with_header(Header::new("content-type", "application/json"));
-            StoredMessage {
-                bucket: 0,
-                sequence: i + 1,
-                message,
-            }
+            StoredMessage::new(0, i + 1, message)
         })
         .collect()
 }

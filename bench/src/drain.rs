@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 use aws_sdk_dynamodb::Client;
-use dynamo_outbox::protocol::schema::{self, Keys, StoredMessage};
+use dynamo_outbox::message::StoredMessage;
+use dynamo_outbox::protocol::schema::{self, Keys};
 use dynamo_outbox::publish::{KafkaPublisher, Publisher};
 use dynamo_outbox::{DynamoDbOutboxStore, OutboxOptions, Relay, RelayOptions, RunReport};
 use futures::stream::{self, StreamExt, TryStreamExt};
@@ -278,12 +279,10 @@ pub async fn raw_drain_timed<P: Publisher>(
 /// Relay options of the benchmarks: the defaults, with the benchmark's bucket count and
 /// batch size.
 pub fn relay_options(args: &DrainArgs, id: &str) -> RelayOptions {
-    RelayOptions {
-        bucket_count: args.buckets,
-        batch_size: args.batch_size,
-        relay_id: id.to_string(),
-        ..RelayOptions::default()
-    }
+    RelayOptions::default()
+        .with_bucket_count(args.buckets)
+        .with_batch_size(args.batch_size)
+        .with_relay_id(id)
 }
 
 /// Runs `relays` relays over a fresh backlog until every message is published.

@@ -112,10 +112,7 @@ pub async fn measure(notify: bool, messages: usize, interval: Duration) -> Resul
     let notifier = LocalNotifier::new();
     let mut writer = DynamoDbOutboxWriter::new(client.clone(), options.clone())?;
     let store = DynamoDbOutboxStore::new(client.clone(), options.clone())?;
-    let relay_options = RelayOptions {
-        relay_id: "bench-latency".into(),
-        ..RelayOptions::default()
-    };
+    let relay_options = RelayOptions::default().with_relay_id("bench-latency");
     let poll = relay_options.poll_interval;
     let hook = Hook::new(None);
     let mut relay = Relay::new(store, publisher, relay_options)?.with_metrics(hook.clone());

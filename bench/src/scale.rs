@@ -40,14 +40,12 @@ fn sample_requests(c: &Counts) -> u64 {
 
 /// Relay options of the scale runs: short intervals so that a run takes seconds.
 fn options(id: &str, buckets: u32, renew: Duration) -> RelayOptions {
-    RelayOptions {
-        bucket_count: buckets,
-        relay_id: id.into(),
-        lease_renew_interval: renew,
-        lease_duration: renew * 3,
-        poll_interval: Duration::from_secs(1),
-        ..RelayOptions::default()
-    }
+    RelayOptions::default()
+        .with_bucket_count(buckets)
+        .with_relay_id(id)
+        .with_lease_renew_interval(renew)
+        .with_lease_duration(renew * 3)
+        .with_poll_interval(Duration::from_secs(1))
 }
 
 struct Fleet {

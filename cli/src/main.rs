@@ -148,7 +148,7 @@ pub(crate) fn exit_code(e: &Error) -> u8 {
         Error::InvalidOption { .. }
         | Error::InvalidMessage { .. }
         | Error::Limit { .. }
-        | Error::Misconfiguration(_) => 2,
+        | Error::Misconfiguration { .. } => 2,
         _ => 1,
     }
 }
@@ -283,9 +283,10 @@ mod tests {
     #[test]
     fn every_command_takes_the_exit_code_from_the_error_type() {
         let errors = [
-            Error::Misconfiguration(
-                "table t: partition key is PK, but the options expect id".into(),
-            ),
+            Error::Misconfiguration {
+                reason: "table t: partition key is PK, but the options expect id".into(),
+                source: None,
+            },
             Error::InvalidMessage {
                 field: "messages[0].topic".into(),
                 rule: "must not be empty".into(),
@@ -296,7 +297,12 @@ mod tests {
                 limit: 100,
             },
             Error::DeadlineExceeded("enqueue"),
-            Error::ConditionFailed { operation: "put" },
+            Error::Corrupt {
+                pk: "OUTBOX#SEQUENCE#3".into(),
+                sk: "SEQUENCE".into(),
+                reason: "Sequence is missing or not a whole number after ADD".into(),
+                source: None,
+            },
         ];
         let codes: Vec<(u8, u8)> = errors
             .into_iter()

@@ -7,7 +7,7 @@
 //!
 //! `--show-url` also prints the token's URL (it is signed with the SigV4 suite's example keys,
 //! no credential): run under `faketime '2025-12-01 00:00:00Z'` it shows the token the
-//! unit tests pin (AWS's own signer's, `AWS_VECTOR_URL` in `lib/src/publish/msk_iam.rs`).
+//! signer's tests pin (AWS's own signer's, `AWS_VECTOR_URL` in `tests/msk_iam.rs`).
 
 use std::time::Instant;
 

@@ -73,7 +73,7 @@ fn exit_code(e: &(dyn std::error::Error + 'static)) -> ExitCode {
             dynamo_outbox::Error::InvalidOption { .. }
             | dynamo_outbox::Error::InvalidMessage { .. }
             | dynamo_outbox::Error::Limit { .. }
-            | dynamo_outbox::Error::Misconfiguration(_),
+            | dynamo_outbox::Error::Misconfiguration { .. },
         ) => ExitCode::from(2),
         _ => ExitCode::FAILURE,
     }

@@ -28,12 +28,11 @@ use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, ReturnValue, Transact
 use uuid::Uuid;
 
 use crate::attr;
-use crate::clock::duration_to_ticks;
-use crate::error::{from_sdk, Error, Result};
+use crate::error::{from_sdk, transaction_error, Error, Result};
 use crate::message::OutboxMessage;
-use crate::schema::{self, Item, Keys};
-use crate::store::{DynamoDbOutboxStore, ORIGINAL_PK, ORIGINAL_SK};
-use crate::writer::transaction_error;
+use crate::protocol::clock::duration_to_ticks;
+use crate::protocol::schema::{self, Item, Keys};
+use crate::protocol::store::{DynamoDbOutboxStore, ORIGINAL_PK, ORIGINAL_SK};
 
 /// The most dead letters one call redrives or purges.
 pub const MAX_BATCH: usize = 1000;
@@ -41,6 +40,7 @@ pub const MAX_BATCH: usize = 1000;
 /// One item of the dead-letter partition, read without trusting it: every field that
 /// cannot be read is `None` (or `message` an `Err` saying why).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DeadLetter {
     /// Its sort key in the dead-letter partition (`{bucket:010}#{sequence:019}`).
     pub sort_key: String,
@@ -61,12 +61,14 @@ pub struct DeadLetter {
     /// cannot be.
     pub message: std::result::Result<OutboxMessage, String>,
     /// The stored item.
-    pub item: Item,
+    pub item: std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>,
 }
 
 impl DeadLetter {
     /// Reads an item of the dead-letter partition. Never fails: what cannot be read is
-    /// `None`.
+    /// `None`. For tools that read the partition themselves (it takes the protocol's
+    /// [`Keys`]): hidden from these docs.
+    #[doc(hidden)]
     pub fn from_item(keys: &Keys, item: Item) -> DeadLetter {
         let (_, sk) = keys.key_of(&item);
         let sort_key = sk.to_string();
@@ -83,10 +85,7 @@ impl DeadLetter {
                 original.extend(keys.key(keys.message_pk(b), schema::message_sk(s)));
                 schema::parse_message(keys, &original)
                     .map(|m| m.message)
-                    .map_err(|e| match e {
-                        Error::Corrupt { reason, .. } => reason,
-                        other => other.to_string(),
-                    })
+                    .map_err(|e| crate::error::unreadable_because(&e))
             }
             _ => Err("its original bucket and sequence cannot be read".into()),
         };
@@ -112,7 +111,7 @@ impl DeadLetter {
 }
 
 /// Bucket and sequence of a dead letter's sort key (`{bucket:010}#{sequence:019}`).
-pub fn parse_dead_letter_sk(sk: &str) -> Option<(u32, u64)> {
+pub(crate) fn parse_dead_letter_sk(sk: &str) -> Option<(u32, u64)> {
     let (b, s) = sk.split_once('#')?;
     if b.len() != 10 || !b.bytes().all(|c| c.is_ascii_digit()) {
         return None;
@@ -153,6 +152,25 @@ impl Filter {
 /// The dead letters `filter` matches, in sort key order (bucket, then sequence), at most
 /// `limit`; the flag says whether more match. Strongly consistent reads of the dead-letter
 /// partition (only the filter's bucket or sort key when it names one), page by page.
+///
+/// # Errors
+/// [`Error::DynamoDb`] when a read fails.
+///
+/// # Examples
+/// ```no_run
+/// use dynamo_outbox::dead_letters::{self, Filter};
+///
+/// # async fn example(store: dynamo_outbox::DynamoDbOutboxStore) -> dynamo_outbox::Result<()> {
+/// let (letters, more) = dead_letters::list(&store, &Filter::default(), 100).await?;
+/// for d in &letters {
+///     match dead_letters::redrive(&store, d).await {
+///         Ok(r) => println!("{} back in bucket {} at {}", r.message_id, r.bucket, r.sequence),
+///         Err(e) => println!("{:?} stays: {e}", d.message_id),
+///     }
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub async fn list(
     store: &DynamoDbOutboxStore,
     filter: &Filter,
@@ -203,6 +221,9 @@ pub async fn list(
 }
 
 /// The dead letter moved from `bucket` / `sequence`, if there is one.
+///
+/// # Errors
+/// [`Error::DynamoDb`] when the read fails.
 pub async fn get(
     store: &DynamoDbOutboxStore,
     bucket: u32,
@@ -218,6 +239,7 @@ pub async fn get(
 
 /// Where a redriven message went.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Redriven {
     /// Its id (unchanged).
     pub message_id: Uuid,
@@ -234,6 +256,9 @@ pub struct Redriven {
 /// that cannot be read as a message, one stamped with another bucket count than
 /// `OUTBOX_BUCKET_COUNT`, one whose key belongs to another bucket under that count, one on
 /// a topic outside `OUTBOX_ALLOWED_TOPICS`.
+///
+/// # Errors
+/// [`Error::InvalidMessage`] naming the rule the dead letter breaks.
 pub fn check_redrive(store: &DynamoDbOutboxStore, d: &DeadLetter) -> Result<(OutboxMessage, u32)> {
     let options = store.options();
     let field = format!("dead letter {}", d.sort_key);
@@ -281,6 +306,10 @@ pub fn check_redrive(store: &DynamoDbOutboxStore, d: &DeadLetter) -> Result<(Out
 /// write when [`check_redrive`] refuses it; a dead letter that is gone meanwhile
 /// (redriven or purged by someone else) fails the transaction and leaves a gap in the
 /// bucket's sequence, nothing else.
+///
+/// # Errors
+/// What [`check_redrive`] refuses; [`Error::DynamoDb`] or [`Error::TransactionCanceled`]
+/// when the write fails.
 pub async fn redrive(store: &DynamoDbOutboxStore, d: &DeadLetter) -> Result<Redriven> {
     let (message, bucket) = check_redrive(store, d)?;
     let keys = store.keys();
@@ -295,7 +324,9 @@ pub async fn redrive(store: &DynamoDbOutboxStore, d: &DeadLetter) -> Result<Redr
     )
     .await?;
     let item = schema::message_item(keys, &message, bucket, sequence)?;
-    let build = |e: aws_sdk_dynamodb::error::BuildError| Error::Misconfiguration(e.to_string());
+    let build = |e: aws_sdk_dynamodb::error::BuildError| {
+        Error::misconfigured_by("the redrive's request could not be built", e)
+    };
     let put = Put::builder()
         .table_name(&options.table_name)
         .set_item(Some(item))
@@ -333,6 +364,9 @@ pub async fn redrive(store: &DynamoDbOutboxStore, d: &DeadLetter) -> Result<Redr
 }
 
 /// Deletes `d` from the dead-letter partition for good; `false` when it was already gone.
+///
+/// # Errors
+/// [`Error::DynamoDb`] when the delete fails.
 pub async fn purge(store: &DynamoDbOutboxStore, d: &DeadLetter) -> Result<bool> {
     let keys = store.keys();
     let out = store

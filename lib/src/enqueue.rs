@@ -58,15 +58,15 @@ use tracing::warn;
 use uuid::Uuid;
 
 use crate::attr;
-use crate::clock::{duration_to_ticks, ticks_from_system_time};
 use crate::enqueue_request::{parse_request, EnqueueRequest, EnqueueResponse, EnqueuedMessage};
-use crate::error::{Error, Result};
+use crate::error::{transaction_error, Error, Result};
 #[cfg(feature = "eventbridge")]
 use crate::notification::{CommitNotification, EventBridgeNotifier, NOTIFY_TIMEOUT};
 use crate::options::OutboxOptions;
-use crate::schema::{self, Keys};
+use crate::protocol::clock::{duration_to_ticks, ticks_from_system_time};
+use crate::protocol::schema::{self, Keys};
 use crate::trace_context::TraceContext;
-use crate::writer::{transaction_error, DynamoDbOutboxWriter, Reserved};
+use crate::writer::{DynamoDbOutboxWriter, Reserved};
 
 /// The environment variable saying how long an idempotency key answers with the first
 /// call's response (default [`DEFAULT_IDEMPOTENCY_RETENTION`]).
@@ -77,6 +77,7 @@ pub const DEFAULT_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 360
 
 /// What one enqueue call did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EnqueueOutcome {
     /// The response: each message's id, bucket and sequence, in request order.
     pub response: EnqueueResponse,
@@ -98,6 +99,9 @@ pub struct EnqueueService {
 impl EnqueueService {
     /// The service over `client` for the outbox `options` describe (validated here), with
     /// the default idempotency retention and no notifier.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `options` break a rule ([`OutboxOptions::validate`]).
     pub fn new(client: aws_sdk_dynamodb::Client, options: OutboxOptions) -> Result<Self> {
         Ok(EnqueueService {
             keys: Keys::new(&options),
@@ -113,6 +117,22 @@ impl EnqueueService {
     /// [`IDEMPOTENCY_RETENTION`] and
     /// [`NOTIFY_EVENT_BUS`](crate::notification::NOTIFY_EVENT_BUS), read through `lookup`
     /// (the process environment, or a stand-in); the clients are built for `config`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the variable and the rule it broke.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dynamo_outbox::enqueue::EnqueueService;
+    ///
+    /// # async fn example() -> dynamo_outbox::Result<()> {
+    /// let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    /// let service = EnqueueService::from_lookup(&sdk, |name| std::env::var(name).ok())?;
+    /// let request = serde_json::json!({"messages": [{"topic": "orders", "value": "placed"}]});
+    /// let outcome = service.enqueue_json(&request, None).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     #[cfg(feature = "eventbridge")]
     pub fn from_lookup(
         config: &aws_config::SdkConfig,
@@ -159,6 +179,9 @@ impl EnqueueService {
 
     /// Parses the JSON request `payload` ([`parse_request`], for this outbox's bucket
     /// count) and enqueues it ([`Self::enqueue`]).
+    ///
+    /// # Errors
+    /// What [`parse_request`] refuses, and as [`Self::enqueue`].
     pub async fn enqueue_json(
         &self,
         payload: &Value,
@@ -170,6 +193,9 @@ impl EnqueueService {
     /// [`Self::enqueue_json`], stamping `fallback` (the enqueue function: the invocation's
     /// X-Ray trace header in W3C form) on every message that neither the request's
     /// `traceparent` nor a header of its own gives a trace context.
+    ///
+    /// # Errors
+    /// As [`Self::enqueue_json`].
     pub async fn enqueue_json_traced(
         &self,
         payload: &Value,
@@ -194,6 +220,12 @@ impl EnqueueService {
     /// The write gives up at `deadline` with [`Error::DeadlineExceeded`] (it may or may
     /// not have committed); without one, the SDK's own timeouts bound it. The notification
     /// ends by `deadline` too, and never fails the call.
+    ///
+    /// # Errors
+    /// Before anything is written, [`Error::InvalidMessage`] or [`Error::Limit`] naming
+    /// the field (`errorType` `ValidationError`); then [`Error::DynamoDb`] or
+    /// [`Error::TransactionCanceled`] when the write fails, [`Error::DeadlineExceeded`] at
+    /// `deadline`.
     pub async fn enqueue(
         &self,
         request: &EnqueueRequest,
@@ -262,7 +294,7 @@ impl EnqueueService {
     /// key cancels it, and its stored response is returned instead.
     async fn enqueue_idempotent(
         &self,
-        messages: &[crate::OutboxMessage],
+        messages: &[crate::message::OutboxMessage],
         key: &str,
     ) -> Result<EnqueueOutcome> {
         let reserved = self.writer.reserve(messages).await?;
@@ -275,9 +307,10 @@ impl EnqueueService {
             .key(self.keys.idempotency_pk(key), schema::IDEMPOTENCY_SK.into());
         item.insert(
             attr::RESULT.into(),
-            schema::s(serde_json::to_string(&response).map_err(|e| {
-                Error::Misconfiguration(format!("cannot serialize the response: {e}"))
-            })?),
+            schema::s(
+                serde_json::to_string(&response)
+                    .map_err(|e| Error::misconfigured_by("cannot serialize the response", e))?,
+            ),
         );
         item.insert(attr::IDEMPOTENCY_EXPIRES_AT.into(), schema::n(expires));
         let marker = Put::builder()
@@ -289,7 +322,9 @@ impl EnqueueService {
             .expression_attribute_values(":now", schema::n(now))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .build()
-            .map_err(|e| Error::Misconfiguration(e.to_string()))?;
+            .map_err(|e| {
+                Error::misconfigured_by("the idempotency record's request could not be built", e)
+            })?;
         let mut items = reserved
             .iter()
             .map(Reserved::transact_write_item)
@@ -319,15 +354,23 @@ impl EnqueueService {
                     if let Some(reason) =
                         marker_reason.filter(|r| r.code() == Some("ConditionalCheckFailed"))
                     {
-                        let stored = reason
+                        let stored = match reason
                             .item()
                             .and_then(|i| schema::get_s(i, attr::RESULT))
-                            .and_then(|r| serde_json::from_str::<EnqueueResponse>(r).ok())
-                            .ok_or_else(|| Error::Corrupt {
-                                pk: self.keys.idempotency_pk(key),
-                                sk: schema::IDEMPOTENCY_SK.into(),
-                                reason: "the idempotency marker has no readable Result".into(),
-                            })?;
+                            .map(serde_json::from_str::<EnqueueResponse>)
+                        {
+                            Some(Ok(stored)) => stored,
+                            unreadable => {
+                                return Err(Error::Corrupt {
+                                    pk: self.keys.idempotency_pk(key),
+                                    sk: schema::IDEMPOTENCY_SK.into(),
+                                    reason: "the idempotency marker has no readable Result".into(),
+                                    source: unreadable
+                                        .and_then(std::result::Result::err)
+                                        .map(|e| Box::new(e) as crate::error::BoxError),
+                                })
+                            }
+                        };
                         info!(idempotency_key = key, "replayed the first call's response");
                         return Ok(EnqueueOutcome {
                             response: stored,

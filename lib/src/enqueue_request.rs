@@ -37,7 +37,7 @@ use serde_json::{Map, Value};
 use crate::error::{Error, Result};
 use crate::headers::Header;
 use crate::message::OutboxMessage;
-use crate::schema::MAX_TRANSACTION_ITEMS;
+use crate::protocol::schema::MAX_TRANSACTION_ITEMS;
 use crate::trace_context::TraceContext;
 use crate::writer::Enqueued;
 
@@ -46,6 +46,7 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 256;
 
 /// A parsed and validated enqueue request.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EnqueueRequest {
     /// The messages, stamped with the writer's bucket count, in request order.
     pub messages: Vec<OutboxMessage>,
@@ -55,6 +56,7 @@ pub struct EnqueueRequest {
 
 /// One enqueued message of an [`EnqueueResponse`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct EnqueuedMessage {
     /// The message id (a UUID, hyphenated), also stamped on the record as a header.
     pub message_id: String,
@@ -66,6 +68,7 @@ pub struct EnqueuedMessage {
 
 /// The response to an enqueue request: one entry per message, in request order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct EnqueueResponse {
     /// The enqueued messages.
     pub messages: Vec<EnqueuedMessage>,

@@ -2,6 +2,11 @@
 
 use std::error::Error as StdError;
 
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::operation::RequestId as _;
+use aws_smithy_runtime_api::http::Response as HttpResponse;
+
 /// A boxed source error (an SDK error, an I/O error) kept whole, never flattened into text.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
@@ -43,9 +48,18 @@ pub enum Error {
         /// DynamoDB's limit.
         limit: usize,
     },
-    /// The deployment disagrees with itself (bucket counts, key schema); retrying will not help.
-    #[error("misconfiguration: {0}")]
-    Misconfiguration(String),
+    /// The deployment disagrees with itself (bucket counts, key schema, a secret's
+    /// content, a certificate); retrying will not help.
+    #[error("misconfiguration: {reason}")]
+    Misconfiguration {
+        /// What is wrong, and what to change.
+        reason: String,
+        /// The error that revealed it (an SDK or I/O error, a TLS library's refusal), when
+        /// there is one. Errors about a secret's content keep none: the parser's message
+        /// could quote the secret.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// An item in the table cannot be read as what its key says it is.
     #[error("unreadable item {pk}/{sk}: {reason}")]
     Corrupt {
@@ -55,32 +69,48 @@ pub enum Error {
         sk: String,
         /// What is wrong with it.
         reason: String,
+        /// The decoding error, when there is one (an unreadable header blob).
+        #[source]
+        source: Option<BoxError>,
     },
     /// A conditional write was refused: a lost race, a lost lease, or a stale heartbeat.
     #[error("conditional {operation} refused")]
+    #[non_exhaustive]
     ConditionFailed {
         /// The operation (`heartbeat`, `renew`, `release`, `claim`, `put`).
         operation: &'static str,
+        /// The AWS request id of the refused request (what AWS support asks for), when the
+        /// response carried one.
+        request_id: Option<String>,
+        /// The SDK error (`ConditionalCheckFailedException`).
+        #[source]
+        source: BoxError,
     },
     /// A transaction was cancelled; `reasons` holds each item's cancellation code, in
     /// request order (`None` for items that were not the cause).
     #[error("transaction cancelled: [{}]", reasons.join(", "))]
+    #[non_exhaustive]
     TransactionCanceled {
         /// Cancellation code per item (`ConditionalCheckFailed`, `TransactionConflict`, ...).
         reasons: Vec<String>,
         /// Whether a retry may succeed (conflicts, throttling), as opposed to a failed condition.
         retryable: bool,
-        /// The SDK error (with the request id and the cancellation messages).
+        /// The AWS request id of the cancelled request, when the response carried one.
+        request_id: Option<String>,
+        /// The SDK error (with the cancellation messages).
         #[source]
         source: BoxError,
     },
     /// A DynamoDB request failed.
     #[error("dynamodb {operation} failed{}", if *.retryable { " (retryable)" } else { "" })]
+    #[non_exhaustive]
     DynamoDb {
         /// The API operation.
         operation: &'static str,
         /// Whether the failure is transient (throttling, 5xx, timeouts).
         retryable: bool,
+        /// The AWS request id of the failed request, when a response carried one.
+        request_id: Option<String>,
         /// The SDK error.
         #[source]
         source: BoxError,
@@ -138,6 +168,7 @@ pub enum Error {
 /// An authorization the brokers refused (see [`Error::KafkaNotAuthorized`]): what the
 /// relay logs and reports as metrics, so that an operator knows what to grant to whom.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NotAuthorized {
     /// The topic of the refused request.
     pub topic: String,
@@ -150,6 +181,24 @@ pub struct NotAuthorized {
     pub operation: &'static str,
     /// The broker's error code.
     pub failure: AuthorizationFailure,
+}
+
+impl NotAuthorized {
+    /// `principal` may not do `operation` (a Kafka ACL operation) on `topic`: the brokers
+    /// answered `failure`.
+    pub fn new(
+        topic: impl Into<String>,
+        principal: impl Into<String>,
+        operation: &'static str,
+        failure: AuthorizationFailure,
+    ) -> Self {
+        NotAuthorized {
+            topic: topic.into(),
+            principal: principal.into(),
+            operation,
+            failure,
+        }
+    }
 }
 
 impl std::fmt::Display for NotAuthorized {
@@ -243,7 +292,7 @@ impl Error {
     pub fn error_type(&self) -> &'static str {
         match self {
             Error::InvalidMessage { .. } | Error::Limit { .. } => "ValidationError",
-            Error::InvalidOption { .. } | Error::Misconfiguration(_) => "Misconfiguration",
+            Error::InvalidOption { .. } | Error::Misconfiguration { .. } => "Misconfiguration",
             Error::DynamoDb { .. }
             | Error::ConditionFailed { .. }
             | Error::TransactionCanceled { .. }
@@ -253,6 +302,34 @@ impl Error {
             | Error::KafkaNotAuthorized { .. } => "Kafka",
             Error::Lambda { .. } => "Lambda",
             Error::DeadlineExceeded(_) => "DeadlineExceeded",
+        }
+    }
+
+    /// The AWS request id of a failed DynamoDB request ([`Error::DynamoDb`],
+    /// [`Error::ConditionFailed`], [`Error::TransactionCanceled`]), when the response
+    /// carried one: what AWS support asks for.
+    pub fn request_id(&self) -> Option<&str> {
+        match self {
+            Error::DynamoDb { request_id, .. }
+            | Error::ConditionFailed { request_id, .. }
+            | Error::TransactionCanceled { request_id, .. } => request_id.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// [`Error::Misconfiguration`] without a source.
+    pub(crate) fn misconfigured(reason: impl Into<String>) -> Self {
+        Error::Misconfiguration {
+            reason: reason.into(),
+            source: None,
+        }
+    }
+
+    /// [`Error::Misconfiguration`] revealed by `source`.
+    pub(crate) fn misconfigured_by(reason: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::Misconfiguration {
+            reason: reason.into(),
+            source: Some(source.into()),
         }
     }
 
@@ -286,16 +363,31 @@ pub fn chain(e: &dyn StdError) -> String {
     text
 }
 
-/// Turns an SDK error into [`Error`], recognising refused conditions and transient failures.
-pub(crate) fn from_sdk<E, R>(
-    operation: &'static str,
-    err: aws_sdk_dynamodb::error::SdkError<E, R>,
-) -> Error
+/// Why an item cannot be read, for a report that already names the item: the reason of an
+/// [`Error::Corrupt`] (and its source's chain), else the whole error's chain.
+pub(crate) fn unreadable_because(e: &Error) -> String {
+    match e {
+        Error::Corrupt {
+            reason,
+            source: None,
+            ..
+        } => reason.clone(),
+        Error::Corrupt {
+            reason,
+            source: Some(source),
+            ..
+        } => format!("{reason}: {}", chain(source.as_ref())),
+        other => chain(other),
+    }
+}
+
+/// Turns an SDK error into [`Error`], recognising refused conditions and transient
+/// failures; the SDK error stays the source, its request id is kept.
+pub(crate) fn from_sdk<E>(operation: &'static str, err: SdkError<E, HttpResponse>) -> Error
 where
-    E: aws_sdk_dynamodb::error::ProvideErrorMetadata + StdError + Send + Sync + 'static,
-    R: std::fmt::Debug + Send + Sync + 'static,
+    E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
 {
-    use aws_sdk_dynamodb::error::SdkError;
+    let request_id = err.request_id().map(str::to_owned);
     let retryable = match &err {
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             true
@@ -303,7 +395,11 @@ where
         SdkError::ServiceError(service) => {
             let code = service.err().code().unwrap_or_default();
             if code == "ConditionalCheckFailedException" {
-                return Error::ConditionFailed { operation };
+                return Error::ConditionFailed {
+                    operation,
+                    request_id,
+                    source: Box::new(err),
+                };
             }
             matches!(
                 code,
@@ -321,20 +417,62 @@ where
     Error::DynamoDb {
         operation,
         retryable,
+        request_id,
         source: Box::new(err),
     }
+}
+
+/// Turns a failed `TransactWriteItems` into [`Error`]: [`Error::TransactionCanceled`] with
+/// each item's cancellation reason when DynamoDB cancelled the transaction, else as any
+/// failed request. For a caller that sends the writer's
+/// [`transact_write_items`](crate::writer::DynamoDbOutboxWriter::transact_write_items) in
+/// its own transaction.
+///
+/// # Examples
+/// ```no_run
+/// # async fn example(client: aws_sdk_dynamodb::Client) -> dynamo_outbox::Result<()> {
+/// use dynamo_outbox::error::transaction_error;
+///
+/// client
+///     .transact_write_items()
+///     // .transact_items(...): the business write and the writer's outbox items
+///     .send()
+///     .await
+///     .map_err(transaction_error)?;
+/// # Ok(())
+/// # }
+/// ```
+pub fn transaction_error(err: SdkError<TransactWriteItemsError, HttpResponse>) -> Error {
+    if let Some(TransactWriteItemsError::TransactionCanceledException(e)) = err.as_service_error() {
+        let reasons: Vec<String> = e
+            .cancellation_reasons()
+            .iter()
+            .map(|r| r.code().unwrap_or("None").to_string())
+            .collect();
+        let retryable = reasons.iter().any(|r| {
+            matches!(
+                r.as_str(),
+                "TransactionConflict" | "ThrottlingError" | "ProvisionedThroughputExceeded"
+            )
+        });
+        return Error::TransactionCanceled {
+            reasons,
+            retryable,
+            request_id: err.request_id().map(str::to_owned),
+            source: Box::new(err),
+        };
+    }
+    from_sdk("TransactWriteItems", err)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use aws_sdk_dynamodb::operation::put_item::PutItemError;
 
     #[test]
     fn error_types_say_what_to_fix() {
-        assert_eq!(
-            Error::Misconfiguration("x".into()).error_type(),
-            "Misconfiguration"
-        );
+        assert_eq!(Error::misconfigured("x").error_type(), "Misconfiguration");
         assert_eq!(
             Error::Limit {
                 what: "item size".into(),
@@ -348,5 +486,104 @@ mod tests {
             Error::DeadlineExceeded("x").error_type(),
             "DeadlineExceeded"
         );
+    }
+
+    /// A `PutItem` refused by DynamoDB with `code`, as the SDK returns it: the service's
+    /// error and the raw response, whose headers carry the request id.
+    fn refused_put(code: &str) -> SdkError<PutItemError, HttpResponse> {
+        use aws_sdk_dynamodb::types::error::ConditionalCheckFailedException;
+        use aws_smithy_runtime_api::http::StatusCode;
+        use aws_smithy_types::body::SdkBody;
+        use aws_smithy_types::error::ErrorMetadata;
+
+        let meta = ErrorMetadata::builder()
+            .code(code)
+            .message("The conditional request failed")
+            .build();
+        let err = if code == "ConditionalCheckFailedException" {
+            PutItemError::ConditionalCheckFailedException(
+                ConditionalCheckFailedException::builder()
+                    .message("The conditional request failed")
+                    .meta(meta)
+                    .build(),
+            )
+        } else {
+            PutItemError::generic(meta)
+        };
+        let mut raw = HttpResponse::new(StatusCode::try_from(400).unwrap(), SdkBody::empty());
+        raw.headers_mut().insert(
+            "x-amzn-requestid",
+            "8GRB5UQ1Q7OQ1PCM8GRB5UQ1Q7OQ1PCMVV4KQNSO5AEMVJF66Q9ASUAAJG",
+        );
+        SdkError::service_error(err, raw)
+    }
+
+    #[test]
+    fn a_refused_condition_keeps_the_sdk_error_and_its_request_id() {
+        let e = from_sdk("PutItem", refused_put("ConditionalCheckFailedException"));
+        assert!(
+            matches!(
+                e,
+                Error::ConditionFailed {
+                    operation: "PutItem",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.request_id(),
+            Some("8GRB5UQ1Q7OQ1PCM8GRB5UQ1Q7OQ1PCMVV4KQNSO5AEMVJF66Q9ASUAAJG")
+        );
+        assert!(!e.is_retryable());
+        let source = e.source().expect("the SDK error is the source");
+        let sdk = source
+            .downcast_ref::<SdkError<PutItemError, HttpResponse>>()
+            .expect("the SDK error itself, not a copy of its text");
+        assert!(sdk
+            .as_service_error()
+            .is_some_and(PutItemError::is_conditional_check_failed_exception));
+        assert!(
+            chain(&e).starts_with("conditional PutItem refused: "),
+            "{}",
+            chain(&e)
+        );
+    }
+
+    #[test]
+    fn a_failed_request_keeps_the_sdk_error_and_its_request_id() {
+        let e = from_sdk("PutItem", refused_put("ThrottlingException"));
+        assert!(
+            matches!(
+                e,
+                Error::DynamoDb {
+                    retryable: true,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.request_id().is_some_and(|id| id.starts_with("8GRB5")));
+        assert!(e.source().is_some_and(|s| s
+            .downcast_ref::<SdkError<PutItemError, HttpResponse>>()
+            .is_some()));
+    }
+
+    #[test]
+    fn a_misconfiguration_keeps_what_revealed_it() {
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
+        let e = Error::misconfigured_by("KAFKA_TLS_CA_FILE: /ca.pem: cannot be read", io);
+        assert_eq!(
+            e.to_string(),
+            "misconfiguration: KAFKA_TLS_CA_FILE: /ca.pem: cannot be read"
+        );
+        assert_eq!(
+            chain(&e),
+            "misconfiguration: KAFKA_TLS_CA_FILE: /ca.pem: cannot be read: denied"
+        );
+        assert!(e
+            .source()
+            .is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some()));
+        assert!(Error::misconfigured("x").source().is_none());
     }
 }

@@ -10,13 +10,17 @@
 //! # The public surface
 //! The rule: what a service embeds is documented here, one module per concept; the
 //! protocol's internals are in [`protocol`], public on purpose for tests and tools and
-//! outside any compatibility promise; the support code of this workspace's own binaries
-//! (the Lambda functions and `outboxctl`) is hidden from these docs and not for other
-//! crates.
+//! outside any compatibility promise (but for [`DynamoDbOutboxStore`] and
+//! [`metrics::WriteKind`], stable under those paths). Types that will grow are `#[non_exhaustive]`: the options are built
+//! with their constructor and `with_*` setters, the reports and errors are read and
+//! matched with a wildcard arm.
 //!
 //! - Writing: [`DynamoDbOutboxWriter`] ([`writer`]), [`OutboxMessage`] ([`message`]),
 //!   [`Header`] ([`headers`]), [`OutboxOptions`] ([`options`]), the W3C trace context a
 //!   message carries to its consumer ([`trace_context`]).
+//! - The enqueue service: [`enqueue`] runs one JSON request of [`enqueue_request`]
+//!   (parsed, validated, written with its idempotency marker, announced), as the enqueue
+//!   function and `outboxctl enqueue` do; a service of your own can run it too.
 //! - Relaying: [`Relay`], [`RunReport`], [`StopReason`] ([`relay`]), [`RelayOptions`],
 //!   [`DynamoDbOutboxStore`] (the table as a relay uses it), the Kafka publisher and its
 //!   configuration ([`publish`]), the measurements ([`metrics`]).
@@ -28,7 +32,12 @@
 //!   `outboxctl relay` runs on it.
 //! - A relay in a Lambda function (feature `lambda`): `lambda`, the relay function's
 //!   handler for a function of your own (`lib/examples/relay_in_your_own_lambda.rs`).
-//! - The table: [`table`] (its definition and `create_if_not_exists`).
+//! - Operating: [`status`] reads the state of an outbox as `outboxctl status` shows it;
+//!   [`dead_letters`] lists, redrives and purges what the dead-letter partition holds.
+//! - The table: [`table`] (its definition and `create_if_not_exists`); [`client`], a
+//!   DynamoDB client with the per-attempt and per-operation timeouts a relay needs;
+//!   [`accounting`], an SDK interceptor counting every DynamoDB attempt by operation and
+//!   outcome (what the cost model is measured with).
 //! - Errors: [`Error`], [`Result`] ([`error`]).
 //! - Logs: [`logging`], a subscriber whose filter keeps the AWS SDK's signing and
 //!   credential internals out of the output at any level.
@@ -46,6 +55,13 @@
 //! - `host`: a relay host (implies `relay` and `otel`).
 //! - `lambda`: the relay's Lambda handler and the functions' glue (implies `host`).
 //!
+//! # Layers
+//! One way, bottom up: the ground types (errors, headers, the attribute names, the time
+//! format, the trace context, the message, the options); [`protocol`] on them; the
+//! publisher, the notifications, the metrics and the table over the protocol; the writer
+//! and the relay over those; the enqueue service, status and dead letters on top. No
+//! module imports one above it.
+//!
 //! `scripts/test.sh` builds these docs with `-D warnings` (no broken or private links,
 //! every public item documented).
 #![deny(missing_docs)]
@@ -55,15 +71,10 @@
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
-#[doc(hidden)]
 pub mod accounting;
-#[doc(hidden)]
 pub mod client;
-#[doc(hidden)]
 pub mod dead_letters;
-#[doc(hidden)]
 pub mod enqueue;
-#[doc(hidden)]
 pub mod enqueue_request;
 pub mod error;
 pub mod headers;
@@ -80,14 +91,15 @@ pub mod options;
 pub mod publish;
 #[cfg(feature = "relay")]
 pub mod relay;
-#[doc(hidden)]
 pub mod status;
 pub mod table;
 pub mod trace_context;
 pub mod writer;
 
 pub mod protocol;
-pub(crate) use protocol::{attr, clock, coordination, plan, schema, store};
+
+mod attr;
+mod ticks;
 
 pub use error::{Error, Result};
 pub use headers::Header;

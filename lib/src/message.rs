@@ -2,15 +2,16 @@
 
 use uuid::Uuid;
 
-use crate::clock::ticks_from_system_time;
 use crate::error::{Error, Result};
 use crate::headers::Header;
+use crate::ticks::ticks_from_system_time;
 use crate::trace_context::TraceContext;
 
 /// A Kafka record waiting in the outbox.
 ///
 /// Key and value are stored pre-serialized; the relay passes them through byte for byte.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OutboxMessage {
     /// Random (v4) id, stamped on the record as the message-id header so consumers can
     /// deduplicate the copies that at-least-once delivery may produce.
@@ -115,6 +116,30 @@ impl OutboxMessage {
             ));
         }
         Ok(())
+    }
+}
+
+/// A message read back from the table, with where it sits: what a relay hands its
+/// [`Publisher`](crate::publish::Publisher), one bucket's messages in sequence order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredMessage {
+    /// The bucket (from the partition key).
+    pub bucket: u32,
+    /// The sequence number (from the sort key).
+    pub sequence: u64,
+    /// The message.
+    pub message: OutboxMessage,
+}
+
+impl StoredMessage {
+    /// `message`, stored at `sequence` of `bucket`.
+    pub fn new(bucket: u32, sequence: u64, message: OutboxMessage) -> Self {
+        StoredMessage {
+            bucket,
+            sequence,
+            message,
+        }
     }
 }
 

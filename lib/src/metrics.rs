@@ -10,7 +10,10 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use crate::error::NotAuthorized;
-use crate::store::WriteKind;
+/// The kinds of conditional write a relay makes ([`RelayMetrics::refused_write`]), as the
+/// lease protocol defines them: stable under this path.
+#[doc(inline)]
+pub use crate::protocol::store::WriteKind;
 
 /// Receives the relay's measurements.
 pub trait RelayMetrics: Debug + Send + Sync {

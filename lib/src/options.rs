@@ -54,7 +54,20 @@ pub mod env {
 ///
 /// Every writer and relay sharing a table must use the same table name, key attribute
 /// names, key prefix and bucket count.
+///
+/// # Examples
+/// ```
+/// use dynamo_outbox::OutboxOptions;
+///
+/// let options = OutboxOptions::new("orders-outbox")
+///     .with_key_prefix("ORDERS")
+///     .with_bucket_count(16);
+/// options.validate()?;
+/// assert_eq!((options.partition_key_attribute.as_str(), options.bucket_count), ("PK", 16));
+/// # Ok::<(), dynamo_outbox::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OutboxOptions {
     /// The table holding the outbox items (required).
     pub table_name: String,
@@ -104,24 +117,76 @@ impl OutboxOptions {
         self
     }
 
-    /// Sets the bucket count.
+    /// Sets the bucket count ([`Self::bucket_count`]).
     pub fn with_bucket_count(mut self, bucket_count: u32) -> Self {
         self.bucket_count = bucket_count;
         self
     }
 
-    /// Sets the key prefix.
+    /// Sets the key prefix ([`Self::key_prefix`]).
     pub fn with_key_prefix(mut self, key_prefix: impl Into<String>) -> Self {
         self.key_prefix = key_prefix.into();
         self
     }
 
+    /// Sets the names of the table's key attributes ([`Self::partition_key_attribute`],
+    /// [`Self::sort_key_attribute`]).
+    pub fn with_key_attributes(
+        mut self,
+        partition_key_attribute: impl Into<String>,
+        sort_key_attribute: impl Into<String>,
+    ) -> Self {
+        self.partition_key_attribute = partition_key_attribute.into();
+        self.sort_key_attribute = sort_key_attribute.into();
+        self
+    }
+
+    /// Sets the concurrent requests of one store call ([`Self::max_concurrency`]).
+    pub fn with_max_concurrency(mut self, max_concurrency: usize) -> Self {
+        self.max_concurrency = max_concurrency;
+        self
+    }
+
+    /// Sets the messages counted per bucket for one backlog sample
+    /// ([`Self::pending_count_limit`]).
+    pub fn with_pending_count_limit(mut self, pending_count_limit: u32) -> Self {
+        self.pending_count_limit = pending_count_limit;
+        self
+    }
+
     /// Reads the options from the process environment (see [`env`](mod@env)) and validates them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the variable (or the field) and the rule it broke:
+    /// [`env::TABLE_NAME`] unset, a number that does not parse, a rule of
+    /// [`validate`](Self::validate).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// let options = dynamo_outbox::OutboxOptions::from_env()?;
+    /// # Ok::<(), dynamo_outbox::Error>(())
+    /// ```
     pub fn from_env() -> Result<Self> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
     /// Reads the options through `lookup` (an environment stand-in) and validates them.
+    ///
+    /// # Errors
+    /// As [`from_env`](Self::from_env).
+    ///
+    /// # Examples
+    /// ```
+    /// use dynamo_outbox::options::{env, OutboxOptions};
+    ///
+    /// let options = OutboxOptions::from_lookup(|name| match name {
+    ///     env::TABLE_NAME => Some("orders-outbox".into()),
+    ///     env::BUCKET_COUNT => Some("16".into()),
+    ///     _ => None,
+    /// })?;
+    /// assert_eq!(options, OutboxOptions::new("orders-outbox").with_bucket_count(16));
+    /// # Ok::<(), dynamo_outbox::Error>(())
+    /// ```
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let table_name = lookup(env::TABLE_NAME).ok_or_else(|| {
             Error::option(env::TABLE_NAME, "is required (the outbox table's name)")
@@ -152,7 +217,10 @@ impl OutboxOptions {
         Ok(options)
     }
 
-    /// Checks every rule; the error names the field and the rule.
+    /// Checks every rule.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the field and the rule it broke.
     pub fn validate(&self) -> Result<()> {
         if self.table_name.len() < 3 || self.table_name.len() > 255 {
             return Err(Error::option(
@@ -348,7 +416,22 @@ impl std::fmt::Display for TopicAllowList {
 }
 
 /// Options of a relay.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use dynamo_outbox::options::{PoisonPolicy, RelayOptions};
+///
+/// let options = RelayOptions::default()
+///     .with_relay_id("orders-relay-1")
+///     .with_batch_size(100)
+///     .with_idle_stop(Duration::from_secs(60))
+///     .with_poison_policy(PoisonPolicy::QuarantineAfter(5));
+/// options.validate()?;
+/// # Ok::<(), dynamo_outbox::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RelayOptions {
     /// Buckets the relay expects (8); must equal the store's, checked at start.
     pub bucket_count: u32,
@@ -356,7 +439,8 @@ pub struct RelayOptions {
     pub batch_size: u32,
     /// How often an idle relay probes its buckets (1 s).
     pub poll_interval: Duration,
-    /// Pause after a failed round before the next one (1 s).
+    /// Pause after a failed round before the next one (1 s); greater than zero, so that a
+    /// failing relay never retries in a tight loop against DynamoDB or the brokers.
     pub error_backoff: Duration,
     /// How long a lease and a heartbeat stay valid without renewal (30 s).
     pub lease_duration: Duration,
@@ -391,7 +475,11 @@ pub struct RelayOptions {
 /// message on a topic outside the allow-list, a record the broker rejects for good. A
 /// refused authorization is never one: under either policy it is retried after the error
 /// backoff ([`Error::KafkaNotAuthorized`]).
+///
+/// `OUTBOX_POISON_POLICY` parses into it ([`FromStr`](std::str::FromStr)): `block` or
+/// `quarantine-after=N`; [`Display`](std::fmt::Display) writes that form back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum PoisonPolicy {
     /// The bucket stops at it (the specification's rule): nothing of the bucket is
     /// published past it until an operator moves it (`outboxctl quarantine`). It is
@@ -408,10 +496,13 @@ pub enum PoisonPolicy {
 /// Most attempts [`PoisonPolicy::QuarantineAfter`] takes.
 pub const MAX_QUARANTINE_ATTEMPTS: u32 = 1000;
 
-impl PoisonPolicy {
-    /// Reads [`env::POISON_POLICY`]: `block` or `quarantine-after=N` (N from 1 to
-    /// [`MAX_QUARANTINE_ATTEMPTS`]).
-    pub fn parse(value: &str) -> Result<Self> {
+/// Reads [`env::POISON_POLICY`]: `block` or `quarantine-after=N` (N from 1 to
+/// [`MAX_QUARANTINE_ATTEMPTS`]); anything else is [`Error::InvalidOption`] naming the
+/// variable and the rule.
+impl std::str::FromStr for PoisonPolicy {
+    type Err = Error;
+
+    fn from_str(value: &str) -> Result<Self> {
         let rule = || {
             Error::option(
                 env::POISON_POLICY,
@@ -502,13 +593,112 @@ pub fn default_relay_id() -> String {
 }
 
 impl RelayOptions {
+    /// Sets the buckets the relay expects ([`Self::bucket_count`]): the store's.
+    pub fn with_bucket_count(mut self, bucket_count: u32) -> Self {
+        self.bucket_count = bucket_count;
+        self
+    }
+
+    /// Sets the most messages of one batch ([`Self::batch_size`]).
+    pub fn with_batch_size(mut self, batch_size: u32) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Sets how often an idle relay probes its buckets ([`Self::poll_interval`]).
+    pub fn with_poll_interval(mut self, poll_interval: Duration) -> Self {
+        self.poll_interval = poll_interval;
+        self
+    }
+
+    /// Sets the pause after a failed round ([`Self::error_backoff`]).
+    pub fn with_error_backoff(mut self, error_backoff: Duration) -> Self {
+        self.error_backoff = error_backoff;
+        self
+    }
+
+    /// Sets how long a lease stays valid ([`Self::lease_duration`]).
+    pub fn with_lease_duration(mut self, lease_duration: Duration) -> Self {
+        self.lease_duration = lease_duration;
+        self
+    }
+
+    /// Sets how often leases are renewed ([`Self::lease_renew_interval`]).
+    pub fn with_lease_renew_interval(mut self, lease_renew_interval: Duration) -> Self {
+        self.lease_renew_interval = lease_renew_interval;
+        self
+    }
+
+    /// Sets the relay's identity ([`Self::relay_id`]).
+    pub fn with_relay_id(mut self, relay_id: impl Into<String>) -> Self {
+        self.relay_id = relay_id.into();
+        self
+    }
+
+    /// Sets the name the metrics tell outboxes apart by ([`Self::metrics_name`]).
+    pub fn with_metrics_name(mut self, metrics_name: impl Into<String>) -> Self {
+        self.metrics_name = metrics_name.into();
+        self
+    }
+
+    /// Sets when an idle run stops early ([`Self::idle_stop`]): a duration, or `None` for
+    /// never.
+    pub fn with_idle_stop(mut self, idle_stop: impl Into<Option<Duration>>) -> Self {
+        self.idle_stop = idle_stop.into();
+        self
+    }
+
+    /// Sets the most message bytes held in batches at once
+    /// ([`Self::max_in_flight_bytes`]).
+    pub fn with_max_in_flight_bytes(mut self, max_in_flight_bytes: usize) -> Self {
+        self.max_in_flight_bytes = max_in_flight_bytes;
+        self
+    }
+
+    /// Sets what happens to a poison item ([`Self::poison_policy`]).
+    pub fn with_poison_policy(mut self, poison_policy: PoisonPolicy) -> Self {
+        self.poison_policy = poison_policy;
+        self
+    }
+
     /// Reads the options from the process environment (see [`env`](mod@env)); the bucket count
     /// comes from [`env::BUCKET_COUNT`], the store's variable, so both agree.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the variable (or the field) and the rule it broke: a
+    /// number or duration that does not parse, a zero [`env::ERROR_BACKOFF`], a rule of
+    /// [`validate`](Self::validate).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// let options = dynamo_outbox::RelayOptions::from_env()?;
+    /// # Ok::<(), dynamo_outbox::Error>(())
+    /// ```
     pub fn from_env() -> Result<Self> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
     /// Reads the options through `lookup` (an environment stand-in) and validates them.
+    ///
+    /// # Errors
+    /// As [`from_env`](Self::from_env).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use dynamo_outbox::options::{env, RelayOptions};
+    ///
+    /// let options = RelayOptions::from_lookup(|name| {
+    ///     (name == env::POLL_INTERVAL).then(|| "250ms".to_string())
+    /// })?;
+    /// assert_eq!(options.poll_interval, Duration::from_millis(250));
+    /// let err = RelayOptions::from_lookup(|name| {
+    ///     (name == env::ERROR_BACKOFF).then(|| "0s".to_string())
+    /// })
+    /// .unwrap_err();
+    /// assert!(err.to_string().starts_with("OUTBOX_ERROR_BACKOFF: must be greater than zero"));
+    /// # Ok::<(), dynamo_outbox::Error>(())
+    /// ```
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let mut o = RelayOptions::default();
         if let Some(v) = lookup(env::BUCKET_COUNT) {
@@ -522,6 +712,9 @@ impl RelayOptions {
         }
         if let Some(v) = lookup(env::ERROR_BACKOFF) {
             o.error_backoff = parse_duration(env::ERROR_BACKOFF, &v)?;
+            if o.error_backoff.is_zero() {
+                return Err(Error::option(env::ERROR_BACKOFF, ERROR_BACKOFF_RULE));
+            }
         }
         if let Some(v) = lookup(env::LEASE_DURATION) {
             o.lease_duration = parse_duration(env::LEASE_DURATION, &v)?;
@@ -542,13 +735,16 @@ impl RelayOptions {
             o.max_in_flight_bytes = parse_number(env::MAX_IN_FLIGHT_BYTES, &v)?;
         }
         if let Some(v) = lookup(env::POISON_POLICY) {
-            o.poison_policy = PoisonPolicy::parse(&v)?;
+            o.poison_policy = v.parse()?;
         }
         o.validate()?;
         Ok(o)
     }
 
-    /// Checks every rule; the error names the field and the rule.
+    /// Checks every rule.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the field and the rule it broke.
     pub fn validate(&self) -> Result<()> {
         if self.bucket_count < 1 {
             return Err(Error::option("bucket_count", "must be at least 1"));
@@ -558,6 +754,9 @@ impl RelayOptions {
         }
         if self.poll_interval.is_zero() {
             return Err(Error::option("poll_interval", "must be greater than zero"));
+        }
+        if self.error_backoff.is_zero() {
+            return Err(Error::option("error_backoff", ERROR_BACKOFF_RULE));
         }
         if self.lease_renew_interval.is_zero() {
             return Err(Error::option(
@@ -609,6 +808,10 @@ impl RelayOptions {
         Ok(())
     }
 }
+
+/// The rule [`RelayOptions::error_backoff`] breaks at zero.
+const ERROR_BACKOFF_RULE: &str =
+    "must be greater than zero (a failing relay would retry at once, in a tight loop)";
 
 fn parse_number<T: std::str::FromStr>(field: &str, value: &str) -> Result<T> {
     value
@@ -729,6 +932,35 @@ mod tests {
         let long = "x".repeat(129);
         let e = RelayOptions::from_lookup(lookup(&[(env::RELAY_ID, &long)])).unwrap_err();
         assert!(e.to_string().starts_with("relay_id:"), "{e}");
+    }
+
+    #[test]
+    fn a_zero_error_backoff_is_refused_naming_the_field() {
+        let zero = RelayOptions {
+            error_backoff: Duration::ZERO,
+            ..RelayOptions::default()
+        };
+        match zero.validate().unwrap_err() {
+            Error::InvalidOption { field, rule } => {
+                assert_eq!(field, "error_backoff");
+                assert!(rule.starts_with("must be greater than zero"), "{rule}");
+            }
+            other => panic!("{other:?}"),
+        }
+        for value in ["0", "0s", "0ms"] {
+            let e = RelayOptions::from_lookup(lookup(&[(env::ERROR_BACKOFF, value)])).unwrap_err();
+            assert!(
+                matches!(&e, Error::InvalidOption { field, .. } if field == env::ERROR_BACKOFF),
+                "{value}: {e:?}"
+            );
+            assert_eq!(
+                e.to_string(),
+                "OUTBOX_ERROR_BACKOFF: must be greater than zero (a failing relay would retry \
+                 at once, in a tight loop)"
+            );
+        }
+        let o = RelayOptions::from_lookup(lookup(&[(env::ERROR_BACKOFF, "250ms")])).unwrap();
+        assert_eq!(o.error_backoff, Duration::from_millis(250));
     }
 
     #[test]

@@ -17,12 +17,12 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use serde::Serialize;
 
 use crate::attr;
-use crate::clock::{duration_to_ticks, TICKS_PER_SECOND};
-use crate::coordination::Coordination;
 use crate::error::Result;
 use crate::options::TopicAllowList;
-use crate::schema::{self, Keys};
-use crate::store::DynamoDbOutboxStore;
+use crate::protocol::clock::{duration_to_ticks, TICKS_PER_SECOND};
+use crate::protocol::coordination::Coordination;
+use crate::protocol::schema::{self, Keys};
+use crate::protocol::store::DynamoDbOutboxStore;
 
 /// A heartbeat this far ahead of the reader's clock is reported as being in the future.
 pub const FUTURE_TOLERANCE: Duration = Duration::from_secs(5);
@@ -227,7 +227,7 @@ impl StatusReport {
 /// What was read of one bucket besides the coordination partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct BucketRead {
-    backlog: crate::store::sample::BucketBacklog,
+    backlog: crate::protocol::store::sample::BucketBacklog,
     last_sequence: Option<u64>,
     last_bucket_count: Option<u32>,
     sequence_counter: Option<u64>,
@@ -240,6 +240,24 @@ fn seconds(ticks: i64) -> f64 {
 
 /// Reads the state of the outbox of `store` now. `lease_duration` is the relays' (it
 /// decides which heartbeats count as live; `RelayOptions::lease_duration`).
+///
+/// # Errors
+/// [`Error::DynamoDb`](crate::Error::DynamoDb) when a read fails; nothing is reported then.
+///
+/// # Examples
+/// ```no_run
+/// use dynamo_outbox::status::read_status;
+///
+/// # async fn example(store: dynamo_outbox::DynamoDbOutboxStore) -> dynamo_outbox::Result<()> {
+/// let lease_duration = dynamo_outbox::RelayOptions::default().lease_duration;
+/// let report = read_status(&store, lease_duration).await?;
+/// println!("{} messages pending", report.total_pending());
+/// for warning in &report.warnings {
+///     println!("{}", warning.message);
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub async fn read_status(
     store: &DynamoDbOutboxStore,
     lease_duration: Duration,
@@ -421,7 +439,7 @@ fn pending_without_owner(b: &BucketStatus, bucket_count: u32) -> Option<Warning>
 }
 
 /// The command that moves the item at `bucket` / `sequence` to the dead-letter partition.
-pub fn quarantine_command(bucket: u32, sequence: u64) -> String {
+pub(crate) fn quarantine_command(bucket: u32, sequence: u64) -> String {
     format!("outboxctl quarantine {bucket} {sequence}")
 }
 
@@ -628,7 +646,7 @@ fn dead_letter_warning(count: u32, capped: bool, keys: &Keys) -> Option<Warning>
 pub fn rfc3339(ticks: i64) -> String {
     // Ticks from any writer: far enough below the Unix epoch, the difference is no i64.
     let secs = ticks
-        .checked_sub(crate::clock::UNIX_EPOCH_TICKS)
+        .checked_sub(crate::protocol::clock::UNIX_EPOCH_TICKS)
         .map(|t| t.div_euclid(TICKS_PER_SECOND));
     match secs.and_then(|s| chrono::DateTime::from_timestamp(s, 0)) {
         Some(t) => t.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
@@ -663,13 +681,13 @@ mod tests {
         // Numbers of items anyone can write: a lease expiring at i64::MIN, a heartbeat
         // there and at i64::MAX, a head created at i64::MIN.
         let (now, lease_ticks) = (639_316_440_000_000_000, 10 * TICKS_PER_SECOND);
-        let lease = |bucket, expires_at| crate::coordination::LeaseRecord {
+        let lease = |bucket, expires_at| crate::protocol::coordination::LeaseRecord {
             bucket,
             owner: Some("far".into()),
             expires_at,
             expiry_exact: true,
         };
-        let relay = |id: &str, last_seen| crate::coordination::RelayRecord {
+        let relay = |id: &str, last_seen| crate::protocol::coordination::RelayRecord {
             relay_id: id.into(),
             last_seen,
             stopped_at: None,
@@ -680,7 +698,7 @@ mod tests {
             relays: vec![relay("past", i64::MIN), relay("future", i64::MAX)],
         };
         let read = |bucket| BucketRead {
-            backlog: crate::store::sample::BucketBacklog {
+            backlog: crate::protocol::store::sample::BucketBacklog {
                 bucket,
                 pending: 1,
                 capped: false,
@@ -723,7 +741,7 @@ mod tests {
     #[test]
     fn rfc3339_of_ticks() {
         assert_eq!(
-            rfc3339(crate::clock::UNIX_EPOCH_TICKS),
+            rfc3339(crate::protocol::clock::UNIX_EPOCH_TICKS),
             "1970-01-01T00:00:00Z"
         );
         assert_eq!(rfc3339(639_316_440_000_000_000), "2026-11-30T14:00:00Z");

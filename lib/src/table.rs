@@ -32,7 +32,9 @@ pub fn create_table_request(options: &OutboxOptions) -> Result<CreateTableInput>
             .key_type(kind)
             .build()
     };
-    let build_err = |e: aws_sdk_dynamodb::error::BuildError| Error::Misconfiguration(e.to_string());
+    let build_err = |e: aws_sdk_dynamodb::error::BuildError| {
+        Error::misconfigured_by("the table definition could not be built", e)
+    };
     CreateTableInput::builder()
         .table_name(&options.table_name)
         .billing_mode(BillingMode::PayPerRequest)
@@ -54,8 +56,26 @@ pub enum Provisioned {
 }
 
 /// Creates the table unless it exists, and waits until it is active (at most
-/// [`DEFAULT_CREATE_TIMEOUT`]). Safe to call from several processes at once. An existing
-/// table whose key schema does not fit the options is a [`Error::Misconfiguration`].
+/// [`DEFAULT_CREATE_TIMEOUT`]). Safe to call from several processes at once.
+///
+/// # Errors
+/// [`Error::Misconfiguration`] for an existing table whose key schema does not fit the
+/// options; [`Error::DynamoDb`] when a request fails; [`Error::DeadlineExceeded`] when the
+/// table is not active in time.
+///
+/// # Examples
+/// ```no_run
+/// use dynamo_outbox::table::{create_if_not_exists, Provisioned};
+/// use dynamo_outbox::OutboxOptions;
+///
+/// # async fn example(client: aws_sdk_dynamodb::Client) -> dynamo_outbox::Result<()> {
+/// let options = OutboxOptions::new("orders-outbox");
+/// if create_if_not_exists(&client, &options).await? == Provisioned::Created {
+///     println!("created {}", options.table_name);
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub async fn create_if_not_exists(client: &Client, options: &OutboxOptions) -> Result<Provisioned> {
     create_if_not_exists_within(
         client,
@@ -66,6 +86,9 @@ pub async fn create_if_not_exists(client: &Client, options: &OutboxOptions) -> R
 }
 
 /// [`create_if_not_exists`] with the caller's deadline.
+///
+/// # Errors
+/// As [`create_if_not_exists`].
 pub async fn create_if_not_exists_within(
     client: &Client,
     options: &OutboxOptions,
@@ -162,18 +185,18 @@ pub fn check_key_schema(table: &TableDescription, options: &OutboxOptions) -> Re
         match key_of(kind) {
             Some(actual) if &actual == want => {
                 if type_of(want) != Some(ScalarAttributeType::S) {
-                    return Err(Error::Misconfiguration(format!(
+                    return Err(Error::misconfigured(format!(
                         "table {name}: {field} {want} must be of type S (string)"
                     )));
                 }
             }
             Some(actual) => {
-                return Err(Error::Misconfiguration(format!(
+                return Err(Error::misconfigured(format!(
                     "table {name}: {field} is {actual}, but the options expect {want}"
                 )))
             }
             None => {
-                return Err(Error::Misconfiguration(format!(
+                return Err(Error::misconfigured(format!(
                     "table {name} has no {field}; the outbox needs a string {field} named {want}"
                 )))
             }

@@ -15,9 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
     Put, ReturnValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
 };
@@ -27,11 +25,12 @@ use tracing::{debug, instrument};
 use uuid::Uuid;
 
 use crate::attr;
+pub use crate::error::transaction_error;
 use crate::error::{from_sdk, Error, Result};
 use crate::message::OutboxMessage;
 use crate::notification::{CommitNotifier, NoopNotifier};
 use crate::options::{OutboxOptions, TopicAllowList};
-use crate::schema::{self, Item, Keys};
+use crate::protocol::schema::{self, Item, Keys};
 
 /// A message with its reserved place, ready to join a transaction.
 #[derive(Debug, Clone)]
@@ -58,13 +57,16 @@ impl Reserved {
             .condition_expression("attribute_not_exists(#sk)")
             .expression_attribute_names("#sk", &self.sk_attribute)
             .build()
-            .map_err(|e| Error::Misconfiguration(e.to_string()))?;
+            .map_err(|e| {
+                Error::misconfigured_by("the outbox item's request could not be built", e)
+            })?;
         Ok(TransactWriteItem::builder().put(put).build())
     }
 }
 
 /// The result of [`DynamoDbOutboxWriter::enqueue`] for one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Enqueued {
     /// The message's id.
     pub message_id: Uuid,
@@ -85,6 +87,21 @@ pub struct DynamoDbOutboxWriter {
 
 impl DynamoDbOutboxWriter {
     /// A writer for the outbox `options` describe; the options are validated here.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `options` break a rule ([`OutboxOptions::validate`]).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions};
+    ///
+    /// # async fn example() -> dynamo_outbox::Result<()> {
+    /// let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    /// let client = aws_sdk_dynamodb::Client::new(&sdk);
+    /// let writer = DynamoDbOutboxWriter::new(client, OutboxOptions::new("orders-outbox"))?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(client: Client, options: OutboxOptions) -> Result<Self> {
         options.validate()?;
         Ok(DynamoDbOutboxWriter {
@@ -122,6 +139,37 @@ impl DynamoDbOutboxWriter {
 
     /// Reserves a sequence number for one message and returns its `Put` for your own
     /// transaction. Call it inside your retry loop: a rebuilt transaction must reserve again.
+    ///
+    /// # Errors
+    /// As [`transact_write_items`](Self::transact_write_items).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+    /// use dynamo_outbox::error::transaction_error;
+    /// use dynamo_outbox::DynamoDbOutboxWriter;
+    ///
+    /// # async fn example(
+    /// #     client: aws_sdk_dynamodb::Client,
+    /// #     writer: DynamoDbOutboxWriter,
+    /// #     order: TransactWriteItem,
+    /// # ) -> dynamo_outbox::Result<()> {
+    /// let message = writer
+    ///     .message("orders")
+    ///     .with_key("order-42")
+    ///     .with_value(r#"{"status":"placed"}"#);
+    /// // the business write and the outbox item commit together, or neither does
+    /// client
+    ///     .transact_write_items()
+    ///     .transact_items(order)
+    ///     .transact_items(writer.transact_write_item(&message).await?)
+    ///     .send()
+    ///     .await
+    ///     .map_err(transaction_error)?;
+    /// writer.notify_committed(&[message]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn transact_write_item(&self, message: &OutboxMessage) -> Result<TransactWriteItem> {
         self.transact_write_items(std::slice::from_ref(message))
             .await?
@@ -131,6 +179,12 @@ impl DynamoDbOutboxWriter {
 
     /// Reserves sequence numbers for several messages (one request per distinct bucket;
     /// messages sharing a bucket keep their list order) and returns their `Put`s.
+    ///
+    /// # Errors
+    /// Before any request, what [`check`](Self::check) finds ([`Error::InvalidMessage`],
+    /// [`Error::Limit`]); [`Error::DynamoDb`] when a reservation fails (retryable ones say
+    /// so, [`Error::is_retryable`]); [`Error::Corrupt`] when a bucket's sequence counter
+    /// holds no number.
     pub async fn transact_write_items(
         &self,
         messages: &[OutboxMessage],
@@ -144,6 +198,11 @@ impl DynamoDbOutboxWriter {
 
     /// Checks every message, the topic allow-list ([`OutboxOptions::allowed_topics`]) and
     /// DynamoDB's limits without sending anything.
+    ///
+    /// # Errors
+    /// [`Error::InvalidMessage`] naming the message's field and the rule it broke (a topic
+    /// outside the allow-list among them), [`Error::Limit`] for an item or a transaction
+    /// DynamoDB would refuse.
     pub fn check(&self, messages: &[OutboxMessage]) -> Result<()> {
         self.check_stamped(&with_current_trace(messages))
     }
@@ -265,6 +324,21 @@ impl DynamoDbOutboxWriter {
     /// SDK's retry of a write that was applied: a success, not a second copy. Two or more
     /// messages are one `TransactWriteItems` with a `ClientRequestToken`, so a retry of the
     /// SDK whose first attempt was applied is a success there too.
+    ///
+    /// # Errors
+    /// As [`transact_write_items`](Self::transact_write_items), and for the write itself
+    /// [`Error::DynamoDb`] or [`Error::TransactionCanceled`]; nothing is written then.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn example(writer: dynamo_outbox::DynamoDbOutboxWriter) -> dynamo_outbox::Result<()> {
+    /// let enqueued = writer
+    ///     .enqueue(&[writer.message("orders").with_key("order-42").with_value("placed")])
+    ///     .await?;
+    /// println!("message {} in bucket {}", enqueued[0].message_id, enqueued[0].bucket);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn enqueue(&self, messages: &[OutboxMessage]) -> Result<Vec<Enqueued>> {
         let reserved = self.reserve(messages).await?;
         match reserved.as_slice() {
@@ -361,32 +435,6 @@ fn with_current_trace(messages: &[OutboxMessage]) -> Cow<'_, [OutboxMessage]> {
     Cow::Borrowed(messages)
 }
 
-/// Turns a failed `TransactWriteItems` into [`Error`], keeping the cancellation reasons.
-pub fn transaction_error<R>(err: SdkError<TransactWriteItemsError, R>) -> Error
-where
-    R: Debug + Send + Sync + 'static,
-{
-    if let Some(TransactWriteItemsError::TransactionCanceledException(e)) = err.as_service_error() {
-        let reasons: Vec<String> = e
-            .cancellation_reasons()
-            .iter()
-            .map(|r| r.code().unwrap_or("None").to_string())
-            .collect();
-        let retryable = reasons.iter().any(|r| {
-            matches!(
-                r.as_str(),
-                "TransactionConflict" | "ThrottlingError" | "ProvisionedThroughputExceeded"
-            )
-        });
-        return Error::TransactionCanceled {
-            reasons,
-            retryable,
-            source: Box::new(err),
-        };
-    }
-    from_sdk("TransactWriteItems", err)
-}
-
 /// `ADD Sequence :n` on `bucket`'s counter, as every writer takes sequence numbers (the
 /// library's writer, and a redriven dead letter); returns the new (last reserved) number.
 pub(crate) async fn reserve_sequence_numbers(
@@ -428,6 +476,7 @@ fn reserved_range(keys: &Keys, bucket: u32, after_add: Option<u64>, count: u64) 
         pk: keys.sequence_pk(bucket),
         sk: schema::SEQUENCE_SK.into(),
         reason,
+        source: None,
     };
     let last = after_add
         .ok_or_else(|| corrupt("Sequence is missing or not a whole number after ADD".into()))?;
@@ -477,6 +526,7 @@ mod tests {
                     pk: got_pk,
                     sk,
                     reason,
+                    ..
                 }) => {
                     assert_eq!((got_pk.as_str(), sk.as_str()), (pk.as_str(), "SEQUENCE"));
                     assert!(reason.contains(says), "{reason}");
@@ -491,7 +541,7 @@ mod tests {
         let own = "00-11111111111111111111111111111111-2222222222222222-00";
         let plain = OutboxMessage::new("t", 8);
         let with_own =
-            OutboxMessage::new("t", 8).with_header(crate::Header::new("traceparent", own));
+            OutboxMessage::new("t", 8).with_header(crate::headers::Header::new("traceparent", own));
         let both = [plain.clone(), with_own.clone()];
         // Outside any span (and always without the feature): written as they are.
         assert!(matches!(with_current_trace(&both), Cow::Borrowed(_)));
@@ -513,7 +563,7 @@ mod tests {
             let stamped = with_current_trace(&both);
             assert_eq!(
                 stamped[0].headers,
-                vec![crate::Header::new(
+                vec![crate::headers::Header::new(
                     "traceparent",
                     "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
                 )]

@@ -51,11 +51,30 @@ pub struct LeaseModel {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Write {
     /// Renew `bucket` from `read` to `new` (owner and version condition).
-    Renew { bucket: u8, read: i16, new: i16 },
+    Renew {
+        /// The bucket.
+        bucket: u8,
+        /// The lease's expiry as the plan read it (the write's condition).
+        read: i16,
+        /// The expiry it writes.
+        new: i16,
+    },
     /// Release `bucket` read at `read`.
-    Release { bucket: u8, read: i16 },
+    Release {
+        /// The bucket.
+        bucket: u8,
+        /// The lease's expiry as the plan read it (the write's condition).
+        read: i16,
+    },
     /// Claim `bucket` if free or lapsed at `now` (the relay's clock).
-    Claim { bucket: u8, now: i16, new: i16 },
+    Claim {
+        /// The bucket.
+        bucket: u8,
+        /// The relay's clock when it planned (the lease must have lapsed by then).
+        now: i16,
+        /// The expiry it writes.
+        new: i16,
+    },
 }
 
 /// Where a relay is in its round.
@@ -68,7 +87,12 @@ pub enum Phase {
     /// Next: read and plan.
     Plan,
     /// Next: the planned writes, in order, sent at global time `sent`.
-    Writing { writes: Vec<Write>, sent: u8 },
+    Writing {
+        /// The writes still to send, in order.
+        writes: Vec<Write>,
+        /// The global time they were sent at.
+        sent: u8,
+    },
 }
 
 /// A relay's own state.

@@ -9,6 +9,7 @@ pub mod fake_broker;
 pub mod fault;
 pub mod kafka;
 pub mod lambda;
+pub mod msk_iam;
 pub mod otlp;
 
 pub use fault::{dynamodb_builder, faulty_dynamodb, Fault};
@@ -443,15 +444,13 @@ pub async fn kafka_publisher() -> std::sync::Arc<dynamo_outbox::publish::KafkaPu
 /// Relay options with short timings, so that lease lapses take seconds in tests.
 pub fn fast_relay_options(relay_id: &str, bucket_count: u32) -> dynamo_outbox::RelayOptions {
     use std::time::Duration;
-    dynamo_outbox::RelayOptions {
-        bucket_count,
-        relay_id: relay_id.into(),
-        poll_interval: Duration::from_millis(100),
-        error_backoff: Duration::from_millis(200),
-        lease_duration: Duration::from_secs(3),
-        lease_renew_interval: Duration::from_millis(1000),
-        ..Default::default()
-    }
+    dynamo_outbox::RelayOptions::default()
+        .with_bucket_count(bucket_count)
+        .with_relay_id(relay_id)
+        .with_poll_interval(Duration::from_millis(100))
+        .with_error_backoff(Duration::from_millis(200))
+        .with_lease_duration(Duration::from_secs(3))
+        .with_lease_renew_interval(Duration::from_millis(1000))
 }
 
 /// Every item of a table (scan, all pages).

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use dynamo_outbox::message::StoredMessage;
 use dynamo_outbox::message::{murmur2, to_positive};
 use dynamo_outbox::protocol::clock::{OffsetClock, TICKS_PER_SECOND};
-use dynamo_outbox::protocol::schema::StoredMessage;
 use dynamo_outbox::publish::{KafkaPublisher, PublishOutcome, Publisher};
 use dynamo_outbox::{
     DynamoDbOutboxStore, DynamoDbOutboxWriter, Error, Header, OutboxMessage, OutboxOptions, Relay,

@@ -91,14 +91,14 @@ impl Publisher for FailOnceMidBatch {
         if batch.len() > self.k && !self.failed.swap(true, Ordering::SeqCst) {
             let prefix = self.inner.publish(&batch[..self.k]).await;
             assert!(prefix.error.is_none());
-            return PublishOutcome {
-                acknowledged: prefix.acknowledged,
-                error: Some(Error::Kafka {
+            return PublishOutcome::new(
+                prefix.acknowledged,
+                Some(Error::Kafka {
                     message: "injected: connection reset".into(),
                     retryable: true,
                     source: None,
                 }),
-            };
+            );
         }
         self.inner.publish(batch).await
     }

@@ -27,7 +27,7 @@ async fn a_message_stamped_with_another_bucket_count_faults_the_relay_and_stays(
     .await
     .expect("the relay stops on its own");
     let err = result.unwrap_err();
-    assert!(matches!(err, Error::Misconfiguration(_)), "{err}");
+    assert!(matches!(err, Error::Misconfiguration { .. }), "{err}");
     assert!(
         err.to_string().contains("stamped with bucket count 8"),
         "{err}"
@@ -40,7 +40,7 @@ async fn a_message_stamped_with_another_bucket_count_faults_the_relay_and_stays(
     // And a relay whose own count differs from the store's refuses to start.
     let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
     let err = Relay::new(store, kafka_publisher().await, fast_relay_options("r", 8)).unwrap_err();
-    assert!(matches!(err, Error::Misconfiguration(_)));
+    assert!(matches!(err, Error::Misconfiguration { .. }));
 }
 
 #[derive(Debug, Default)]

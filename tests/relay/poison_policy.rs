@@ -40,10 +40,8 @@ async fn quarantine_after_n_attempts_moves_the_poison_head_aside_and_the_bucket_
     let relay = Relay::new(
         store.clone(),
         kafka_publisher().await,
-        RelayOptions {
-            poison_policy: PoisonPolicy::QuarantineAfter(3),
-            ..fast_relay_options(&random_name("relay"), 2)
-        },
+        fast_relay_options(&random_name("relay"), 2)
+            .with_poison_policy(PoisonPolicy::QuarantineAfter(3)),
     )
     .unwrap()
     .with_metrics(metrics.clone());
@@ -126,10 +124,8 @@ async fn a_broker_that_is_down_or_slow_quarantines_nothing_under_quarantine_afte
     let relay = Relay::new(
         store.clone(),
         Arc::new(dynamo_outbox::publish::LazyKafkaPublisher::new(kafka)),
-        RelayOptions {
-            poison_policy: PoisonPolicy::QuarantineAfter(1),
-            ..fast_relay_options(&random_name("relay"), 2)
-        },
+        fast_relay_options(&random_name("relay"), 2)
+            .with_poison_policy(PoisonPolicy::QuarantineAfter(1)),
     )
     .unwrap();
     let run = tokio::spawn(async move {

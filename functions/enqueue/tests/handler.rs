@@ -59,7 +59,7 @@ async fn enqueues_a_batch_and_answers_with_ids_buckets_and_sequences() {
     let store = dynamo_outbox::DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
     let keys = store.keys().clone();
     let items = scan_all(&client, &options.table_name).await;
-    let stored: Vec<schema::StoredMessage> = items
+    let stored: Vec<dynamo_outbox::message::StoredMessage> = items
         .iter()
         .filter(|i| {
             i["PK"]

@@ -64,7 +64,7 @@ impl OtlpHttpClient {
             let found = rustls_native_certs::load_native_certs();
             let (added, _) = roots.add_parsable_certificates(found.certs);
             if added == 0 {
-                return Err(Error::Misconfiguration(format!(
+                return Err(Error::misconfigured(format!(
                     "OTLP endpoint {https}: no trusted root certificates found on this system"
                 )));
             }
@@ -73,7 +73,7 @@ impl OtlpHttpClient {
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Misconfiguration(format!("OTLP TLS: {e}")))?
+        .map_err(|e| Error::misconfigured(format!("OTLP TLS: {e}")))?
         .with_root_certificates(roots)
         .with_no_client_auth();
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
@@ -84,9 +84,8 @@ impl OtlpHttpClient {
         let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
         Ok(OtlpHttpClient {
             client,
-            runtime: tokio::runtime::Handle::try_current().map_err(|_| {
-                Error::Misconfiguration("the OTLP client needs a tokio runtime".into())
-            })?,
+            runtime: tokio::runtime::Handle::try_current()
+                .map_err(|_| Error::misconfigured("the OTLP client needs a tokio runtime"))?,
             timeout,
             endpoint: endpoint.to_string(),
             signal,
@@ -196,7 +195,7 @@ pub(crate) fn tracer_provider(
         .with_endpoint(client.endpoint().to_string())
         .with_timeout(client.timeout())
         .build()
-        .map_err(|e| Error::Misconfiguration(format!("OTLP span exporter: {e}")))?;
+        .map_err(|e| Error::misconfigured(format!("OTLP span exporter: {e}")))?;
     Ok(SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         .with_resource(resource)

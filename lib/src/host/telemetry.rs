@@ -285,9 +285,7 @@ impl Telemetry {
             .map(String::as_str)
             .collect();
         let Some((first, others)) = endpoints.split_first() else {
-            return Err(Error::Misconfiguration(
-                "OTLP export without an endpoint".into(),
-            ));
+            return Err(Error::misconfigured("OTLP export without an endpoint"));
         };
         let client = OtlpHttpClient::new(first, "telemetry", others, settings.timeout)?;
         let resource = || otlp::resource(DEFAULT_SERVICE_NAME, relay_id);
@@ -301,7 +299,7 @@ impl Telemetry {
                     .with_endpoint(endpoint.clone())
                     .with_timeout(settings.timeout)
                     .build()
-                    .map_err(|e| Error::Misconfiguration(format!("OTLP metrics exporter: {e}")))?;
+                    .map_err(|e| Error::misconfigured_by("OTLP metrics exporter", e))?;
                 let reader = PeriodicReader::builder(exporter)
                     .with_interval(settings.interval)
                     .build();

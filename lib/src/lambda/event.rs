@@ -12,7 +12,7 @@ use tracing::warn;
 use crate::error::{Error, Result};
 use crate::notification::{CommitNotification, Handoff, DETAIL_TYPE, SOURCE};
 use crate::options::OutboxOptions;
-use crate::schema::Keys;
+use crate::protocol::schema::Keys;
 
 /// Why a relay invocation was started, as its payload says.
 #[derive(Debug, Clone, PartialEq, Eq)]

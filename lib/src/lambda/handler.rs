@@ -683,10 +683,7 @@ mod tests {
         assert_eq!(long.chars().count(), MAX_RELAY_ID_LEN);
         assert!(long.starts_with(&"f".repeat(100)));
         assert_eq!(relay_id("a\nb", "c"), "ab-c");
-        let options = RelayOptions {
-            relay_id: long,
-            ..RelayOptions::default()
-        };
+        let options = RelayOptions::default().with_relay_id(long);
         options.validate().unwrap();
     }
 

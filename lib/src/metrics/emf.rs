@@ -67,7 +67,7 @@ use serde_json::{json, Map, Value};
 
 use super::RelayMetrics;
 use crate::error::{Error, NotAuthorized, Result};
-use crate::store::WriteKind;
+use crate::protocol::store::WriteKind;
 
 /// The environment variable naming the namespace (as in Powertools for AWS Lambda).
 pub const NAMESPACE_ENV: &str = "POWERTOOLS_METRICS_NAMESPACE";

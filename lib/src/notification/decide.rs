@@ -21,7 +21,7 @@
 //!    later stream batch of a commit already published): [`Skip::Empty`].
 //! 4. `prepare` (the host connects to Kafka, so that the time between the second look
 //!    and its heartbeat is short), then a pause: the request's jitter
-//!    ([`notification_jitter`], under [`crate::relay::JOIN_DELAY`]), or until live relays
+//!    ([`notification_jitter`], under [`JOIN_DELAY`]), or until live relays
 //!    take the buckets over when that is within [`HANDOVER_SETTLE_MAX`]. So a burst of
 //!    wake-ups to an idle fleet starts one relay (the first to join writes its heartbeat
 //!    first, and the later ones count its round's claims), and a handover starts none.
@@ -36,8 +36,8 @@ use tracing::{info, warn};
 use super::CommitNotification;
 use crate::error::Error;
 use crate::options::RelayOptions;
-use crate::relay::JOIN_DELAY;
-use crate::store::{Coverage, DynamoDbOutboxStore};
+use crate::protocol::coordination::JOIN_DELAY;
+use crate::protocol::store::{Coverage, DynamoDbOutboxStore};
 
 /// Longest time a woken host waits for live relays to take uncovered buckets over before
 /// it looks again (a successor claims a leaver's buckets a few hundred milliseconds after
@@ -46,6 +46,7 @@ pub const HANDOVER_SETTLE_MAX: Duration = Duration::from_millis(1500);
 
 /// Why a woken host returns without running a relay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Skip {
     /// Live relays hold (or, having just joined, are claiming) every notified bucket.
     Covered,
@@ -164,7 +165,7 @@ async fn look(
     buckets: &[u32],
     options: &RelayOptions,
     deadline: Instant,
-) -> crate::Result<Coverage> {
+) -> crate::error::Result<Coverage> {
     tokio::time::timeout_at(deadline, store.coverage(buckets, options))
         .await
         .map_err(|_| Error::DeadlineExceeded("reading the coordination partition"))?

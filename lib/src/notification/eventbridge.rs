@@ -27,7 +27,25 @@ pub struct EventBridgeNotifier {
 
 impl EventBridgeNotifier {
     /// A notifier for `bus` (its name or ARN), with a client for `config` whose attempts
-    /// and operations are bounded by [`NOTIFY_TIMEOUT`].
+    /// and operations are bounded by [`NOTIFY_TIMEOUT`]. Never fails: a notification that
+    /// cannot be sent is counted ([`failed`](Self::failed)) and logged, and the relays'
+    /// poll finds the messages anyway.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dynamo_outbox::notification::{CommitNotification, EventBridgeNotifier, NOTIFY_TIMEOUT};
+    /// use dynamo_outbox::OutboxOptions;
+    /// use tokio::time::Instant;
+    ///
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    /// let notifier = EventBridgeNotifier::new(&sdk, "outbox-commits");
+    /// // after a commit of messages to buckets 3 and 5
+    /// let committed = CommitNotification::new(&OutboxOptions::new("orders-outbox"), [3, 5]);
+    /// notifier.send(&committed, Instant::now() + NOTIFY_TIMEOUT).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(config: &aws_config::SdkConfig, bus: impl Into<String>) -> Self {
         let client = aws_sdk_eventbridge::Client::from_conf(
             aws_sdk_eventbridge::config::Builder::from(config)
@@ -60,6 +78,16 @@ impl EventBridgeNotifier {
 
     /// The notifier the environment asks for: `OUTBOX_NOTIFY_EVENT_BUS` read through
     /// `lookup` (the process environment, or a stand-in); `None` when it is unset or empty.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dynamo_outbox::notification::EventBridgeNotifier;
+    ///
+    /// # async fn example() {
+    /// let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    /// let notifier = EventBridgeNotifier::from_lookup(&sdk, |name| std::env::var(name).ok());
+    /// # }
+    /// ```
     pub fn from_lookup(
         config: &aws_config::SdkConfig,
         lookup: impl Fn(&str) -> Option<String>,
@@ -74,8 +102,11 @@ impl EventBridgeNotifier {
         &self.bus
     }
 
-    /// Sends `notification` as one event; gives up at `by`. The error says what failed and
-    /// keeps the SDK's error as its source.
+    /// Sends `notification` as one event; gives up at `by`.
+    ///
+    /// # Errors
+    /// [`NotifyError`]: the request failed (the SDK's error as its source), EventBridge
+    /// refused the event, or `by` passed.
     pub async fn send(
         &self,
         notification: &CommitNotification,

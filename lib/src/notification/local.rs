@@ -17,7 +17,25 @@ pub struct LocalNotifier {
 }
 
 impl LocalNotifier {
-    /// A notifier with nothing marked.
+    /// A notifier with nothing marked, to share between the writer and the relay of one
+    /// process.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use dynamo_outbox::publish::LazyKafkaPublisher;
+    /// use dynamo_outbox::{DynamoDbOutboxStore, DynamoDbOutboxWriter, LocalNotifier, Relay};
+    ///
+    /// # fn example(
+    /// #     writer: DynamoDbOutboxWriter,
+    /// #     relay: Relay<LazyKafkaPublisher>,
+    /// # ) -> dynamo_outbox::Result<()> {
+    /// let notifier = LocalNotifier::new();
+    /// let writer = writer.with_notifier(notifier.clone());
+    /// let relay = relay.with_notifier(notifier);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Arc<Self> {
         Arc::new(LocalNotifier::default())
     }

@@ -18,7 +18,7 @@
 //! Every commit can send a notification, and every notification can start a relay
 //! invocation. A relay started by one first reads the coordination partition once
 //! (one strongly consistent `Query`, no write) and returns at once when
-//! [`crate::coordination::Coordination::uncovered`] finds every notified bucket held by a
+//! [`crate::protocol::coordination::Coordination::uncovered`] finds every notified bucket held by a
 //! live relay; only otherwise does it join the fleet as a relay.
 
 use std::fmt::Debug;
@@ -67,6 +67,7 @@ pub const DETAIL_TYPE: &str = "OutboxCommitted";
 /// The `detail` of a commit notification: which outbox, and which of its buckets received
 /// messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CommitNotification {
     /// The outbox table's name.
     pub table: String,

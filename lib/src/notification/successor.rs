@@ -37,6 +37,7 @@ pub const SUCCESSOR_LEAD: Duration = Duration::from_secs(10);
 
 /// What a leaving relay tells its successor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Handoff {
     /// The outbox table's name.
     pub table: String,

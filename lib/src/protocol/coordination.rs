@@ -3,19 +3,23 @@
 //! when a peer's announced stop hands buckets over, and which heartbeat records are stale.
 //!
 //! Pure: every function takes the read and the reader's clock (`now`, UTC ticks) and does
-//! no I/O. [`crate::store`] performs the read ([`crate::DynamoDbOutboxStore::read_coordination`])
-//! and the writes; [`crate::plan`] turns a snapshot into a lease plan; the relay and a
+//! no I/O. [`crate::protocol::store`] performs the read ([`crate::DynamoDbOutboxStore::read_coordination`])
+//! and the writes; [`crate::protocol::plan`] turns a snapshot into a lease plan; the relay and a
 //! notified invocation decide with the functions here.
 
 use std::time::Duration;
 
-use crate::plan::{self, LeaseView, PlanInput};
+use crate::protocol::plan::{self, LeaseView, PlanInput};
 
 /// How recent a relay's heartbeat must be for [`Coordination::uncovered`] to count the
 /// claims of the round that heartbeat started: longer than a round takes from its
-/// heartbeat to its claims (the first round of a relay waits [`crate::relay::JOIN_DELAY`]
+/// heartbeat to its claims (the first round of a relay waits [`JOIN_DELAY`]
 /// in between).
 pub const ROUND_WINDOW: Duration = Duration::from_secs(1);
+/// Pause between a relay's first heartbeat and its first read of the coordination
+/// partition (at most a quarter of the renew interval), so that relays starting together
+/// see each other's heartbeats; woken hosts spread their second look over it.
+pub const JOIN_DELAY: Duration = Duration::from_millis(300);
 
 /// Delay after a peer's announced stop before the extra acquisition, and between retries.
 pub const HANDOVER_STEP: Duration = Duration::from_millis(300);

@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::headers;
-use crate::message::OutboxMessage;
+use crate::message::{OutboxMessage, StoredMessage};
 use crate::options::OutboxOptions;
 
 /// A DynamoDB item.
@@ -186,17 +186,6 @@ pub fn get_s<'a>(item: &'a Item, name: &str) -> Option<&'a str> {
     item.get(name)?.as_s().ok().map(String::as_str)
 }
 
-/// A message read back from the table, with where it sits.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredMessage {
-    /// The bucket (from the partition key).
-    pub bucket: u32,
-    /// The sequence number (from the sort key).
-    pub sequence: u64,
-    /// The message.
-    pub message: OutboxMessage,
-}
-
 /// The item of a message at `bucket` / `sequence`.
 pub fn message_item(
     keys: &Keys,
@@ -234,11 +223,13 @@ pub fn message_item(
 /// A missing `BucketCount` reads as `0` (not stamped, not checked).
 pub fn parse_message(keys: &Keys, item: &Item) -> Result<StoredMessage> {
     let (pk, sk) = keys.key_of(item);
-    let corrupt = |reason: String| Error::Corrupt {
+    let corrupt_by = |reason: String, source: Option<crate::error::BoxError>| Error::Corrupt {
         pk: pk.to_string(),
         sk: sk.to_string(),
         reason,
+        source,
     };
+    let corrupt = |reason: String| corrupt_by(reason, None);
     let bucket = pk
         .strip_prefix(&keys.prefix)
         .and_then(|r| r.strip_prefix("#MESSAGES#"))
@@ -248,8 +239,12 @@ pub fn parse_message(keys: &Keys, item: &Item) -> Result<StoredMessage> {
         .ok_or_else(|| corrupt("sort key is not a 19-digit sequence number".into()))?;
     let message_id = get_s(item, attr::MESSAGE_ID)
         .ok_or_else(|| corrupt("MessageId is missing or not a string".into()))?;
-    let message_id = Uuid::parse_str(message_id)
-        .map_err(|_| corrupt(format!("MessageId {message_id:?} is not a UUID")))?;
+    let message_id = Uuid::parse_str(message_id).map_err(|e| {
+        corrupt_by(
+            format!("MessageId {message_id:?} is not a UUID"),
+            Some(Box::new(e)),
+        )
+    })?;
     let topic = get_s(item, attr::TOPIC)
         .ok_or_else(|| corrupt("Topic is missing or not a string".into()))?;
     crate::message::validate_topic(topic).map_err(|rule| corrupt(format!("Topic {rule}")))?;
@@ -272,7 +267,8 @@ pub fn parse_message(keys: &Keys, item: &Item) -> Result<StoredMessage> {
     };
     let headers = match blob(attr::HEADERS)? {
         None => Vec::new(),
-        Some(b) => headers::decode(&b).map_err(|e| corrupt(format!("Headers: {e}")))?,
+        Some(b) => headers::decode(&b)
+            .map_err(|e| corrupt_by("Headers cannot be decoded".into(), Some(Box::new(e))))?,
     };
     let partition = match number(attr::PARTITION)? {
         None => None,
@@ -420,10 +416,11 @@ mod tests {
         );
         let mut item = message_item(&k, &m, 1, 5).unwrap();
         item.insert(attr::HEADERS.into(), AttributeValue::B(Blob::new(vec![9])));
-        assert!(parse_message(&k, &item)
-            .unwrap_err()
-            .to_string()
-            .contains("Headers: unknown header format version 9"));
+        let e = parse_message(&k, &item).unwrap_err();
+        assert!(e.to_string().ends_with("Headers cannot be decoded"), "{e}");
+        // the decoding error stays the source
+        let source = std::error::Error::source(&e).expect("the header error as the source");
+        assert_eq!(source.to_string(), "unknown header format version 9");
         let mut item = message_item(&k, &m, 1, 5).unwrap();
         item.insert(attr::TOPIC.into(), s(""));
         assert!(matches!(

@@ -3,13 +3,14 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use aws_credential_types::provider::SharedCredentialsProvider;
 
 use super::env;
 use super::sasl::SaslCredentials;
-use super::tls::TlsSecret;
+use super::tls::{ClientCertificate, KafkaTls, TlsSecret, TrustedRoots};
 use crate::error::{Error, Result};
 use crate::options::parse_duration;
 
@@ -18,7 +19,11 @@ use crate::options::parse_duration;
 pub const DEFAULT_MESSAGE_ID_HEADER: &str = "x-outbox-message-id";
 
 /// How the publisher compresses each produce request's record batch.
+///
+/// `KAFKA_COMPRESSION` parses into it ([`FromStr`]): `none`, `gzip`, `snappy`, `lz4` or
+/// `zstd`, in any case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum KafkaCompression {
     /// Uncompressed (the default; `BENCHMARKS.md`, "Compression", says why).
     #[default]
@@ -33,24 +38,45 @@ pub enum KafkaCompression {
     Zstd,
 }
 
-impl KafkaCompression {
-    /// Parses the value of [`env::COMPRESSION`]; the error names the allowed values.
-    pub fn parse(value: &str) -> std::result::Result<Self, String> {
+/// Parses the value of [`env::COMPRESSION`]; an unknown codec is [`Error::InvalidOption`]
+/// naming the variable and the allowed values.
+impl FromStr for KafkaCompression {
+    type Err = Error;
+
+    fn from_str(value: &str) -> Result<Self> {
         match value.trim().to_ascii_lowercase().as_str() {
             "none" | "" => Ok(KafkaCompression::None),
             "gzip" => Ok(KafkaCompression::Gzip),
             "snappy" => Ok(KafkaCompression::Snappy),
             "lz4" => Ok(KafkaCompression::Lz4),
             "zstd" => Ok(KafkaCompression::Zstd),
-            _ => Err(format!(
-                "{value:?} is not one of none, gzip, snappy, lz4, zstd"
+            _ => Err(Error::option(
+                env::COMPRESSION,
+                format!("{value:?} is not one of none, gzip, snappy, lz4, zstd"),
             )),
         }
     }
 }
 
 /// How the publisher authenticates to the brokers.
+///
+/// `KAFKA_AUTH` parses into it ([`FromStr`]), and [`Display`](fmt::Display) writes the
+/// value that selects it.
+///
+/// # Examples
+/// ```
+/// use dynamo_outbox::publish::KafkaAuth;
+///
+/// let auth: KafkaAuth = "SCRAM-SHA-512".parse()?;
+/// assert_eq!(auth, KafkaAuth::ScramSha512);
+/// assert_eq!(auth.to_string(), "scram-sha-512");
+/// assert!(auth.uses_password());
+/// let err = "scram".parse::<KafkaAuth>().unwrap_err();
+/// assert!(err.to_string().starts_with("KAFKA_AUTH: \"scram\" is not one of none, msk-iam"));
+/// # Ok::<(), dynamo_outbox::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum KafkaAuth {
     /// No authentication (a local broker, or a plaintext/TLS listener without SASL).
     #[default]
@@ -67,26 +93,43 @@ pub enum KafkaAuth {
     /// broker, so it is refused without TLS unless
     /// [`KafkaConfig::allow_plain_without_tls`].
     Plain,
-    /// Mutual TLS: the client certificate authenticates ([`KafkaConfig::tls_client_secret`],
-    /// or [`KafkaConfig::tls_cert_file`] and [`KafkaConfig::tls_key_file`]), no SASL; TLS
-    /// always on (MSK's mTLS listener, port 9094).
+    /// Mutual TLS: the client certificate of [`KafkaConfig::tls`] authenticates
+    /// ([`KafkaTls::with_client_certificate`]), no SASL; TLS always on (MSK's mTLS
+    /// listener, port 9094).
     Mtls,
 }
 
-impl KafkaAuth {
-    /// Parses the value of [`env::AUTH`].
-    fn parse(value: &str) -> Option<Self> {
+/// Parses the value of [`env::AUTH`] (any case; `_` for `-`, `iam` for `msk-iam`); anything
+/// else is [`Error::InvalidOption`] naming the variable and the allowed values.
+impl FromStr for KafkaAuth {
+    type Err = Error;
+
+    fn from_str(value: &str) -> Result<Self> {
         match value.trim().to_ascii_lowercase().as_str() {
-            "none" | "" => Some(KafkaAuth::None),
-            "msk-iam" | "msk_iam" | "iam" => Some(KafkaAuth::MskIam),
-            "scram-sha-256" | "scram_sha_256" => Some(KafkaAuth::ScramSha256),
-            "scram-sha-512" | "scram_sha_512" => Some(KafkaAuth::ScramSha512),
-            "plain" => Some(KafkaAuth::Plain),
-            "mtls" => Some(KafkaAuth::Mtls),
-            _ => None,
+            "none" | "" => Ok(KafkaAuth::None),
+            "msk-iam" | "msk_iam" | "iam" => Ok(KafkaAuth::MskIam),
+            "scram-sha-256" | "scram_sha_256" => Ok(KafkaAuth::ScramSha256),
+            "scram-sha-512" | "scram_sha_512" => Ok(KafkaAuth::ScramSha512),
+            "plain" => Ok(KafkaAuth::Plain),
+            "mtls" => Ok(KafkaAuth::Mtls),
+            _ => Err(Error::option(
+                env::AUTH,
+                format!(
+                    "{value:?} is not one of none, msk-iam, scram-sha-256, scram-sha-512, \
+                     plain, mtls"
+                ),
+            )),
         }
     }
+}
 
+impl fmt::Display for KafkaAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl KafkaAuth {
     /// Whether this mechanism takes a username and password ([`KafkaConfig::sasl`]).
     pub fn uses_password(self) -> bool {
         matches!(
@@ -109,33 +152,36 @@ impl KafkaAuth {
 }
 
 /// Options of [`KafkaPublisher`](super::KafkaPublisher).
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use dynamo_outbox::publish::{KafkaCompression, KafkaConfig, KafkaTls, TrustedRoots};
+///
+/// let config = KafkaConfig::new(["b-1.example:9098", "b-2.example:9098"])
+///     .with_msk_iam("eu-west-1")
+///     .with_tls(KafkaTls::system().with_roots(TrustedRoots::File("/etc/kafka/ca.pem".into())))
+///     .with_compression(KafkaCompression::Zstd)
+///     .with_publish_timeout(Duration::from_secs(10));
+/// config.validate()?;
+/// # Ok::<(), dynamo_outbox::Error>(())
+/// ```
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct KafkaConfig {
     /// `host:port` of one or more brokers to learn the cluster from (required).
     pub bootstrap_servers: Vec<String>,
     /// How to authenticate ([`KafkaAuth::None`]).
     pub auth: KafkaAuth,
-    /// Whether to speak TLS to the brokers (on for MSK IAM, SCRAM, PLAIN and mTLS, and with
-    /// any TLS file or secret; off otherwise; always on for mTLS).
-    pub tls: bool,
+    /// Whether to speak TLS to the brokers, the roots to trust and the client certificate
+    /// of mutual TLS ([`KafkaTls::Off`]; from the environment: on for MSK IAM, SCRAM, PLAIN
+    /// and mTLS, and with any TLS file or secret, unless `KAFKA_TLS=false`; always on for
+    /// mTLS).
+    pub tls: KafkaTls,
     /// The username and password of SCRAM and PLAIN ([`KafkaAuth::uses_password`]).
     pub sasl: Option<SaslCredentials>,
     /// Lets [`KafkaAuth::Plain`] run without TLS (false): PLAIN sends the password itself.
     pub allow_plain_without_tls: bool,
-    /// PEM bundle of the roots to trust instead of the system's (none: the system's, or
-    /// [`tls_ca_secret`](Self::tls_ca_secret)'s).
-    pub tls_ca_file: Option<PathBuf>,
-    /// A Secrets Manager secret whose string is the PEM bundle of the roots to trust
-    /// instead of the system's; the alternative to [`tls_ca_file`](Self::tls_ca_file).
-    pub tls_ca_secret: Option<TlsSecret>,
-    /// Client certificate chain (PEM) for mutual TLS, with [`tls_key_file`](Self::tls_key_file).
-    pub tls_cert_file: Option<PathBuf>,
-    /// Private key (PEM) of [`tls_cert_file`](Self::tls_cert_file).
-    pub tls_key_file: Option<PathBuf>,
-    /// A Secrets Manager secret with the client certificate for mutual TLS, as JSON
-    /// `{"certificate": "<PEM chain>", "privateKey": "<PEM key>"}`; the alternative to
-    /// [`tls_cert_file`](Self::tls_cert_file) and [`tls_key_file`](Self::tls_key_file).
-    pub tls_client_secret: Option<TlsSecret>,
     /// AWS region of the MSK cluster; required for [`KafkaAuth::MskIam`] because the token
     /// is signed for `kafka.{region}.amazonaws.com`.
     pub region: Option<String>,
@@ -172,17 +218,11 @@ impl fmt::Debug for KafkaConfig {
         f.debug_struct("KafkaConfig")
             .field("bootstrap_servers", &self.bootstrap_servers)
             .field("auth", &self.auth)
+            // paths, and the secrets' names: never what was read from them (the private key)
             .field("tls", &self.tls)
             // the username and where the password comes from, never the password
             .field("sasl", &self.sasl)
             .field("allow_plain_without_tls", &self.allow_plain_without_tls)
-            // paths only: the key file's contents are never read into the configuration
-            .field("tls_ca_file", &self.tls_ca_file)
-            .field("tls_cert_file", &self.tls_cert_file)
-            .field("tls_key_file", &self.tls_key_file)
-            // the secrets' names, never what was read from them (the private key)
-            .field("tls_ca_secret", &self.tls_ca_secret)
-            .field("tls_client_secret", &self.tls_client_secret)
             .field("region", &self.region)
             .field("client_id", &self.client_id)
             .field("message_id_header", &self.message_id_header)
@@ -208,14 +248,9 @@ impl KafkaConfig {
         KafkaConfig {
             bootstrap_servers: bootstrap_servers.into_iter().map(Into::into).collect(),
             auth: KafkaAuth::None,
-            tls: false,
+            tls: KafkaTls::Off,
             sasl: None,
             allow_plain_without_tls: false,
-            tls_ca_file: None,
-            tls_cert_file: None,
-            tls_key_file: None,
-            tls_ca_secret: None,
-            tls_client_secret: None,
             region: None,
             client_id: "dynamo-outbox".into(),
             message_id_header: DEFAULT_MESSAGE_ID_HEADER.into(),
@@ -230,20 +265,48 @@ impl KafkaConfig {
         }
     }
 
-    /// Switches to MSK IAM in `region`, over TLS.
+    /// Switches to MSK IAM in `region`, over TLS (the system's roots unless
+    /// [`tls`](Self::tls) is on already).
     pub fn with_msk_iam(mut self, region: impl Into<String>) -> Self {
         self.auth = KafkaAuth::MskIam;
         self.region = Some(region.into());
-        self.tls = true;
+        self.tls_on();
         self
     }
 
-    /// Switches to SASL `auth` (SCRAM or PLAIN) with `credentials`, over TLS.
+    /// Switches to SASL `auth` (SCRAM or PLAIN) with `credentials`, over TLS (the system's
+    /// roots unless [`tls`](Self::tls) is on already).
     pub fn with_sasl(mut self, auth: KafkaAuth, credentials: SaslCredentials) -> Self {
         self.auth = auth;
         self.sasl = Some(credentials);
-        self.tls = true;
+        self.tls_on();
         self
+    }
+
+    /// Switches to mutual TLS: `certificate` authenticates, over TLS with the roots of
+    /// [`tls`](Self::tls) if it is on, else the system's.
+    pub fn with_mtls(mut self, certificate: ClientCertificate) -> Self {
+        self.auth = KafkaAuth::Mtls;
+        self.tls = std::mem::take(&mut self.tls).with_client_certificate(certificate);
+        self
+    }
+
+    /// Sets [`tls`](Self::tls): off, or on with its roots and client certificate.
+    pub fn with_tls(mut self, tls: KafkaTls) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Lets [`KafkaAuth::Plain`] send its password without TLS.
+    pub fn with_allow_plain_without_tls(mut self, allow: bool) -> Self {
+        self.allow_plain_without_tls = allow;
+        self
+    }
+
+    fn tls_on(&mut self) {
+        if !self.tls.is_on() {
+            self.tls = KafkaTls::system();
+        }
     }
 
     /// Uses `credentials` for MSK IAM instead of the standard chain.
@@ -252,32 +315,102 @@ impl KafkaConfig {
         self
     }
 
-    /// Sets the message-id header name.
+    /// Sets the message-id header name ([`Self::message_id_header`]).
     pub fn with_message_id_header(mut self, name: impl Into<String>) -> Self {
         self.message_id_header = name.into();
         self
     }
 
+    /// Sets the client id the brokers log requests under ([`Self::client_id`]).
+    pub fn with_client_id(mut self, client_id: impl Into<String>) -> Self {
+        self.client_id = client_id.into();
+        self
+    }
+
+    /// Sets the longest one publish may take ([`Self::publish_timeout`]).
+    pub fn with_publish_timeout(mut self, publish_timeout: Duration) -> Self {
+        self.publish_timeout = publish_timeout;
+        self
+    }
+
+    /// Sets the backoff budget of one request's retries ([`Self::retry_budget`]).
+    pub fn with_retry_budget(mut self, retry_budget: Duration) -> Self {
+        self.retry_budget = retry_budget;
+        self
+    }
+
+    /// Sets the attempts per produce request ([`Self::produce_attempts`]).
+    pub fn with_produce_attempts(mut self, produce_attempts: u32) -> Self {
+        self.produce_attempts = produce_attempts;
+        self
+    }
+
+    /// Sets the largest estimated size of one produce request ([`Self::max_request_bytes`]).
+    pub fn with_max_request_bytes(mut self, max_request_bytes: usize) -> Self {
+        self.max_request_bytes = max_request_bytes;
+        self
+    }
+
+    /// Sets the produce requests of one batch in flight at once ([`Self::max_in_flight`]).
+    pub fn with_max_in_flight(mut self, max_in_flight: usize) -> Self {
+        self.max_in_flight = max_in_flight;
+        self
+    }
+
+    /// Sets how long a topic's partition count is trusted ([`Self::metadata_max_age`]).
+    pub fn with_metadata_max_age(mut self, metadata_max_age: Duration) -> Self {
+        self.metadata_max_age = metadata_max_age;
+        self
+    }
+
+    /// Sets the compression of the produce requests ([`Self::compression`]).
+    pub fn with_compression(mut self, compression: KafkaCompression) -> Self {
+        self.compression = compression;
+        self
+    }
+
     /// Reads the options from the process environment (see [`env`](mod@env)) and validates them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the variable (or the field) and the rule it broke:
+    /// [`env::BOOTSTRAP_SERVERS`] unset or not `host:port`, an unknown [`env::AUTH`] or
+    /// [`env::COMPRESSION`], credentials or TLS files that are missing, partial or named
+    /// twice, a rule of [`validate`](Self::validate).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// let config = dynamo_outbox::publish::KafkaConfig::from_env()?;
+    /// # Ok::<(), dynamo_outbox::Error>(())
+    /// ```
     pub fn from_env() -> Result<Self> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
     /// Reads the options through `lookup` (an environment stand-in) and validates them.
+    ///
+    /// # Errors
+    /// As [`from_env`](Self::from_env).
+    ///
+    /// # Examples
+    /// ```
+    /// use dynamo_outbox::publish::{env, KafkaAuth, KafkaConfig};
+    ///
+    /// let config = KafkaConfig::from_lookup(|name| match name {
+    ///     env::BOOTSTRAP_SERVERS => Some("b-1.example:9096".into()),
+    ///     env::AUTH => Some("scram-sha-512".into()),
+    ///     env::SASL_SECRET_ARN => Some("AmazonMSK_outbox".into()),
+    ///     _ => None,
+    /// })?;
+    /// assert_eq!(config.auth, KafkaAuth::ScramSha512);
+    /// assert!(config.tls.is_on(), "SASL turns TLS on");
+    /// # Ok::<(), dynamo_outbox::Error>(())
+    /// ```
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let mut config = KafkaConfig::new(servers_from_lookup(&lookup)?);
         if let Some(v) = lookup(env::AUTH) {
-            config.auth = KafkaAuth::parse(&v).ok_or_else(|| {
-                Error::option(
-                    env::AUTH,
-                    format!(
-                        "{v:?} is not one of none, msk-iam, scram-sha-256, scram-sha-512, plain, \
-                         mtls"
-                    ),
-                )
-            })?;
+            config.auth = v.parse()?;
         }
-        tls_from_lookup(&lookup, &mut config)?;
+        config.tls = tls_from_lookup(&lookup, config.auth)?;
         config.sasl = sasl_from_lookup(&lookup, config.auth)?;
         if let Some(v) = lookup(env::ALLOW_PLAIN_WITHOUT_TLS).filter(|v| !v.trim().is_empty()) {
             config.allow_plain_without_tls = parse_bool(&v).ok_or_else(|| {
@@ -287,7 +420,8 @@ impl KafkaConfig {
                 )
             })?;
         }
-        if config.auth == KafkaAuth::Plain && !config.tls && !config.allow_plain_without_tls {
+        if config.auth == KafkaAuth::Plain && !config.tls.is_on() && !config.allow_plain_without_tls
+        {
             return Err(Error::option(
                 env::TLS,
                 format!(
@@ -310,14 +444,16 @@ impl KafkaConfig {
             config.publish_timeout = parse_duration(env::PUBLISH_TIMEOUT, &v)?;
         }
         if let Some(v) = lookup(env::COMPRESSION) {
-            config.compression = KafkaCompression::parse(&v)
-                .map_err(|rule| Error::option(env::COMPRESSION, rule))?;
+            config.compression = v.parse()?;
         }
         config.validate()?;
         Ok(config)
     }
 
-    /// Checks every rule; the error names the field and the rule.
+    /// Checks every rule.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the field and the rule it broke.
     pub fn validate(&self) -> Result<()> {
         if self.bootstrap_servers.is_empty() {
             return Err(Error::option(
@@ -359,50 +495,18 @@ impl KafkaConfig {
             }
             _ => {}
         }
-        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
-            return Err(Error::option(
-                "tls_cert_file",
-                "and tls_key_file go together (a client certificate and its key)",
-            ));
-        }
-        if self.tls_ca_file.is_some() && self.tls_ca_secret.is_some() {
-            return Err(Error::option(
-                "tls_ca_secret",
-                "and tls_ca_file are both set: name the CA one way",
-            ));
-        }
-        if self.tls_client_secret.is_some() && self.tls_cert_file.is_some() {
-            return Err(Error::option(
-                "tls_client_secret",
-                "and tls_cert_file/tls_key_file are both set: name the client certificate one way",
-            ));
-        }
-        if !self.tls
-            && (self.tls_ca_file.is_some()
-                || self.tls_cert_file.is_some()
-                || self.tls_key_file.is_some()
-                || self.tls_ca_secret.is_some()
-                || self.tls_client_secret.is_some())
-        {
-            return Err(Error::option(
-                "tls",
-                "is off but TLS files or secrets are set (tls_ca_file, tls_cert_file, \
-                 tls_key_file, tls_ca_secret, tls_client_secret)",
-            ));
-        }
         if self.auth == KafkaAuth::Mtls {
-            if !self.tls {
+            if !self.tls.is_on() {
                 return Err(Error::option("tls", "must be on for mtls (mutual TLS)"));
             }
-            if self.tls_client_secret.is_none() && self.tls_cert_file.is_none() {
+            if self.tls.client_certificate().is_none() {
                 return Err(Error::option(
-                    "tls_client_secret",
-                    "(or tls_cert_file and tls_key_file) is required for mtls: the client \
-                     certificate",
+                    "tls",
+                    "needs a client certificate for mtls (KafkaTls::with_client_certificate)",
                 ));
             }
         }
-        if self.auth == KafkaAuth::Plain && !self.tls && !self.allow_plain_without_tls {
+        if self.auth == KafkaAuth::Plain && !self.tls.is_on() && !self.allow_plain_without_tls {
             return Err(Error::option(
                 "tls",
                 "PLAIN sends the password in clear: it needs TLS unless allow_plain_without_tls",
@@ -459,27 +563,25 @@ fn servers_from_lookup(lookup: &impl Fn(&str) -> Option<String>) -> Result<Vec<S
     Ok(servers)
 }
 
-/// The TLS settings of `config` the variables name: the CA (a file or a secret), the
-/// client certificate (files or a secret), and whether TLS is on (by default with any
-/// authentication or any TLS file or secret; always with mTLS); an error when both ways
-/// name one thing, when files or secrets are set with TLS off, for a certificate without
-/// its key (or the reverse), and for mTLS without a client certificate.
-fn tls_from_lookup(
-    lookup: &impl Fn(&str) -> Option<String>,
-    config: &mut KafkaConfig,
-) -> Result<()> {
+/// The TLS settings the variables name, for `auth`: the CA (a file or a secret), the client
+/// certificate (files or a secret), and whether TLS is on (`KAFKA_TLS` parsed as
+/// [`KafkaTls`]; by default on with any authentication or any TLS file or secret; always
+/// with mTLS); an error when both ways name one thing, when files or secrets are set with
+/// TLS off, for a certificate without its key (or the reverse), and for mTLS without a
+/// client certificate.
+fn tls_from_lookup(lookup: &impl Fn(&str) -> Option<String>, auth: KafkaAuth) -> Result<KafkaTls> {
     // an empty value counts as unset (a template passes "" for an unused parameter)
     let get = |name: &str| {
         lookup(name)
             .filter(|v| !v.trim().is_empty())
             .map(|v| v.trim().to_owned())
     };
-    config.tls_ca_file = get(env::TLS_CA_FILE).map(PathBuf::from);
-    config.tls_cert_file = get(env::TLS_CERT_FILE).map(PathBuf::from);
-    config.tls_key_file = get(env::TLS_KEY_FILE).map(PathBuf::from);
-    config.tls_ca_secret = get(env::TLS_CA_SECRET_ARN).map(TlsSecret::new);
-    config.tls_client_secret = get(env::TLS_CLIENT_SECRET_ARN).map(TlsSecret::new);
-    if config.tls_ca_file.is_some() && config.tls_ca_secret.is_some() {
+    let ca_file = get(env::TLS_CA_FILE).map(PathBuf::from);
+    let cert_file = get(env::TLS_CERT_FILE).map(PathBuf::from);
+    let key_file = get(env::TLS_KEY_FILE).map(PathBuf::from);
+    let ca_secret = get(env::TLS_CA_SECRET_ARN).map(TlsSecret::new);
+    let client_secret = get(env::TLS_CLIENT_SECRET_ARN).map(TlsSecret::new);
+    if ca_file.is_some() && ca_secret.is_some() {
         return Err(Error::option(
             env::TLS_CA_SECRET_ARN,
             format!(
@@ -488,9 +590,7 @@ fn tls_from_lookup(
             ),
         ));
     }
-    if config.tls_client_secret.is_some()
-        && (config.tls_cert_file.is_some() || config.tls_key_file.is_some())
-    {
+    if client_secret.is_some() && (cert_file.is_some() || key_file.is_some()) {
         return Err(Error::option(
             env::TLS_CLIENT_SECRET_ARN,
             format!(
@@ -501,53 +601,53 @@ fn tls_from_lookup(
         ));
     }
     let tls_source = [
-        (env::TLS_CA_FILE, config.tls_ca_file.is_some()),
-        (env::TLS_CERT_FILE, config.tls_cert_file.is_some()),
-        (env::TLS_KEY_FILE, config.tls_key_file.is_some()),
-        (env::TLS_CA_SECRET_ARN, config.tls_ca_secret.is_some()),
-        (
-            env::TLS_CLIENT_SECRET_ARN,
-            config.tls_client_secret.is_some(),
-        ),
+        (env::TLS_CA_FILE, ca_file.is_some()),
+        (env::TLS_CERT_FILE, cert_file.is_some()),
+        (env::TLS_KEY_FILE, key_file.is_some()),
+        (env::TLS_CA_SECRET_ARN, ca_secret.is_some()),
+        (env::TLS_CLIENT_SECRET_ARN, client_secret.is_some()),
     ]
     .into_iter()
     .find_map(|(name, set)| set.then_some(name));
-    config.tls = match lookup(env::TLS) {
-        Some(v) => parse_bool(&v)
-            .ok_or_else(|| Error::option(env::TLS, format!("{v:?} is not true or false")))?,
-        None => config.auth != KafkaAuth::None || tls_source.is_some(),
+    let on = match lookup(env::TLS) {
+        Some(v) => v.parse::<KafkaTls>()?.is_on(),
+        None => auth != KafkaAuth::None || tls_source.is_some(),
     };
-    if config.auth == KafkaAuth::Mtls && !config.tls {
+    if auth == KafkaAuth::Mtls && !on {
         return Err(Error::option(
             env::TLS,
             "KAFKA_AUTH=mtls is TLS with a client certificate: KAFKA_TLS=false is refused",
         ));
     }
-    if let (false, Some(name)) = (config.tls, tls_source) {
+    if let (false, Some(name)) = (on, tls_source) {
         return Err(Error::option(
             name,
             "is set but KAFKA_TLS=false: TLS files and secrets need TLS",
         ));
     }
-    match (&config.tls_cert_file, &config.tls_key_file) {
-        (Some(_), None) => {
+    if !on {
+        return Ok(KafkaTls::Off);
+    }
+    let client_certificate = match (cert_file, key_file, client_secret) {
+        (Some(certificate), Some(private_key), _) => Some(ClientCertificate::Files {
+            certificate,
+            private_key,
+        }),
+        (Some(_), None, _) => {
             return Err(Error::option(
                 env::TLS_KEY_FILE,
                 format!("is required with {}", env::TLS_CERT_FILE),
             ))
         }
-        (None, Some(_)) => {
+        (None, Some(_), _) => {
             return Err(Error::option(
                 env::TLS_CERT_FILE,
                 format!("is required with {}", env::TLS_KEY_FILE),
             ))
         }
-        _ => {}
-    }
-    if config.auth == KafkaAuth::Mtls
-        && config.tls_client_secret.is_none()
-        && config.tls_cert_file.is_none()
-    {
+        (None, None, secret) => secret.map(ClientCertificate::Secret),
+    };
+    if auth == KafkaAuth::Mtls && client_certificate.is_none() {
         return Err(Error::option(
             env::AUTH,
             format!(
@@ -559,7 +659,15 @@ fn tls_from_lookup(
             ),
         ));
     }
-    Ok(())
+    let roots = match (ca_file, ca_secret) {
+        (Some(path), _) => TrustedRoots::File(path),
+        (None, Some(secret)) => TrustedRoots::Secret(secret),
+        (None, None) => TrustedRoots::System,
+    };
+    Ok(KafkaTls::On {
+        roots,
+        client_certificate,
+    })
 }
 
 /// The region of an MSK IAM cluster: [`env::REGION`], or [`env::DEFAULT_REGION`] as the
@@ -640,6 +748,8 @@ fn sasl_from_lookup(
     }
 }
 
+/// A boolean variable's value; `None` for anything but true or false (or `1`/`0`,
+/// `yes`/`no`).
 fn parse_bool(value: &str) -> Option<bool> {
     match value.trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" => Some(true),
@@ -696,7 +806,7 @@ mod tests {
             .unwrap();
         assert_eq!(c.bootstrap_servers, ["a:9092", "b:9093"]);
         assert_eq!(c.auth, KafkaAuth::None);
-        assert!(!c.tls);
+        assert!(!c.tls.is_on());
         assert_eq!(c.region, None);
         assert_eq!(c.message_id_header, "x-outbox-message-id");
         assert_eq!(c.publish_timeout, Duration::from_secs(20));
@@ -713,7 +823,7 @@ mod tests {
             (env::REGION, "eu-west-1"),
         ]))
         .unwrap();
-        assert_eq!((c.auth, c.tls), (KafkaAuth::MskIam, true));
+        assert_eq!((c.auth, c.tls.is_on()), (KafkaAuth::MskIam, true));
         assert_eq!(c.region.as_deref(), Some("eu-west-1"));
 
         let c = KafkaConfig::from_lookup(lookup(&[
@@ -723,7 +833,10 @@ mod tests {
             (env::TLS, "false"),
         ]))
         .unwrap();
-        assert_eq!((c.tls, c.region.as_deref()), (false, Some("us-east-2")));
+        assert_eq!(
+            (c.tls.is_on(), c.region.as_deref()),
+            (false, Some("us-east-2"))
+        );
 
         let e = KafkaConfig::from_lookup(lookup(&[
             (env::BOOTSTRAP_SERVERS, "h:9098"),
@@ -792,7 +905,7 @@ mod tests {
             ),
         ]))
         .unwrap();
-        assert_eq!((c.auth, c.tls), (KafkaAuth::ScramSha512, true));
+        assert_eq!((c.auth, c.tls.is_on()), (KafkaAuth::ScramSha512, true));
         assert!(
             matches!(&c.sasl, Some(SaslCredentials::SecretsManager(_))),
             "{c:?}"
@@ -811,7 +924,7 @@ mod tests {
                 (env::SASL_SECRET_ARN, ""),
             ]))
             .unwrap();
-            assert_eq!((c.auth, c.tls), (auth, true), "{value}");
+            assert_eq!((c.auth, c.tls.is_on()), (auth, true), "{value}");
             match &c.sasl {
                 Some(SaslCredentials::Static(up)) => {
                     assert_eq!(
@@ -831,7 +944,7 @@ mod tests {
             (env::TLS, "false"),
         ]))
         .unwrap();
-        assert!(!c.tls);
+        assert!(!c.tls.is_on());
     }
 
     #[test]
@@ -852,11 +965,11 @@ mod tests {
         let mut allowed = base.to_vec();
         allowed.push((env::ALLOW_PLAIN_WITHOUT_TLS, "true"));
         let c = KafkaConfig::from_lookup(lookup(&allowed)).unwrap();
-        assert!(!c.tls && c.allow_plain_without_tls);
+        assert!(!c.tls.is_on() && c.allow_plain_without_tls);
         // the same rule for a configuration built in code
-        let mut c =
-            KafkaConfig::new(["h:1"]).with_sasl(KafkaAuth::Plain, SaslCredentials::new("a", "p"));
-        c.tls = false;
+        let mut c = KafkaConfig::new(["h:1"])
+            .with_sasl(KafkaAuth::Plain, SaslCredentials::new("a", "p"))
+            .with_tls(KafkaTls::Off);
         assert!(c.validate().unwrap_err().to_string().starts_with("tls: "));
         c.allow_plain_without_tls = true;
         c.validate().unwrap();
@@ -918,11 +1031,8 @@ mod tests {
             let e = KafkaConfig::from_lookup(lookup(&all)).unwrap_err();
             assert_eq!(e.to_string(), *expected);
         }
-        let c = KafkaConfig::new(["h:1"]);
-        let c = KafkaConfig {
-            auth: KafkaAuth::ScramSha256,
-            ..c
-        };
+        let mut c = KafkaConfig::new(["h:1"]);
+        c.auth = KafkaAuth::ScramSha256;
         assert_eq!(
             c.validate().unwrap_err().to_string(),
             "sasl: is required for scram-sha-256 (a username and password)"
@@ -952,18 +1062,15 @@ mod tests {
             (env::TLS_KEY_FILE, "/etc/kafka/client.key"),
         ]))
         .unwrap();
-        assert!(c.tls);
         assert_eq!(
-            (
-                c.tls_ca_file.as_deref(),
-                c.tls_cert_file.as_deref(),
-                c.tls_key_file.as_deref()
-            ),
-            (
-                Some("/etc/kafka/ca.pem".as_ref()),
-                Some("/etc/kafka/client.pem".as_ref()),
-                Some("/etc/kafka/client.key".as_ref())
-            )
+            c.tls,
+            KafkaTls::On {
+                roots: TrustedRoots::File("/etc/kafka/ca.pem".into()),
+                client_certificate: Some(ClientCertificate::Files {
+                    certificate: "/etc/kafka/client.pem".into(),
+                    private_key: "/etc/kafka/client.key".into(),
+                }),
+            }
         );
         let cases: &[(&[(&str, &str)], &str)] = &[
             (
@@ -1038,18 +1145,13 @@ mod tests {
             (env::TLS_CA_SECRET_ARN, ca),
         ]))
         .unwrap();
+        assert_eq!((c.auth, c.sasl.is_none()), (KafkaAuth::Mtls, true));
         assert_eq!(
-            (c.auth, c.tls, c.sasl.is_none()),
-            (KafkaAuth::Mtls, true, true)
-        );
-        assert_eq!(
-            c.tls_client_secret.as_ref().map(TlsSecret::secret_id),
-            Some(client)
-        );
-        assert_eq!(c.tls_ca_secret.as_ref().map(TlsSecret::secret_id), Some(ca));
-        assert_eq!(
-            (c.tls_cert_file.as_ref(), c.tls_ca_file.as_ref()),
-            (None, None)
+            c.tls,
+            KafkaTls::On {
+                roots: TrustedRoots::Secret(TlsSecret::new(ca)),
+                client_certificate: Some(ClientCertificate::Secret(TlsSecret::new(client))),
+            }
         );
         let c = KafkaConfig::from_lookup(lookup(&[
             (env::BOOTSTRAP_SERVERS, "b-1:9094"),
@@ -1061,14 +1163,20 @@ mod tests {
             (env::TLS_CA_SECRET_ARN, " "),
         ]))
         .unwrap();
-        assert!(c.tls && c.tls_client_secret.is_none() && c.tls_ca_secret.is_none());
+        assert_eq!(
+            c.tls,
+            KafkaTls::system().with_client_certificate(ClientCertificate::Files {
+                certificate: "/c.pem".into(),
+                private_key: "/k.pem".into(),
+            })
+        );
         // secrets turn TLS on without any authentication, as files do
         let c = KafkaConfig::from_lookup(lookup(&[
             (env::BOOTSTRAP_SERVERS, "h:9093"),
             (env::TLS_CA_SECRET_ARN, ca),
         ]))
         .unwrap();
-        assert!(c.tls && c.auth == KafkaAuth::None);
+        assert!(c.tls.is_on() && c.auth == KafkaAuth::None);
     }
 
     #[test]
@@ -1149,34 +1257,20 @@ mod tests {
             c.validate().unwrap_err().to_string(),
             "tls: must be on for mtls (mutual TLS)"
         );
-        c.tls = true;
+        c.tls = KafkaTls::system();
         assert!(c
             .validate()
             .unwrap_err()
             .to_string()
-            .starts_with("tls_client_secret: (or tls_cert_file and tls_key_file) is required"));
-        c.tls_client_secret = Some(TlsSecret::new("arn:c"));
+            .starts_with("tls: needs a client certificate for mtls"));
+        let c =
+            KafkaConfig::new(["h:1"]).with_mtls(ClientCertificate::Secret(TlsSecret::new("arn:c")));
         c.validate().unwrap();
-        c.tls_cert_file = Some("/c.pem".into());
-        c.tls_key_file = Some("/k.pem".into());
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .starts_with("tls_client_secret: and tls_cert_file/tls_key_file are both set"));
-        let mut c = KafkaConfig::new(["h:1"]);
-        c.tls_ca_secret = Some(TlsSecret::new("arn:ca"));
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .starts_with("tls: is off but"));
-        c.tls = true;
-        c.tls_ca_file = Some("/ca.pem".into());
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .starts_with("tls_ca_secret: and tls_ca_file are both set"));
+        assert_eq!(c.tls.roots(), Some(&TrustedRoots::System));
+        // the roots of a configuration that is on already are kept
+        let c = KafkaConfig::new(["h:1"])
+            .with_tls(KafkaTls::system().with_roots(TrustedRoots::File("/ca.pem".into())))
+            .with_mtls(ClientCertificate::Secret(TlsSecret::new("arn:c")));
+        assert_eq!(c.tls.roots(), Some(&TrustedRoots::File("/ca.pem".into())));
     }
 }

@@ -9,18 +9,16 @@ use super::classify::client_error;
 use super::config::{KafkaAuth, KafkaConfig};
 use super::env;
 use super::sasl::SaslCredentials;
+use super::tls::{ClientCertificate, KafkaTls, TrustedRoots};
 use crate::error::Error;
 
 /// The error of a failed connect, saying what the user can check: refused credentials
 /// (which are then forgotten, so the next connect reads a rotated secret again).
 pub(super) async fn connect_error(config: &KafkaConfig, e: ClientError) -> Error {
-    if let Some(message) = config.tls.then(|| tls_failure(config, &e)).flatten() {
+    if let Some(message) = tls_failure(&config.tls, &e) {
         // a certificate refused or not trusted: the next connect reads the TLS secrets
         // again, in case they were rotated
-        for secret in [&config.tls_ca_secret, &config.tls_client_secret]
-            .into_iter()
-            .flatten()
-        {
+        for secret in config.tls.secrets() {
             secret.forget().await;
         }
         return Error::Kafka {
@@ -79,7 +77,8 @@ fn connect_failure_text(e: &ClientError) -> String {
 
 /// What went wrong in a TLS handshake that failed for a reason the user must fix: the
 /// brokers' certificate not trusted, or the client certificate missing or refused.
-fn tls_failure(config: &KafkaConfig, e: &ClientError) -> Option<String> {
+fn tls_failure(tls: &KafkaTls, e: &ClientError) -> Option<String> {
+    let roots = tls.roots()?;
     let text = connect_failure_text(e);
     // the variant's argument, as rustls' Debug names it: `InvalidCertificate(UnknownIssuer)`
     let argument = |variant: &str| {
@@ -100,14 +99,16 @@ fn tls_failure(config: &KafkaConfig, e: &ClientError) -> Option<String> {
             rest[..end].to_owned()
         })
     };
-    let roots = match (&config.tls_ca_file, &config.tls_ca_secret) {
-        (Some(path), _) => format!("the roots of {} ({})", env::TLS_CA_FILE, path.display()),
-        (None, Some(secret)) => format!(
+    let roots = match roots {
+        TrustedRoots::File(path) => {
+            format!("the roots of {} ({})", env::TLS_CA_FILE, path.display())
+        }
+        TrustedRoots::Secret(secret) => format!(
             "the roots of {} ({})",
             env::TLS_CA_SECRET_ARN,
             secret.secret_id()
         ),
-        (None, None) => format!(
+        TrustedRoots::System => format!(
             "the system's roots ({} and {} are unset)",
             env::TLS_CA_FILE,
             env::TLS_CA_SECRET_ARN
@@ -119,14 +120,18 @@ fn tls_failure(config: &KafkaConfig, e: &ClientError) -> Option<String> {
         ));
     }
     let alert = argument("AlertReceived(")?;
-    let client_cert = match (&config.tls_cert_file, &config.tls_client_secret) {
-        (Some(path), _) => Some(format!("{} ({})", env::TLS_CERT_FILE, path.display())),
-        (None, Some(secret)) => Some(format!(
+    let client_cert = match tls.client_certificate() {
+        Some(ClientCertificate::Files { certificate, .. }) => Some(format!(
+            "{} ({})",
+            env::TLS_CERT_FILE,
+            certificate.display()
+        )),
+        Some(ClientCertificate::Secret(secret)) => Some(format!(
             "{} ({})",
             env::TLS_CLIENT_SECRET_ARN,
             secret.secret_id()
         )),
-        (None, None) => None,
+        None => None,
     };
     match (alert.as_str(), client_cert) {
         // Java's TLS 1.3 server (Kafka's, MSK's) refuses an empty certificate message

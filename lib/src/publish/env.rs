@@ -17,23 +17,25 @@ pub const SASL_SECRET_ARN: &str = "KAFKA_SASL_SECRET_ARN";
 /// [`KafkaConfig::allow_plain_without_tls`](super::KafkaConfig::allow_plain_without_tls):
 /// `true` lets `KAFKA_AUTH=plain` send the password over a plaintext connection.
 pub const ALLOW_PLAIN_WITHOUT_TLS: &str = "KAFKA_ALLOW_PLAIN_WITHOUT_TLS";
-/// [`KafkaConfig::tls`](super::KafkaConfig::tls): `true` or `false`.
+/// [`KafkaConfig::tls`](super::KafkaConfig::tls), parsed as
+/// [`KafkaTls`](super::KafkaTls): `true` or `false` (unset: on with any authentication or
+/// any TLS file or secret).
 pub const TLS: &str = "KAFKA_TLS";
-/// [`KafkaConfig::tls_ca_file`](super::KafkaConfig::tls_ca_file): a PEM bundle of the
-/// trusted roots, instead of the system's.
+/// [`TrustedRoots::File`](super::TrustedRoots::File): a PEM bundle of the trusted roots,
+/// instead of the system's.
 pub const TLS_CA_FILE: &str = "KAFKA_TLS_CA_FILE";
-/// [`KafkaConfig::tls_cert_file`](super::KafkaConfig::tls_cert_file): the client
-/// certificate (PEM, leaf first) for mutual TLS.
+/// The certificate of [`ClientCertificate::Files`](super::ClientCertificate::Files): the
+/// client certificate (PEM, leaf first) for mutual TLS.
 pub const TLS_CERT_FILE: &str = "KAFKA_TLS_CERT_FILE";
-/// [`KafkaConfig::tls_key_file`](super::KafkaConfig::tls_key_file): the client
-/// certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+/// The private key of [`ClientCertificate::Files`](super::ClientCertificate::Files): the
+/// client certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
 pub const TLS_KEY_FILE: &str = "KAFKA_TLS_KEY_FILE";
-/// [`KafkaConfig::tls_ca_secret`](super::KafkaConfig::tls_ca_secret): a Secrets Manager
-/// secret (ARN or name) whose string is the PEM bundle of the trusted roots, instead of
+/// [`TrustedRoots::Secret`](super::TrustedRoots::Secret): a Secrets Manager secret (ARN
+/// or name) whose string is the PEM bundle of the trusted roots, instead of
 /// [`TLS_CA_FILE`].
 pub const TLS_CA_SECRET_ARN: &str = "KAFKA_TLS_CA_SECRET_ARN";
-/// [`KafkaConfig::tls_client_secret`](super::KafkaConfig::tls_client_secret): a Secrets
-/// Manager secret (ARN or name) with the client certificate for mutual TLS, as JSON
+/// [`ClientCertificate::Secret`](super::ClientCertificate::Secret): a Secrets Manager
+/// secret (ARN or name) with the client certificate for mutual TLS, as JSON
 /// `{"certificate": "<PEM chain>", "privateKey": "<PEM key>"}`, instead of
 /// [`TLS_CERT_FILE`] and [`TLS_KEY_FILE`].
 pub const TLS_CLIENT_SECRET_ARN: &str = "KAFKA_TLS_CLIENT_SECRET_ARN";

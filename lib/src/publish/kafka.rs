@@ -41,9 +41,10 @@ use super::msk_iam::MskIamTokenProvider;
 use super::record::{estimated_size, to_record};
 use super::route::{acknowledged_prefix, chunks, plan, TopicRoute, Unroutable};
 use super::span::PublishSpan;
+use super::tls::KafkaTls;
 use super::{PublishOutcome, Publisher};
 use crate::error::{BoxError, Error, Rejection, Result};
-use crate::schema::StoredMessage;
+use crate::message::StoredMessage;
 
 /// Publishes outbox batches to Kafka with rskafka. Cheap to clone (one shared client).
 #[derive(Clone)]
@@ -85,6 +86,27 @@ impl fmt::Debug for KafkaPublisher {
 impl KafkaPublisher {
     /// Connects to the cluster (bootstrap, TLS, SASL, a first metadata read), giving up at
     /// `deadline`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `config` breaks a rule ([`KafkaConfig::validate`]);
+    /// [`Error::Misconfiguration`] for TLS files or secrets that cannot be used (the
+    /// reason names the variable, the source says why); [`Error::Kafka`] when the brokers
+    /// cannot be reached or refuse the credentials or the certificate (the message says
+    /// what to check); [`Error::DeadlineExceeded`] at `deadline`.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use dynamo_outbox::publish::{KafkaConfig, KafkaPublisher};
+    /// use tokio::time::Instant;
+    ///
+    /// # async fn example() -> dynamo_outbox::Result<()> {
+    /// let config = KafkaConfig::new(["localhost:9092"]);
+    /// let publisher = KafkaPublisher::connect(config, Instant::now() + Duration::from_secs(10)).await?;
+    /// println!("publishing as {}", publisher.principal());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn connect(config: KafkaConfig, deadline: Instant) -> Result<Self> {
         config.validate()?;
         match tokio::time::timeout_at(deadline, Self::build(config)).await {
@@ -103,11 +125,16 @@ impl KafkaPublisher {
         let mut builder = ClientBuilder::new(config.bootstrap_servers.clone())
             .client_id(config.client_id.as_str())
             .backoff_config(backoff);
-        if config.tls {
-            builder = builder.tls_config(super::tls::client_config(&config).await?);
+        if let KafkaTls::On {
+            roots,
+            client_certificate,
+        } = &config.tls
+        {
+            let tls = super::tls::client_config(roots, client_certificate.as_ref()).await?;
+            builder = builder.tls_config(tls);
         }
         if config.auth == KafkaAuth::MskIam {
-            if !config.tls {
+            if !config.tls.is_on() {
                 warn!("MSK accepts IAM authentication only over TLS, and KAFKA_TLS is off");
             }
             let region = config
@@ -138,7 +165,7 @@ impl KafkaPublisher {
         info!(
             servers = ?config.bootstrap_servers,
             auth = ?config.auth,
-            tls = config.tls,
+            tls = config.tls.is_on(),
             principal = %principal,
             "connected to kafka"
         );
@@ -694,7 +721,7 @@ async fn principal_without_password(config: &KafkaConfig) -> String {
     if config.auth == KafkaAuth::MskIam {
         return "msk-iam".into();
     }
-    match super::tls::client_subject(config).await {
+    match super::tls::client_subject(&config.tls).await {
         Some(Some(subject)) => format!("User:{subject}"),
         Some(None) => "the client certificate (its subject could not be read)".into(),
         None => "User:ANONYMOUS".into(),
@@ -710,6 +737,6 @@ async fn default_credentials(
         .load()
         .await;
     sdk.credentials_provider().ok_or_else(|| {
-        Error::Misconfiguration("MSK IAM: the AWS configuration has no credentials provider".into())
+        Error::misconfigured("MSK IAM: the AWS configuration has no credentials provider")
     })
 }

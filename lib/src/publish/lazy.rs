@@ -11,7 +11,7 @@ use tracing::warn;
 
 use super::{KafkaConfig, KafkaPublisher, PublishOutcome, Publisher};
 use crate::error::{Error, Result};
-use crate::schema::StoredMessage;
+use crate::message::StoredMessage;
 
 /// Longest time one connection attempt may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,7 +36,19 @@ struct Slot {
 }
 
 impl LazyKafkaPublisher {
-    /// A publisher for `config`, not connected yet.
+    /// A publisher for `config`, not connected yet: the first publish connects. Never
+    /// fails; a configuration that cannot connect fails that publish (and is retried).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use dynamo_outbox::publish::{KafkaConfig, LazyKafkaPublisher};
+    ///
+    /// # fn example() -> dynamo_outbox::Result<()> {
+    /// let publisher = Arc::new(LazyKafkaPublisher::new(KafkaConfig::from_env()?));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(config: KafkaConfig) -> Self {
         LazyKafkaPublisher {
             config,
@@ -51,6 +63,11 @@ impl LazyKafkaPublisher {
 
     /// The connected publisher, connecting first when there is none (giving up at
     /// `deadline` or after [`CONNECT_TIMEOUT`]).
+    ///
+    /// # Errors
+    /// [`Error::Kafka`] (retryable) when the connect fails, with the connect's error
+    /// ([`KafkaPublisher::connect`]) as its source, or within [`RECONNECT_PAUSE`] of a
+    /// failed one.
     pub async fn connect(&self, deadline: Instant) -> Result<Arc<KafkaPublisher>> {
         let mut slot = self.slot.lock().await;
         if let Some(p) = &slot.publisher {

@@ -2,11 +2,12 @@
 //!
 //! # Layout
 //! The files are private; what a user needs is re-exported here.
-//! - `config`: [`KafkaConfig`], [`KafkaAuth`] and [`KafkaCompression`], their defaults, and
-//!   `from_env`.
+//! - `config`: [`KafkaConfig`], [`KafkaAuth`] and [`KafkaCompression`] (each parsed from its
+//!   variable with [`FromStr`](std::str::FromStr)), their defaults, and `from_env`.
 //! - [`env`](mod@env): the names of the publisher's environment variables, which `config`
 //!   reads and the SASL, TLS and connect errors name.
-//! - `route`: which partition each record goes to ([`partition_for`], Java's partitioner),
+//! - `route`: which partition each record goes to ([`partition_for`] a key, as Java's
+//!   partitioner picks it),
 //!   how a batch splits into produce requests, and which prefix of the batch a partial
 //!   failure still acknowledges. Pure.
 //! - `record`: an outbox message as an rskafka record, headers byte for byte.
@@ -18,9 +19,10 @@
 //! - `msk_iam`: [`MskIamTokenProvider`], the Amazon MSK IAM token (a SigV4-presigned URL)
 //!   and its cache.
 //! - `sasl`: [`SaslCredentials`] for SCRAM and PLAIN, from the environment or Secrets Manager.
-//! - `tls`: the trusted roots (the system's, `KAFKA_TLS_CA_FILE` or
-//!   `KAFKA_TLS_CA_SECRET_ARN`) and the client certificate of mutual TLS (files or
-//!   `KAFKA_TLS_CLIENT_SECRET_ARN`), [`TlsSecret`].
+//! - `tls`: [`KafkaTls`], whether TLS is on, the trusted roots ([`TrustedRoots`]: the
+//!   system's, `KAFKA_TLS_CA_FILE` or `KAFKA_TLS_CA_SECRET_ARN`) and the client certificate
+//!   of mutual TLS ([`ClientCertificate`]: files or `KAFKA_TLS_CLIENT_SECRET_ARN`),
+//!   [`TlsSecret`].
 //! - `secret`: reading a secret string from AWS Secrets Manager (SASL and TLS secrets).
 //!
 //! # Contract
@@ -34,7 +36,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::error::Error;
-use crate::schema::StoredMessage;
+use crate::message::StoredMessage;
 
 mod classify;
 pub(crate) mod config;
@@ -50,20 +52,18 @@ mod secret;
 mod span;
 mod tls;
 
-#[cfg(test)]
-mod token_check;
-
 pub use config::{KafkaAuth, KafkaCompression, KafkaConfig, DEFAULT_MESSAGE_ID_HEADER};
 pub use kafka::KafkaPublisher;
 pub use lazy::{LazyKafkaPublisher, CONNECT_TIMEOUT, RECONNECT_PAUSE};
 pub use msk_iam::MskIamTokenProvider;
 pub use route::partition_for;
 pub use sasl::{Password, SaslCredentials, SecretsManagerSecret, UsernamePassword};
-pub use tls::TlsSecret;
+pub use tls::{ClientCertificate, KafkaTls, TlsSecret, TrustedRoots};
 
 /// What happened to a batch: the first `acknowledged` messages are durably in Kafka
 /// (acks=all); the rest were not (or not known to be) written.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct PublishOutcome {
     /// How many leading messages of the batch the brokers acknowledged.
     pub acknowledged: usize,
@@ -74,6 +74,15 @@ pub struct PublishOutcome {
 }
 
 impl PublishOutcome {
+    /// The first `acknowledged` messages acknowledged; `error` says why the next one was
+    /// not (`None` when the batch had no more).
+    pub fn new(acknowledged: usize, error: Option<Error>) -> Self {
+        PublishOutcome {
+            acknowledged,
+            error,
+        }
+    }
+
     /// Every one of `len` messages acknowledged.
     pub fn complete(len: usize) -> Self {
         PublishOutcome {

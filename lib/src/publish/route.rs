@@ -12,7 +12,7 @@ use crate::message::{murmur2, to_positive, OutboxMessage};
 
 /// What the publisher knows about a topic while it routes one batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TopicRoute {
+pub(crate) struct TopicRoute {
     /// Partitions of the topic (at least 1).
     pub partition_count: u32,
     /// Partition for this batch's keyless records (sticky: one per batch and topic, so they
@@ -20,10 +20,31 @@ pub struct TopicRoute {
     pub sticky: u32,
 }
 
+/// The partition the relay publishes a keyed message without an explicit partition to, in
+/// a topic of `partition_count` partitions: `toPositive(murmur2(key)) % partition_count`,
+/// as the Java client's default partitioner (and librdkafka's `murmur2_random`) picks it,
+/// so that records of one key written here and by other Kafka producers meet in one
+/// partition. An empty key is a key; a count of zero counts as one.
+///
+/// A message with an explicit partition goes to that one; a keyless message goes to a
+/// partition the relay picks per batch.
+///
+/// # Examples
+/// ```
+/// use dynamo_outbox::publish::partition_for;
+///
+/// // Kafka's own test vector: murmur2("foobar") is -790332482.
+/// assert_eq!(partition_for(b"foobar", 100), 66);
+/// assert!((0..6).contains(&partition_for(b"order-42", 6)));
+/// ```
+pub fn partition_for(key: &[u8], partition_count: u32) -> i32 {
+    (to_positive(murmur2(key)) % partition_count.max(1)) as i32
+}
+
 /// The partition of a record, as the Java client's default partitioner picks it: the explicit
-/// one if set, else `toPositive(murmur2(key)) % count` for a keyed record (an empty key is a
-/// key), else the batch's sticky partition.
-pub fn partition_for(
+/// one if set, else [`partition_for`] its key (an empty key is a key), else the batch's
+/// sticky partition.
+pub(crate) fn route_record(
     key: Option<&[u8]>,
     explicit: Option<i32>,
     route: TopicRoute,
@@ -33,7 +54,7 @@ pub fn partition_for(
         (Some(p), _) if p < 0 => Err(Rejection::InvalidRecord),
         (Some(p), _) if p as u32 >= count => Err(Rejection::UnknownPartition),
         (Some(p), _) => Ok(p),
-        (None, Some(key)) => Ok((to_positive(murmur2(key)) % count) as i32),
+        (None, Some(key)) => Ok(partition_for(key, count)),
         (None, None) => Ok((route.sticky % count) as i32),
     }
 }
@@ -82,7 +103,7 @@ pub(crate) fn plan<'a>(
                 stop: Some((index, Unroutable::Topic)),
             };
         };
-        let partition = match partition_for(m.key.as_deref(), m.partition, r) {
+        let partition = match route_record(m.key.as_deref(), m.partition, r) {
             Ok(p) => p,
             Err(rejection) => {
                 return Plan {
@@ -158,37 +179,40 @@ mod tests {
     fn keyed_records_follow_the_java_partitioner() {
         // murmur2("foobar") = -790332482 (Kafka's UtilsTest); toPositive = 1357151166
         assert_eq!(to_positive(-790_332_482), 1_357_151_166);
-        assert_eq!(partition_for(Some(b"foobar"), None, route(6, 0)), Ok(0)); // 1357151166 % 6
-        assert_eq!(partition_for(Some(b"foobar"), None, route(7, 0)), Ok(0)); // % 7
-        assert_eq!(partition_for(Some(b"foobar"), None, route(100, 0)), Ok(66));
+        assert_eq!(route_record(Some(b"foobar"), None, route(6, 0)), Ok(0)); // 1357151166 % 6
+        assert_eq!(route_record(Some(b"foobar"), None, route(7, 0)), Ok(0)); // % 7
+        assert_eq!(route_record(Some(b"foobar"), None, route(100, 0)), Ok(66));
         // "21" -> -973932308 -> 1173551340
-        assert_eq!(partition_for(Some(b"21"), None, route(6, 3)), Ok(0));
-        assert_eq!(partition_for(Some(b"21"), None, route(10, 3)), Ok(0));
-        assert_eq!(partition_for(Some(b"21"), None, route(7, 3)), Ok(3));
-        assert_eq!(partition_for(Some(b"foobar"), None, route(5, 0)), Ok(1)); // 1357151166 % 5
-                                                                              // an empty key is a key, not keyless
+        assert_eq!(route_record(Some(b"21"), None, route(6, 3)), Ok(0));
+        assert_eq!(route_record(Some(b"21"), None, route(10, 3)), Ok(0));
+        assert_eq!(route_record(Some(b"21"), None, route(7, 3)), Ok(3));
+        assert_eq!(route_record(Some(b"foobar"), None, route(5, 0)), Ok(1)); // 1357151166 % 5
+                                                                             // an empty key is a key, not keyless
         let empty = (to_positive(murmur2(b"")) % 12) as i32;
-        assert_eq!(partition_for(Some(b""), None, route(12, 5)), Ok(empty));
+        assert_eq!(route_record(Some(b""), None, route(12, 5)), Ok(empty));
+        assert_eq!(partition_for(b"", 12), empty);
+        assert_eq!(partition_for(b"foobar", 100), 66);
+        assert_eq!(partition_for(b"foobar", 0), 0);
     }
 
     #[test]
     fn explicit_partition_wins_and_must_exist() {
-        assert_eq!(partition_for(Some(b"foobar"), Some(4), route(6, 0)), Ok(4));
-        assert_eq!(partition_for(None, Some(0), route(1, 0)), Ok(0));
+        assert_eq!(route_record(Some(b"foobar"), Some(4), route(6, 0)), Ok(4));
+        assert_eq!(route_record(None, Some(0), route(1, 0)), Ok(0));
         assert_eq!(
-            partition_for(None, Some(6), route(6, 0)),
+            route_record(None, Some(6), route(6, 0)),
             Err(Rejection::UnknownPartition)
         );
         assert_eq!(
-            partition_for(None, Some(-1), route(6, 0)),
+            route_record(None, Some(-1), route(6, 0)),
             Err(Rejection::InvalidRecord)
         );
     }
 
     #[test]
     fn keyless_records_stick_to_one_partition() {
-        assert_eq!(partition_for(None, None, route(6, 4)), Ok(4));
-        assert_eq!(partition_for(None, None, route(6, 10)), Ok(4));
+        assert_eq!(route_record(None, None, route(6, 4)), Ok(4));
+        assert_eq!(route_record(None, None, route(6, 10)), Ok(4));
     }
 
     #[test]
@@ -293,7 +317,7 @@ mod tests {
                     let m = &batch[i];
                     prop_assert_eq!(m.topic.as_str(), g.topic);
                     prop_assert_eq!(
-                        partition_for(m.key.as_deref(), m.partition, routes[g.topic]),
+                        route_record(m.key.as_deref(), m.partition, routes[g.topic]),
                         Ok(g.partition)
                     );
                 }

@@ -47,6 +47,7 @@ impl fmt::Display for Password {
 
 /// A username and its password.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UsernamePassword {
     /// The SASL username (shown in `Debug` and in errors: it is not a secret).
     pub username: String,
@@ -56,6 +57,7 @@ pub struct UsernamePassword {
 
 /// Where the SASL username and password come from.
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum SaslCredentials {
     /// Given directly (`KAFKA_SASL_USERNAME` and `KAFKA_SASL_PASSWORD`).
     Static(UsernamePassword),
@@ -185,7 +187,7 @@ async fn fetch(secret_id: &str) -> Result<UsernamePassword> {
 /// input, so errors say only which rule was broken.
 pub(crate) fn parse_secret(secret_id: &str, text: &str) -> Result<UsernamePassword> {
     let bad = |rule: &str| {
-        Error::Misconfiguration(format!(
+        Error::misconfigured(format!(
             "{}: the secret {secret_id} {rule}",
             env::SASL_SECRET_ARN
         ))

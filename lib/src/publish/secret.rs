@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 /// The secret string of `secret_id` (an ARN or a name), named by `variable`; `format` says
 /// what it must hold, for the error about a binary secret.
 pub(crate) async fn secret_string(variable: &str, secret_id: &str, format: &str) -> Result<String> {
-    use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata};
+    use aws_sdk_secretsmanager::error::ProvideErrorMetadata;
 
     let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .load()
@@ -24,8 +24,7 @@ pub(crate) async fn secret_string(variable: &str, secret_id: &str, format: &str)
         .await
         .map_err(|e| {
             let what = format!(
-                "{variable}: reading the secret {secret_id} from AWS Secrets Manager failed: {}",
-                DisplayErrorContext(&e)
+                "{variable}: reading the secret {secret_id} from AWS Secrets Manager failed"
             );
             match e.code() {
                 // the deployment must change: the secret, its policy or its key
@@ -35,19 +34,17 @@ pub(crate) async fn secret_string(variable: &str, secret_id: &str, format: &str)
                     | "DecryptionFailure"
                     | "InvalidParameterException"
                     | "InvalidRequestException",
-                ) => Error::Misconfiguration(what),
+                ) => Error::misconfigured_by(what, e),
                 // throttling, a network error, an internal error: another try may do
                 _ => Error::Kafka {
-                    message: format!(
-                        "{variable}: reading the secret {secret_id} from AWS Secrets Manager failed"
-                    ),
+                    message: what,
                     retryable: true,
                     source: Some(Box::new(e)),
                 },
             }
         })?;
     output.secret_string().map(str::to_owned).ok_or_else(|| {
-        Error::Misconfiguration(format!(
+        Error::misconfigured(format!(
             "{variable}: the secret {secret_id} has no secret string (a binary secret); \
              it must be {format}"
         ))

@@ -29,7 +29,7 @@ mod otel {
     use opentelemetry::{global, Context, KeyValue, StringValue, Value};
 
     use crate::error::Error;
-    use crate::schema::StoredMessage;
+    use crate::message::StoredMessage;
     use crate::trace_context::TraceContext;
 
     /// The tracer's (instrumentation scope's) name.
@@ -138,7 +138,7 @@ impl PublishSpan {
     pub(crate) fn start(
         _topic: &str,
         _partition: i32,
-        _batch: &[crate::schema::StoredMessage],
+        _batch: &[crate::message::StoredMessage],
         _chunk: &[usize],
     ) -> Self {
         PublishSpan

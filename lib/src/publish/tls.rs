@@ -9,23 +9,183 @@
 //! private CA (MSK with ACM Private CA, self-hosted clusters) put the whole chain's roots
 //! in it.
 //!
+//! [`KafkaTls`] says whether TLS is on, which roots it trusts ([`TrustedRoots`]) and which
+//! client certificate it shows ([`ClientCertificate`]); `KAFKA_TLS` parses into it
+//! ([`FromStr`]), and the configuration's other variables fill in the roots and the
+//! certificate.
+//!
 //! A secret ([`TlsSecret`]) is read from AWS Secrets Manager at the first connect and kept,
 //! parsed, for the life of the process (one Lambda execution environment); the clones of
-//! one [`KafkaConfig`] share it. rustls takes it from memory: no file is written. When a
+//! one configuration share it. rustls takes it from memory: no file is written. When a
 //! TLS handshake fails (a certificate refused or not trusted) the secrets are forgotten,
 //! so the connect after a rotation reads the new ones. Neither the private key nor
 //! anything else read from a secret appears in `Debug` output, in errors or in logs.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::config::KafkaConfig;
 use super::env;
 use crate::error::{Error, Result};
+
+/// Whether the publisher speaks TLS to the brokers, which roots it trusts, and which client
+/// certificate it shows ([`KafkaConfig::tls`](super::KafkaConfig::tls)).
+///
+/// `KAFKA_TLS` parses into it: `true` (also `1`, `yes`, `on`) is TLS with the system's
+/// roots and no client certificate, `false` (also `0`, `no`, `off`) is plaintext; the CA
+/// and client certificate variables then fill in [`TrustedRoots`] and
+/// [`ClientCertificate`].
+///
+/// # Examples
+/// ```
+/// use dynamo_outbox::publish::{ClientCertificate, KafkaTls, TrustedRoots};
+///
+/// let tls: KafkaTls = "true".parse()?;
+/// assert_eq!(tls, KafkaTls::system());
+/// let mtls = KafkaTls::system()
+///     .with_roots(TrustedRoots::File("/etc/kafka/ca.pem".into()))
+///     .with_client_certificate(ClientCertificate::Files {
+///         certificate: "/etc/kafka/client.pem".into(),
+///         private_key: "/etc/kafka/client.key".into(),
+///     });
+/// assert!(mtls.is_on() && mtls.client_certificate().is_some());
+/// let err = "maybe".parse::<KafkaTls>().unwrap_err();
+/// assert_eq!(err.to_string(), "KAFKA_TLS: \"maybe\" is not true or false");
+/// # Ok::<(), dynamo_outbox::Error>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KafkaTls {
+    /// Plaintext: the default without authentication.
+    #[default]
+    Off,
+    /// TLS.
+    On {
+        /// The roots the brokers' certificate must chain to.
+        roots: TrustedRoots,
+        /// The client certificate of mutual TLS, if the brokers ask for one.
+        client_certificate: Option<ClientCertificate>,
+    },
+}
+
+/// The roots a TLS connection to the brokers trusts ([`KafkaTls::On`]).
+///
+/// A CA bundle replaces the system's roots (see the module docs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TrustedRoots {
+    /// The system's roots (what Lambda's runtime and most machines ship): the default.
+    #[default]
+    System,
+    /// A PEM bundle in a file (`KAFKA_TLS_CA_FILE`).
+    File(PathBuf),
+    /// A Secrets Manager secret whose string is a PEM bundle (`KAFKA_TLS_CA_SECRET_ARN`).
+    Secret(TlsSecret),
+}
+
+/// The client certificate of mutual TLS ([`KafkaTls::On`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClientCertificate {
+    /// The certificate chain and its key in PEM files (`KAFKA_TLS_CERT_FILE`,
+    /// `KAFKA_TLS_KEY_FILE`).
+    Files {
+        /// The certificate chain (PEM, leaf first).
+        certificate: PathBuf,
+        /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+        private_key: PathBuf,
+    },
+    /// A Secrets Manager secret with the chain and the key, as JSON
+    /// `{"certificate": "<PEM chain>", "privateKey": "<PEM key>"}`
+    /// (`KAFKA_TLS_CLIENT_SECRET_ARN`).
+    Secret(TlsSecret),
+}
+
+impl KafkaTls {
+    /// TLS with the system's roots and no client certificate.
+    pub fn system() -> Self {
+        KafkaTls::On {
+            roots: TrustedRoots::System,
+            client_certificate: None,
+        }
+    }
+
+    /// Whether TLS is on.
+    pub fn is_on(&self) -> bool {
+        matches!(self, KafkaTls::On { .. })
+    }
+
+    /// The trusted roots; `None` when TLS is off.
+    pub fn roots(&self) -> Option<&TrustedRoots> {
+        match self {
+            KafkaTls::On { roots, .. } => Some(roots),
+            KafkaTls::Off => None,
+        }
+    }
+
+    /// The client certificate; `None` when TLS is off or shows none.
+    pub fn client_certificate(&self) -> Option<&ClientCertificate> {
+        match self {
+            KafkaTls::On {
+                client_certificate, ..
+            } => client_certificate.as_ref(),
+            KafkaTls::Off => None,
+        }
+    }
+
+    /// Trusts `roots` instead; turns TLS on.
+    pub fn with_roots(self, roots: TrustedRoots) -> Self {
+        let client_certificate = self.client_certificate().cloned();
+        KafkaTls::On {
+            roots,
+            client_certificate,
+        }
+    }
+
+    /// Shows `certificate` to the brokers (mutual TLS); turns TLS on.
+    pub fn with_client_certificate(self, certificate: ClientCertificate) -> Self {
+        let roots = self.roots().cloned().unwrap_or_default();
+        KafkaTls::On {
+            roots,
+            client_certificate: Some(certificate),
+        }
+    }
+
+    /// The secrets it names, to forget after a refused handshake.
+    pub(crate) fn secrets(&self) -> impl Iterator<Item = &TlsSecret> {
+        let roots = match self.roots() {
+            Some(TrustedRoots::Secret(s)) => Some(s),
+            _ => None,
+        };
+        let client = match self.client_certificate() {
+            Some(ClientCertificate::Secret(s)) => Some(s),
+            _ => None,
+        };
+        roots.into_iter().chain(client)
+    }
+}
+
+/// Parses the value of `KAFKA_TLS`: `true`, `1`, `yes` or `on` is [`KafkaTls::system`];
+/// `false`, `0`, `no` or `off` is [`KafkaTls::Off`]; anything else is
+/// [`Error::InvalidOption`] naming `KAFKA_TLS` and the rule.
+impl FromStr for KafkaTls {
+    type Err = Error;
+
+    fn from_str(value: &str) -> Result<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(KafkaTls::system()),
+            "false" | "0" | "no" | "off" => Ok(KafkaTls::Off),
+            _ => Err(Error::option(
+                env::TLS,
+                format!("{value:?} is not true or false"),
+            )),
+        }
+    }
+}
 
 /// The format of the secret of [`env::TLS_CLIENT_SECRET_ARN`], for errors.
 const CLIENT_SECRET_FORMAT: &str =
@@ -34,8 +194,10 @@ const CLIENT_SECRET_FORMAT: &str =
 const CA_SECRET_FORMAT: &str = "a PEM bundle of the trusted CA certificates";
 
 /// A Secrets Manager secret with TLS material, and what was read from it (shared by the
-/// clones): for [`KafkaConfig::tls_ca_secret`] a PEM bundle of CA certificates, for
-/// [`KafkaConfig::tls_client_secret`] a JSON object with `certificate` and `privateKey`.
+/// clones): for [`TrustedRoots::Secret`] a PEM bundle of CA certificates, for
+/// [`ClientCertificate::Secret`] a JSON object with `certificate` and `privateKey`.
+///
+/// Two values are equal when they name the same secret.
 #[derive(Clone)]
 pub struct TlsSecret {
     secret_id: String,
@@ -50,6 +212,14 @@ enum Material {
         key: PrivateKeyDer<'static>,
     },
 }
+
+impl PartialEq for TlsSecret {
+    fn eq(&self, other: &Self) -> bool {
+        self.secret_id == other.secret_id
+    }
+}
+
+impl Eq for TlsSecret {}
 
 impl fmt::Debug for TlsSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -98,7 +268,7 @@ impl TlsSecret {
         Ok(material)
     }
 
-    /// The CA certificates of a [`KafkaConfig::tls_ca_secret`].
+    /// The CA certificates of a [`TrustedRoots::Secret`].
     async fn roots(&self) -> Result<Vec<CertificateDer<'static>>> {
         match &*self
             .material(env::TLS_CA_SECRET_ARN, CA_SECRET_FORMAT, |id, text| {
@@ -107,7 +277,7 @@ impl TlsSecret {
             .await?
         {
             Material::Roots(roots) => Ok(roots.clone()),
-            Material::Identity { .. } => Err(Error::Misconfiguration(format!(
+            Material::Identity { .. } => Err(Error::misconfigured(format!(
                 "{}: the secret {} is also the client certificate's secret",
                 env::TLS_CA_SECRET_ARN,
                 self.secret_id
@@ -115,7 +285,7 @@ impl TlsSecret {
         }
     }
 
-    /// The certificate chain and key of a [`KafkaConfig::tls_client_secret`].
+    /// The certificate chain and key of a [`ClientCertificate::Secret`].
     async fn identity(&self) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
         match &*self
             .material(
@@ -129,7 +299,7 @@ impl TlsSecret {
             .await?
         {
             Material::Identity { chain, key } => Ok((chain.clone(), key.clone_key())),
-            Material::Roots(_) => Err(Error::Misconfiguration(format!(
+            Material::Roots(_) => Err(Error::misconfigured(format!(
                 "{}: the secret {} is also the CA's secret",
                 env::TLS_CLIENT_SECRET_ARN,
                 self.secret_id
@@ -160,7 +330,7 @@ impl TlsSecret {
 /// secret and the rule.
 pub(crate) fn parse_ca_secret(secret_id: &str, text: &str) -> Result<Vec<CertificateDer<'static>>> {
     let bad = |rule: &str| {
-        Error::Misconfiguration(format!(
+        Error::misconfigured(format!(
             "{}: the secret {secret_id} {rule}",
             env::TLS_CA_SECRET_ARN
         ))
@@ -188,7 +358,7 @@ pub(crate) fn parse_client_secret(
     text: &str,
 ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
     let bad = |rule: &str| {
-        Error::Misconfiguration(format!(
+        Error::misconfigured(format!(
             "{}: the secret {secret_id} {rule}",
             env::TLS_CLIENT_SECRET_ARN
         ))
@@ -248,79 +418,91 @@ fn key_pem_error(e: &rustls::pki_types::pem::Error) -> &'static str {
     }
 }
 
-/// The rustls client configuration `config` asks for (its `tls` must be on); the secrets it
-/// names are read on the first call (once per process).
-pub(crate) async fn client_config(config: &KafkaConfig) -> Result<Arc<rustls::ClientConfig>> {
-    let roots = match (&config.tls_ca_file, &config.tls_ca_secret) {
-        (Some(path), _) => {
+/// The rustls client configuration of TLS with `roots` and `client_certificate`; the
+/// secrets they name are read on the first call (once per process).
+pub(crate) async fn client_config(
+    roots: &TrustedRoots,
+    client_certificate: Option<&ClientCertificate>,
+) -> Result<Arc<rustls::ClientConfig>> {
+    let roots = match roots {
+        TrustedRoots::File(path) => {
             let mut roots = rustls::RootCertStore::empty();
             for cert in read_certs(env::TLS_CA_FILE, path)? {
                 roots.add(cert).map_err(|e| {
-                    bad(
+                    bad_by(
                         env::TLS_CA_FILE,
                         path,
-                        &format!("holds a certificate that is not a usable CA: {e}"),
+                        "holds a certificate that is not a usable CA",
+                        e,
                     )
                 })?;
             }
             roots
         }
-        (None, Some(secret)) => {
+        TrustedRoots::Secret(secret) => {
             let mut roots = rustls::RootCertStore::empty();
             for cert in secret.roots().await? {
                 roots.add(cert).map_err(|e| {
-                    Error::Misconfiguration(format!(
-                        "{}: the secret {} holds a certificate that is not a usable CA: {e}",
-                        env::TLS_CA_SECRET_ARN,
-                        secret.secret_id
-                    ))
+                    Error::misconfigured_by(
+                        format!(
+                            "{}: the secret {} holds a certificate that is not a usable CA",
+                            env::TLS_CA_SECRET_ARN,
+                            secret.secret_id
+                        ),
+                        e,
+                    )
                 })?;
             }
             roots
         }
-        (None, None) => system_roots()?,
+        TrustedRoots::System => system_roots()?,
     };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Misconfiguration(format!("TLS: {e}")))?
+        .map_err(|e| {
+            Error::misconfigured_by(
+                "TLS: no protocol version both rustls and its provider support",
+                e,
+            )
+        })?
         .with_root_certificates(roots);
-    let config = match (
-        &config.tls_cert_file,
-        &config.tls_key_file,
-        &config.tls_client_secret,
-    ) {
-        (Some(cert_path), Some(key_path), _) => {
-            let chain = read_certs(env::TLS_CERT_FILE, cert_path)?;
-            let key = PrivateKeyDer::from_pem_file(key_path).map_err(|e| {
+    let config = match client_certificate {
+        Some(ClientCertificate::Files {
+            certificate,
+            private_key,
+        }) => {
+            let chain = read_certs(env::TLS_CERT_FILE, certificate)?;
+            let key = PrivateKeyDer::from_pem_file(private_key).map_err(|e| {
                 bad(
                     env::TLS_KEY_FILE,
-                    key_path,
+                    private_key,
                     &format!("has no usable PEM private key ({})", pem_error(&e)),
                 )
             })?;
             builder.with_client_auth_cert(chain, key).map_err(|e| {
-                bad(
+                bad_by(
                     env::TLS_KEY_FILE,
-                    key_path,
-                    &format!(
-                        "does not go with the certificate of {} ({e})",
-                        env::TLS_CERT_FILE
-                    ),
+                    private_key,
+                    &format!("does not go with the certificate of {}", env::TLS_CERT_FILE),
+                    e,
                 )
             })?
         }
-        (_, _, Some(secret)) => {
+        Some(ClientCertificate::Secret(secret)) => {
             let (chain, key) = secret.identity().await?;
             builder.with_client_auth_cert(chain, key).map_err(|e| {
-                Error::Misconfiguration(format!(
-                    "{}: the secret {}: its \"privateKey\" does not go with its \"certificate\" ({e})",
-                    env::TLS_CLIENT_SECRET_ARN,
-                    secret.secret_id
-                ))
+                Error::misconfigured_by(
+                    format!(
+                        "{}: the secret {}: its \"privateKey\" does not go with its \"certificate\"",
+                        env::TLS_CLIENT_SECRET_ARN,
+                        secret.secret_id
+                    ),
+                    e,
+                )
             })?
         }
-        _ => builder.with_no_client_auth(),
+        None => builder.with_no_client_auth(),
     };
     Ok(Arc::new(config))
 }
@@ -331,7 +513,7 @@ pub(crate) fn system_roots() -> Result<rustls::RootCertStore> {
     let mut roots = rustls::RootCertStore::empty();
     let (added, _unparsable) = roots.add_parsable_certificates(found.certs);
     if added == 0 {
-        return Err(Error::Misconfiguration(format!(
+        return Err(Error::misconfigured(format!(
             "KAFKA_TLS: no trusted root certificates found on this system ({} errors while \
              loading); name a PEM bundle in {}",
             found.errors.len(),
@@ -342,7 +524,17 @@ pub(crate) fn system_roots() -> Result<rustls::RootCertStore> {
 }
 
 fn bad(variable: &str, path: &Path, rule: &str) -> Error {
-    Error::Misconfiguration(format!("{variable}: {}: {rule}", path.display()))
+    Error::misconfigured(format!("{variable}: {}: {rule}", path.display()))
+}
+
+/// [`bad`], revealed by `source`.
+fn bad_by(
+    variable: &str,
+    path: &Path,
+    rule: &str,
+    source: impl Into<crate::error::BoxError>,
+) -> Error {
+    Error::misconfigured_by(format!("{variable}: {}: {rule}", path.display()), source)
 }
 
 /// What is wrong with a PEM file, without its content: the parser's errors carry lines of
@@ -359,7 +551,7 @@ fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
 /// Every certificate of a PEM file; an error naming the variable when there is none.
 fn read_certs(variable: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     if let Err(e) = std::fs::metadata(path) {
-        return Err(bad(variable, path, &format!("cannot be read ({e})")));
+        return Err(bad_by(variable, path, "cannot be read", e));
     }
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|iter| iter.collect::<std::result::Result<Vec<_>, _>>())
@@ -380,24 +572,20 @@ fn read_certs(variable: &str, path: &Path) -> Result<Vec<CertificateDer<'static>
     Ok(certs)
 }
 
-/// The subject of the client certificate `config` names, for the publisher's principal:
+/// The subject of the client certificate `tls` shows, for the publisher's principal:
 /// `None` without one (TLS off, or no client certificate), else its leaf's subject as
 /// [`subject_rfc2253`] writes it (`Some(None)` when it cannot be read). Read as the connect
 /// read it: the file again, or what was kept of the secret.
-pub(crate) async fn client_subject(config: &KafkaConfig) -> Option<Option<String>> {
-    if !config.tls {
-        return None;
-    }
-    let leaf = match (&config.tls_cert_file, &config.tls_client_secret) {
-        (Some(path), _) => read_certs(env::TLS_CERT_FILE, path)
+pub(crate) async fn client_subject(tls: &KafkaTls) -> Option<Option<String>> {
+    let leaf = match tls.client_certificate()? {
+        ClientCertificate::Files { certificate, .. } => read_certs(env::TLS_CERT_FILE, certificate)
             .ok()
             .and_then(|chain| chain.into_iter().next()),
-        (None, Some(secret)) => secret
+        ClientCertificate::Secret(secret) => secret
             .identity()
             .await
             .ok()
             .and_then(|(chain, _)| chain.into_iter().next()),
-        (None, None) => return None,
     };
     Some(leaf.and_then(|cert| subject_rfc2253(&cert)))
 }
@@ -574,26 +762,67 @@ mod tests {
     #[tokio::test]
     async fn system_roots_when_no_ca_file() {
         // the machine running the tests has a CA bundle, as Lambda's runtime does
-        let mut config = KafkaConfig::new(["h:1"]);
-        config.tls = true;
-        client_config(&config).await.unwrap();
+        client_config(&TrustedRoots::System, None).await.unwrap();
+    }
+
+    /// What a connect builds from a [`KafkaTls`] that is on.
+    async fn rustls_of(tls: &KafkaTls) -> Result<Arc<rustls::ClientConfig>> {
+        let KafkaTls::On {
+            roots,
+            client_certificate,
+        } = tls
+        else {
+            panic!("TLS is off");
+        };
+        client_config(roots, client_certificate.as_ref()).await
+    }
+
+    #[test]
+    fn kafka_tls_parses_the_variable_and_builds_up() {
+        for on in ["true", "1", "YES", " on "] {
+            assert_eq!(on.parse::<KafkaTls>().unwrap(), KafkaTls::system(), "{on}");
+        }
+        for off in ["false", "0", "no", "Off"] {
+            assert_eq!(off.parse::<KafkaTls>().unwrap(), KafkaTls::Off, "{off}");
+        }
+        let e = "maybe".parse::<KafkaTls>().unwrap_err();
+        assert!(matches!(&e, Error::InvalidOption { field, .. } if field == env::TLS));
+        assert_eq!(e.to_string(), "KAFKA_TLS: \"maybe\" is not true or false");
+
+        let off = KafkaTls::default();
+        assert!(!off.is_on() && off.roots().is_none() && off.secrets().next().is_none());
+        let ca = TlsSecret::new("arn:ca");
+        let client = TlsSecret::new("arn:client");
+        let tls = KafkaTls::Off
+            .with_client_certificate(ClientCertificate::Secret(client.clone()))
+            .with_roots(TrustedRoots::Secret(ca.clone()));
+        assert_eq!(
+            tls,
+            KafkaTls::On {
+                roots: TrustedRoots::Secret(ca),
+                client_certificate: Some(ClientCertificate::Secret(client)),
+            }
+        );
+        let ids: Vec<&str> = tls.secrets().map(TlsSecret::secret_id).collect();
+        assert_eq!(ids, ["arn:ca", "arn:client"]);
     }
 
     #[tokio::test]
     async fn unreadable_or_empty_files_name_the_variable() {
-        let mut config = KafkaConfig::new(["h:1"]);
-        config.tls = true;
-        config.tls_ca_file = Some("/nonexistent/ca.pem".into());
-        let e = client_config(&config).await.unwrap_err().to_string();
-        assert!(
-            e.starts_with(
-                "misconfiguration: KAFKA_TLS_CA_FILE: /nonexistent/ca.pem: cannot be read ("
-            ),
-            "{e}"
+        let tls = KafkaTls::system().with_roots(TrustedRoots::File("/nonexistent/ca.pem".into()));
+        let e = rustls_of(&tls).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "misconfiguration: KAFKA_TLS_CA_FILE: /nonexistent/ca.pem: cannot be read"
         );
+        // the I/O error stays the source
+        let io = std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the I/O error as the source");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
         let empty = with_file("ca.pem", "not a certificate\n");
-        config.tls_ca_file = Some(empty.clone());
-        let e = client_config(&config).await.unwrap_err().to_string();
+        let tls = KafkaTls::system().with_roots(TrustedRoots::File(empty.clone()));
+        let e = rustls_of(&tls).await.unwrap_err().to_string();
         assert_eq!(
             e,
             format!(
@@ -628,13 +857,14 @@ mod tests {
     #[tokio::test]
     async fn secrets_give_rustls_its_roots_and_client_certificate_from_memory() {
         let (ca, cert, key) = pki();
-        let mut config = KafkaConfig::new(["h:1"]);
-        config.tls = true;
-        config.tls_ca_secret = Some(TlsSecret::ca_read("arn:ca", &ca).unwrap());
-        config.tls_client_secret =
-            Some(TlsSecret::client_read(ARN, &client_json(&cert, &key)).unwrap());
-        config.validate().unwrap();
-        let rustls = client_config(&config).await.unwrap();
+        let tls = KafkaTls::system()
+            .with_roots(TrustedRoots::Secret(
+                TlsSecret::ca_read("arn:ca", &ca).unwrap(),
+            ))
+            .with_client_certificate(ClientCertificate::Secret(
+                TlsSecret::client_read(ARN, &client_json(&cert, &key)).unwrap(),
+            ));
+        let rustls = rustls_of(&tls).await.unwrap();
         assert!(rustls.client_auth_cert_resolver.has_certs());
         // a bundle of two CAs and other text around them
         let (other_ca, _, _) = pki();
@@ -649,12 +879,12 @@ mod tests {
         let (_, cert, key) = pki();
         let body: String = key.lines().filter(|l| !l.starts_with("-----")).collect();
         for joined in [key.replace('\n', " "), key.replace('\n', "\\n")] {
-            let mut config = KafkaConfig::new(["h:1"]);
-            config.tls = true;
-            config.tls_cert_file = Some(with_file("cert.pem", &cert));
             let key_path = with_file("key.pem", &joined);
-            config.tls_key_file = Some(key_path.clone());
-            let e = client_config(&config).await.unwrap_err().to_string();
+            let tls = KafkaTls::system().with_client_certificate(ClientCertificate::Files {
+                certificate: with_file("cert.pem", &cert),
+                private_key: key_path.clone(),
+            });
+            let e = rustls_of(&tls).await.unwrap_err().to_string();
             assert!(
                 e.starts_with(&format!(
                     "misconfiguration: KAFKA_TLS_KEY_FILE: {}: has no usable PEM private key (",
@@ -673,18 +903,24 @@ mod tests {
     async fn a_key_that_is_not_the_certificates_is_a_clear_error() {
         let (_, cert, _) = pki();
         let (_, _, other_key) = pki();
-        let mut config = KafkaConfig::new(["h:1"]);
-        config.tls = true;
-        config.tls_client_secret =
-            Some(TlsSecret::client_read(ARN, &client_json(&cert, &other_key)).unwrap());
-        let e = client_config(&config).await.unwrap_err().to_string();
-        assert!(
-            e.starts_with(&format!(
+        let tls = KafkaTls::system().with_client_certificate(ClientCertificate::Secret(
+            TlsSecret::client_read(ARN, &client_json(&cert, &other_key)).unwrap(),
+        ));
+        let err = rustls_of(&tls).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
                 "misconfiguration: KAFKA_TLS_CLIENT_SECRET_ARN: the secret {ARN}: its \
-                 \"privateKey\" does not go with its \"certificate\" ("
-            )),
-            "{e}"
+                 \"privateKey\" does not go with its \"certificate\""
+            )
         );
+        // rustls' refusal stays the source
+        let source = std::error::Error::source(&err).expect("rustls' error as the source");
+        assert!(
+            source.downcast_ref::<rustls::Error>().is_some(),
+            "{source:?}"
+        );
+        let e = crate::error::chain(&err);
         assert!(!e.contains("PRIVATE KEY"), "{e}");
     }
 
@@ -778,14 +1014,16 @@ mod tests {
     }
 
     #[test]
-    fn debug_of_a_config_with_a_read_key_holds_no_key_bytes() {
+    fn debug_of_tls_with_a_read_key_holds_no_key_bytes() {
         let (ca, cert, key) = pki();
-        let mut config = KafkaConfig::new(["h:1"]);
-        config.auth = crate::publish::KafkaAuth::Mtls;
-        config.tls = true;
-        config.tls_ca_secret = Some(TlsSecret::ca_read("arn:ca", &ca).unwrap());
-        config.tls_client_secret =
-            Some(TlsSecret::client_read(ARN, &client_json(&cert, &key)).unwrap());
+        // what a configuration's Debug shows of its TLS
+        let config = KafkaTls::system()
+            .with_roots(TrustedRoots::Secret(
+                TlsSecret::ca_read("arn:ca", &ca).unwrap(),
+            ))
+            .with_client_certificate(ClientCertificate::Secret(
+                TlsSecret::client_read(ARN, &client_json(&cert, &key)).unwrap(),
+            ));
         let der = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
         let der = der.secret_der();
         let shown = format!("{config:?} {config:#?}");
@@ -831,18 +1069,17 @@ mod tests {
 
         // From the files and from the secret; none without a client certificate.
         let (_, pem, key) = pki();
-        let mut config = KafkaConfig::new(["h:1"]);
-        config.tls = true;
-        assert_eq!(client_subject(&config).await, None);
-        config.tls_client_secret =
-            Some(TlsSecret::client_read(ARN, &client_json(&pem, &key)).unwrap());
+        assert_eq!(client_subject(&KafkaTls::system()).await, None);
+        let tls = KafkaTls::system().with_client_certificate(ClientCertificate::Secret(
+            TlsSecret::client_read(ARN, &client_json(&pem, &key)).unwrap(),
+        ));
         let expected = Some(Some("CN=rcgen self signed cert".to_owned()));
-        assert_eq!(client_subject(&config).await, expected);
-        config.tls_client_secret = None;
-        config.tls_cert_file = Some(with_file("client.crt", &pem));
-        config.tls_key_file = Some(with_file("client.key", &key));
-        assert_eq!(client_subject(&config).await, expected);
-        config.tls = false;
-        assert_eq!(client_subject(&config).await, None);
+        assert_eq!(client_subject(&tls).await, expected);
+        let tls = KafkaTls::system().with_client_certificate(ClientCertificate::Files {
+            certificate: with_file("client.crt", &pem),
+            private_key: with_file("client.key", &key),
+        });
+        assert_eq!(client_subject(&tls).await, expected);
+        assert_eq!(client_subject(&KafkaTls::Off).await, None);
     }
 }

@@ -14,10 +14,11 @@ use super::outcome::{BatchReport, BatchResult, Settled};
 use super::state::{Owned, RunState};
 use super::Relay;
 use crate::error::{Error, Result};
+use crate::message::StoredMessage;
 use crate::options::RelayOptions;
+use crate::protocol::schema::MAX_ITEM_BYTES;
+use crate::protocol::store::Fetched;
 use crate::publish::{PublishOutcome, Publisher};
-use crate::schema::{StoredMessage, MAX_ITEM_BYTES};
-use crate::store::Fetched;
 
 /// How long past its limit an in-flight request may take to answer before the batch stops
 /// waiting for it (it is bounded by its own limit; this only covers the answer's way back).
@@ -296,8 +297,10 @@ impl<P: Publisher> Relay<P> {
             .clock()
             .now_ticks()
             .saturating_sub(head.message.created_at_ticks);
-        self.metrics
-            .head_age(bucket, crate::clock::ticks_to_duration(waited.max(0)));
+        self.metrics.head_age(
+            bucket,
+            crate::protocol::clock::ticks_to_duration(waited.max(0)),
+        );
     }
 
     /// Each acknowledged message's commit-to-ack latency: from its enqueue timestamp (the
@@ -310,7 +313,7 @@ impl<P: Publisher> Relay<P> {
         for m in acknowledged {
             let waited = now.saturating_sub(m.message.created_at_ticks).max(0);
             self.metrics
-                .commit_to_ack(bucket, crate::clock::ticks_to_duration(waited));
+                .commit_to_ack(bucket, crate::protocol::clock::ticks_to_duration(waited));
         }
     }
 
@@ -530,7 +533,7 @@ mod tests {
         StoredMessage {
             bucket: 3,
             sequence,
-            message: crate::OutboxMessage::new("t", 4),
+            message: crate::message::OutboxMessage::new("t", 4),
         }
     }
 

@@ -7,8 +7,8 @@ use crate::error::Result;
 use crate::metrics::RelayMetrics;
 use crate::notification::{LocalNotifier, Successor};
 use crate::options::{env, OutboxOptions, RelayOptions};
+use crate::protocol::store::DynamoDbOutboxStore;
 use crate::publish::{KafkaConfig, LazyKafkaPublisher};
-use crate::store::DynamoDbOutboxStore;
 
 /// Builds a [`Relay`] from an [`aws_config::SdkConfig`] ([`Relay::builder`]): a DynamoDB
 /// client with the relay's timeouts ([`crate::client::dynamodb_client`]: a half-open

@@ -23,8 +23,8 @@ use tracing::{info, warn};
 
 use super::state::RunState;
 use super::Relay;
-use crate::clock::duration_to_ticks;
 use crate::error::Result;
+use crate::protocol::clock::duration_to_ticks;
 use crate::publish::Publisher;
 
 impl<P: Publisher> Relay<P> {

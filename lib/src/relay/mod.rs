@@ -40,8 +40,8 @@ use crate::error::{Error, Result};
 use crate::metrics::{NoMetrics, RelayMetrics};
 use crate::notification::{Handoff, LocalNotifier, Successor, SUCCESSOR_LEAD};
 use crate::options::RelayOptions;
+use crate::protocol::store::{DynamoDbOutboxStore, WriteKind};
 use crate::publish::Publisher;
-use crate::store::{DynamoDbOutboxStore, WriteKind};
 
 pub use builder::RelayBuilder;
 pub use report::{RunReport, StopReason};
@@ -52,8 +52,7 @@ use stop_signal::Shutdown;
 pub const DEFAULT_STOP_RESERVE: Duration = Duration::from_secs(2);
 /// Longest time a relay waits for its successor's start to be accepted.
 pub const SUCCESSOR_START_TIMEOUT: Duration = Duration::from_secs(3);
-/// Pause between a relay's first heartbeat and its first read of the coordination partition.
-pub const JOIN_DELAY: Duration = Duration::from_millis(300);
+pub use crate::protocol::coordination::JOIN_DELAY;
 /// How often the owner of bucket zero samples the backlog (counts are billed per item
 /// counted, so not every round; never in the first round, before anything is published).
 pub const BACKLOG_SAMPLE_INTERVAL: Duration = Duration::from_secs(60);
@@ -81,8 +80,36 @@ impl<P: Publisher> std::fmt::Debug for Relay<P> {
 }
 
 impl<P: Publisher> Relay<P> {
-    /// A relay over `store` publishing with `publisher`. Faults with
+    /// A relay over `store` publishing with `publisher`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when `options` break a rule ([`RelayOptions::validate`]);
     /// [`Error::Misconfiguration`] when the relay's bucket count differs from the store's.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use dynamo_outbox::publish::{KafkaConfig, LazyKafkaPublisher};
+    /// use dynamo_outbox::{DynamoDbOutboxStore, OutboxOptions, Relay, RelayOptions};
+    ///
+    /// # async fn example() -> dynamo_outbox::Result<()> {
+    /// let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    /// let client = dynamo_outbox::client::dynamodb_client(&sdk);
+    /// let store = DynamoDbOutboxStore::new(client, OutboxOptions::from_env()?)?;
+    /// let publisher = std::sync::Arc::new(LazyKafkaPublisher::new(KafkaConfig::from_env()?));
+    /// let relay = Relay::new(store, publisher, RelayOptions::from_env()?)?;
+    /// let report = relay
+    ///     .run_until_shutdown(
+    ///         async {
+    ///             let _ = tokio::signal::ctrl_c().await;
+    ///         },
+    ///         Duration::from_secs(10),
+    ///     )
+    ///     .await?;
+    /// println!("published {} messages", report.published);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(
         store: DynamoDbOutboxStore,
         publisher: Arc<P>,
@@ -90,7 +117,7 @@ impl<P: Publisher> Relay<P> {
     ) -> Result<Self> {
         options.validate()?;
         if options.bucket_count != store.options().bucket_count {
-            return Err(Error::Misconfiguration(format!(
+            return Err(Error::misconfigured(format!(
                 "the relay's bucket count is {}, the store's is {}: they must be equal",
                 options.bucket_count,
                 store.options().bucket_count
@@ -154,12 +181,42 @@ impl<P: Publisher> Relay<P> {
         &self.store
     }
 
-    /// Runs until `deadline` (everything, the graceful stop included, ends by then).
+    /// Runs until `deadline` (everything, the graceful stop included, ends by then): the
+    /// shape of a Lambda invocation, whose deadline is the invocation's.
+    ///
+    /// Failed requests and rounds are retried after the error backoff and counted in the
+    /// report ([`RunReport::errors`]), not returned.
+    ///
+    /// # Errors
+    /// [`Error::Misconfiguration`] when the deployment disagrees with itself (a message
+    /// stamped with another bucket count, say): the relay stops gracefully and returns it,
+    /// as retrying cannot help.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    ///
+    /// # async fn example(
+    /// #     relay: dynamo_outbox::Relay<dynamo_outbox::publish::LazyKafkaPublisher>,
+    /// # ) -> dynamo_outbox::Result<()> {
+    /// let report = relay.run_until(Instant::now() + Duration::from_secs(60)).await?;
+    /// println!("{}: {} published", report.stop_reason.as_str(), report.published);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn run_until(&self, deadline: Instant) -> Result<RunReport> {
         self.run(Some(deadline), None, Duration::ZERO).await
     }
 
-    /// Runs until `signal` completes, then stops gracefully within `grace`.
+    /// Runs until `signal` completes, then stops gracefully within `grace`: the shape of a
+    /// long-lived process (`outboxctl relay`, a container).
+    ///
+    /// # Errors
+    /// As [`run_until`](Self::run_until).
+    ///
+    /// # Examples
+    /// See [`Relay::new`].
     pub async fn run_until_shutdown<F>(&self, signal: F, grace: Duration) -> Result<RunReport>
     where
         F: Future<Output = ()> + Send + 'static,
@@ -231,7 +288,7 @@ impl<P: Publisher> Relay<P> {
                     return Ok(report);
                 }
                 Some(Ok(())) => {}
-                Some(Err(e @ Error::Misconfiguration(_))) => {
+                Some(Err(e @ Error::Misconfiguration { .. })) => {
                     error!(error = %crate::error::chain(&e), "relay faulted");
                     self.stop(&mut state, shutdown.hard_deadline()).await;
                     return Err(e);

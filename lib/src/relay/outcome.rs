@@ -3,7 +3,7 @@
 //! state (`state`) applies them. Pure.
 
 use crate::error::{Error, NotAuthorized};
-use crate::schema::StoredMessage;
+use crate::message::StoredMessage;
 
 /// What one bucket's batch did.
 #[derive(Debug)]

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 /// Why a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StopReason {
     /// The deadline arrived; the relay stopped gracefully.
     Deadline,
@@ -32,6 +33,7 @@ impl StopReason {
 
 /// What one run did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RunReport {
     /// The relay's id.
     pub relay_id: String,

@@ -10,13 +10,13 @@ use tracing::{debug, info, instrument, warn};
 
 use super::state::{Owned, RunState};
 use super::{Relay, BACKLOG_SAMPLE_INTERVAL, JOIN_DELAY};
-use crate::clock::{duration_to_ticks, ticks_to_duration};
-use crate::coordination::{Coordination, LeaseRecord, ReadExpiry};
-use crate::coordination::{HANDOVER_STEP, HANDOVER_WATCH};
 use crate::error::{Error, Result};
-use crate::plan::{self, Plan, PlanInput};
+use crate::protocol::clock::{duration_to_ticks, ticks_to_duration};
+use crate::protocol::coordination::{Coordination, LeaseRecord, ReadExpiry};
+use crate::protocol::coordination::{HANDOVER_STEP, HANDOVER_WATCH};
+use crate::protocol::plan::{self, Plan, PlanInput};
+use crate::protocol::store::WriteKind;
 use crate::publish::Publisher;
-use crate::store::WriteKind;
 
 /// What one renewal found: renewed, refused (the lease moved on), or not sent because the
 /// clock is behind the stored expiry (never move an expiry backwards).

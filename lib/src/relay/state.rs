@@ -10,10 +10,10 @@ use tracing::{error, info, warn};
 
 use super::outcome::{BatchResult, Settled};
 use super::report::{RunReport, StopReason};
-use crate::clock::duration_to_ticks;
 use crate::error::{Error, Result};
 use crate::metrics::RelayMetrics;
 use crate::options::{PoisonPolicy, RelayOptions};
+use crate::protocol::clock::duration_to_ticks;
 
 /// A bucket this relay holds, and what it knows of it.
 #[derive(Debug, Clone)]
@@ -462,7 +462,7 @@ impl RunState {
                     }
                 }
             }
-            Err(e @ Error::Misconfiguration(_)) => return Some(e),
+            Err(e @ Error::Misconfiguration { .. }) => return Some(e),
             Err(e) => {
                 warn!(bucket, error = %crate::error::chain(&e), "batch failed");
                 self.errors += 1;
@@ -537,7 +537,7 @@ fn smoothed_estimate(
 fn poison_sequence(error: &Error, at: Option<&(String, u64)>) -> Option<u64> {
     match (at, error) {
         (Some((_, seq)), _) => Some(*seq),
-        (None, Error::Corrupt { sk, .. }) => crate::schema::parse_message_sk(sk),
+        (None, Error::Corrupt { sk, .. }) => crate::protocol::schema::parse_message_sk(sk),
         (None, _) => None,
     }
 }
@@ -580,11 +580,11 @@ mod tests {
         }
     }
 
-    fn stored(sequence: u64) -> crate::schema::StoredMessage {
-        crate::schema::StoredMessage {
+    fn stored(sequence: u64) -> crate::message::StoredMessage {
+        crate::message::StoredMessage {
             bucket: 3,
             sequence,
-            message: crate::OutboxMessage::new("t", 4),
+            message: crate::message::OutboxMessage::new("t", 4),
         }
     }
 
@@ -799,7 +799,7 @@ mod tests {
         assert_eq!((s.published, s.publish_failures), (16, 1));
 
         let poison = BatchResult::Poison {
-            error: Error::Misconfiguration("bad".into()),
+            error: Error::misconfigured("bad"),
             at: None,
             deleted: 0,
             last: None,
@@ -813,15 +813,8 @@ mod tests {
 
         s.apply(&o, &m, 3, Err(Error::DeadlineExceeded("x")), 40 * MS, now);
         assert_eq!(s.errors, 1);
-        let fault = s.apply(
-            &o,
-            &m,
-            3,
-            Err(Error::Misconfiguration("m".into())),
-            40 * MS,
-            now,
-        );
-        assert!(matches!(fault, Some(Error::Misconfiguration(_))));
+        let fault = s.apply(&o, &m, 3, Err(Error::misconfigured("m")), 40 * MS, now);
+        assert!(matches!(fault, Some(Error::Misconfiguration { .. })));
         // A bucket lost meanwhile: nothing applies.
         assert!(s.apply(&o, &m, 9, Ok(BatchResult::Idle), MS, now).is_none());
     }
@@ -880,6 +873,7 @@ mod tests {
                 pk: "OUTBOX#MESSAGES#3".into(),
                 sk: "0000000000000000011".into(),
                 reason: "MessageId is missing".into(),
+                source: None,
             },
             at: None,
             deleted: 0,

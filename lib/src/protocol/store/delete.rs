@@ -10,7 +10,7 @@ use tracing::warn;
 
 use super::DynamoDbOutboxStore;
 use crate::error::{from_sdk, Error, Result};
-use crate::schema;
+use crate::protocol::schema;
 
 /// Most delete requests in one `BatchWriteItem`.
 pub(crate) const CHUNK: usize = 25;
@@ -163,6 +163,7 @@ impl DynamoDbOutboxStore {
                         return Err(Error::DynamoDb {
                             operation: "BatchWriteItem",
                             retryable: true,
+                            request_id: None,
                             source: format!(
                                 "{} deletes still unprocessed after {attempt} attempts",
                                 left.len()

@@ -10,7 +10,8 @@ use tracing::{debug, instrument};
 
 use super::DynamoDbOutboxStore;
 use crate::error::{from_sdk, Error, Result};
-use crate::schema::{self, Item, StoredMessage};
+use crate::message::StoredMessage;
+use crate::protocol::schema::{self, Item};
 
 /// Most gap probes per fetch.
 pub const MAX_GAP_PROBES: usize = 8;
@@ -185,7 +186,7 @@ impl DynamoDbOutboxStore {
                 if let Some(count) = schema::get_n::<u32>(item, crate::attr::BUCKET_COUNT) {
                     if count != self.options.bucket_count {
                         let (pk, sk) = self.keys.key_of(item);
-                        return Err(Error::Misconfiguration(format!(
+                        return Err(Error::misconfigured(format!(
                             "message {pk}/{sk} is stamped with bucket count {count}, but this relay's is {}: \
                              every writer and relay of a table must use the same count (drain the table before changing it)",
                             self.options.bucket_count

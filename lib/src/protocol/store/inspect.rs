@@ -5,7 +5,7 @@
 use super::DynamoDbOutboxStore;
 use crate::attr;
 use crate::error::{from_sdk, Result};
-use crate::schema::{self, Item};
+use crate::protocol::schema::{self, Item};
 
 // The protocol's steps, for the relay and for tools and tests that drive them: hidden
 // from the docs of the type an embedder passes to `Relay::new`.

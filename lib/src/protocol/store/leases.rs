@@ -7,15 +7,17 @@
 
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
+use aws_smithy_runtime_api::http::Response as HttpResponse;
 use tracing::{debug, instrument, warn};
 
 use super::{DynamoDbOutboxStore, WriteKind};
+
 use crate::attr;
-use crate::clock::duration_to_ticks;
-use crate::coordination::{self, Coordination, LeaseRecord, ReadExpiry, RelayRecord};
 use crate::error::{from_sdk, Error, Result};
 use crate::options::RelayOptions;
-use crate::schema::{self, get_n, get_s};
+use crate::protocol::clock::duration_to_ticks;
+use crate::protocol::coordination::{self, Coordination, LeaseRecord, ReadExpiry, RelayRecord};
+use crate::protocol::schema::{self, get_n, get_s};
 
 /// What one read of the coordination partition says of notified buckets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,13 +44,13 @@ impl DynamoDbOutboxStore {
         );
     }
 
-    fn outcome<T, E, R>(
+    fn outcome<T, E>(
         &self,
         kind: WriteKind,
         operation: &'static str,
         relay_id: &str,
         bucket: Option<u32>,
-        result: std::result::Result<T, aws_sdk_dynamodb::error::SdkError<E, R>>,
+        result: std::result::Result<T, aws_sdk_dynamodb::error::SdkError<E, HttpResponse>>,
     ) -> Result<bool>
     where
         E: aws_sdk_dynamodb::error::ProvideErrorMetadata
@@ -56,7 +58,6 @@ impl DynamoDbOutboxStore {
             + Send
             + Sync
             + 'static,
-        R: std::fmt::Debug + Send + Sync + 'static,
     {
         match result {
             Ok(_) => Ok(true),
@@ -74,20 +75,17 @@ impl DynamoDbOutboxStore {
     /// ALL_OLD`: a refusal whose old item already shows this very write (`applied`) is the
     /// SDK's retry of a request whose first attempt landed, so it is a success, not a
     /// refusal.
-    fn update_outcome<R>(
+    fn update_outcome(
         &self,
         kind: WriteKind,
         relay_id: &str,
         bucket: Option<u32>,
         result: std::result::Result<
             aws_sdk_dynamodb::operation::update_item::UpdateItemOutput,
-            aws_sdk_dynamodb::error::SdkError<UpdateItemError, R>,
+            aws_sdk_dynamodb::error::SdkError<UpdateItemError, HttpResponse>,
         >,
-        applied: impl Fn(&crate::schema::Item) -> bool,
-    ) -> Result<bool>
-    where
-        R: std::fmt::Debug + Send + Sync + 'static,
-    {
+        applied: impl Fn(&crate::protocol::schema::Item) -> bool,
+    ) -> Result<bool> {
         if let Err(e) = &result {
             if let Some(UpdateItemError::ConditionalCheckFailedException(c)) = e.as_service_error()
             {
@@ -194,7 +192,7 @@ impl DynamoDbOutboxStore {
         } else {
             coordination
                 .taken_over_at(&uncovered, self.options().bucket_count, now, &takeover)
-                .map(|at| crate::clock::ticks_to_duration(at.saturating_sub(now)))
+                .map(|at| crate::protocol::clock::ticks_to_duration(at.saturating_sub(now)))
         };
         Ok(Coverage {
             uncovered,

@@ -31,10 +31,10 @@ use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, Select};
 use aws_sdk_dynamodb::Client;
 
-use crate::clock::{Clock, SystemClock};
 use crate::error::{from_sdk, Result};
 use crate::options::OutboxOptions;
-use crate::schema::Keys;
+use crate::protocol::clock::{Clock, SystemClock};
+use crate::protocol::schema::Keys;
 
 /// Kinds of conditional write a relay makes; a refusal of any of them is counted by kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -121,6 +121,22 @@ pub struct DynamoDbOutboxStore {
 
 impl DynamoDbOutboxStore {
     /// A store for the outbox `options` describe; the options are validated here.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`](crate::Error::InvalidOption) when `options` break a rule
+    /// ([`OutboxOptions::validate`]).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dynamo_outbox::{DynamoDbOutboxStore, OutboxOptions};
+    ///
+    /// # async fn example() -> dynamo_outbox::Result<()> {
+    /// let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    /// let client = dynamo_outbox::client::dynamodb_client(&sdk);
+    /// let store = DynamoDbOutboxStore::new(client, OutboxOptions::new("orders-outbox"))?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(client: Client, options: OutboxOptions) -> Result<Self> {
         options.validate()?;
         Ok(DynamoDbOutboxStore {

@@ -19,9 +19,8 @@ use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem};
 
 use super::DynamoDbOutboxStore;
 use crate::attr;
-use crate::error::{from_sdk, Error, Result};
-use crate::schema::{self, Item};
-use crate::writer::transaction_error;
+use crate::error::{from_sdk, transaction_error, Error, Result};
+use crate::protocol::schema::{self, Item};
 
 /// Attribute holding a dead letter's original partition key.
 pub const ORIGINAL_PK: &str = "OriginalPK";
@@ -36,7 +35,7 @@ impl DynamoDbOutboxStore {
     pub async fn quarantine(&self, bucket: u32, sequence: u64) -> Result<Item> {
         let item = self.message_item_at(bucket, sequence).await?;
         let reason = match schema::parse_message(&self.keys, &item) {
-            Err(e) => format!("cannot be read as a message: {e}"),
+            Err(e) => format!("cannot be read as a message: {}", crate::error::chain(&e)),
             Ok(m) if !self.options.allowed_topics.allows(&m.message.topic) => {
                 self.options.allowed_topics.refusal(&m.message.topic)
             }
@@ -120,7 +119,9 @@ impl DynamoDbOutboxStore {
             self.keys.sk.clone(),
             AttributeValue::S(schema::dead_letter_sk(bucket, sequence)),
         );
-        let build = |e: aws_sdk_dynamodb::error::BuildError| Error::Misconfiguration(e.to_string());
+        let build = |e: aws_sdk_dynamodb::error::BuildError| {
+            Error::misconfigured_by("the dead letter's request could not be built", e)
+        };
         // Never over an earlier dead letter of the same place (a reset sequence counter
         // hands a number out again): that one would be lost.
         let put = Put::builder()
@@ -150,7 +151,7 @@ impl DynamoDbOutboxStore {
                         .first()
                         .is_some_and(|r| r == "ConditionalCheckFailed") =>
                 {
-                    Error::Misconfiguration(format!(
+                    Error::misconfigured(format!(
                         "a dead letter from bucket {bucket}, sequence {sequence} exists \
                          already: the bucket's sequence counter was reset and handed the \
                          number out again; redrive or purge that one first (`outboxctl \

@@ -4,7 +4,7 @@
 use super::DynamoDbOutboxStore;
 use crate::attr;
 use crate::error::{from_sdk, Result};
-use crate::schema::{self};
+use crate::protocol::schema::{self};
 
 /// The backlog of one bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,10 +60,7 @@ impl DynamoDbOutboxStore {
             head_sequence: head.and_then(|i| schema::parse_message_sk(self.keys.key_of(i).1)),
             head_bucket_count: head.and_then(|i| schema::get_n(i, attr::BUCKET_COUNT)),
             head_unreadable: unreadable.is_some(),
-            head_unreadable_reason: unreadable.map(|e| match e {
-                crate::error::Error::Corrupt { reason, .. } => reason,
-                other => other.to_string(),
-            }),
+            head_unreadable_reason: unreadable.map(|e| crate::error::unreadable_because(&e)),
             head_topic: head.and_then(|i| schema::get_s(i, attr::TOPIC).map(str::to_string)),
         })
     }

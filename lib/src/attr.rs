@@ -1,6 +1,7 @@
 //! Attribute names of the outbox items (the reference specification's, plus this
-//! project's extensions) and DynamoDB's item size limit: a leaf module that the options and
-//! the schema both use.
+//! project's extensions) and DynamoDB's item size limit: a leaf module that the options
+//! (their validation) and the protocol's schema both use; public as
+//! [`protocol::attr`](crate::protocol::attr).
 
 /// DynamoDB's item size limit in bytes (400 KB).
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;

@@ -1,24 +1,81 @@
-//! For tests: the example credentials MSK IAM tokens are signed with in tests, and an
-//! independent check of such a token (its URL decoded, its SigV4 signature recomputed
-//! from the spec on `ring`, without `aws-sigv4`). The signer's tests (`msk_iam.rs`) check
+//! MSK IAM tokens in tests: the example credentials they are signed with, credentials
+//! that count how often they are asked for, a clock the test moves by hand, and an
+//! independent check of a token (its URL decoded, its SigV4 signature recomputed from the
+//! spec on `ring`, without `aws-sigv4`). The signer's tests (`tests/msk_iam.rs`) check
 //! their tokens with it.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use aws_credential_types::provider::{future, ProvideCredentials, SharedCredentialsProvider};
 use aws_credential_types::Credentials;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use dynamo_outbox::protocol::clock::{ticks_from_system_time, Clock, TICKS_PER_SECOND};
+
+/// A clock the test moves by hand (for [`MskIamTokenProvider::with_clock`], or a store's).
+///
+/// [`MskIamTokenProvider::with_clock`]: dynamo_outbox::publish::MskIamTokenProvider::with_clock
+#[derive(Debug)]
+pub struct ManualClock(AtomicI64);
+
+impl ManualClock {
+    /// A clock standing at `t`.
+    pub fn at(t: SystemTime) -> Arc<Self> {
+        Arc::new(ManualClock(AtomicI64::new(ticks_from_system_time(t))))
+    }
+
+    /// Moves the clock `d` ahead (whole seconds).
+    pub fn advance(&self, d: Duration) {
+        self.0
+            .fetch_add(d.as_secs() as i64 * TICKS_PER_SECOND, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ticks(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Credentials that count how often the provider asks for them (once per signed token).
+#[derive(Debug)]
+struct CountingCredentials {
+    credentials: Credentials,
+    calls: Arc<AtomicUsize>,
+}
+
+impl ProvideCredentials for CountingCredentials {
+    fn provide_credentials<'a>(&'a self) -> future::ProvideCredentials<'a>
+    where
+        Self: 'a,
+    {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        future::ProvideCredentials::ready(Ok(self.credentials.clone()))
+    }
+}
+
+/// A provider of `credentials` that counts the calls, and the count.
+pub fn counting(credentials: Credentials) -> (SharedCredentialsProvider, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let provider = SharedCredentialsProvider::new(CountingCredentials {
+        credentials,
+        calls: Arc::clone(&calls),
+    });
+    (provider, calls)
+}
 
 /// The SigV4 suite's example access key id.
-pub(crate) const ACCESS_KEY: &str = "AKIDEXAMPLE";
+pub const ACCESS_KEY: &str = "AKIDEXAMPLE";
 /// The SigV4 suite's example secret key.
-pub(crate) const SECRET_KEY: &str = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY";
+pub const SECRET_KEY: &str = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY";
 /// A session token with characters to encode (`/`, `+`, `=`).
-pub(crate) const SESSION_TOKEN: &str = "IQoJb3JpZ2luX2Vj/session+token=";
+pub const SESSION_TOKEN: &str = "IQoJb3JpZ2luX2Vj/session+token=";
 
 /// The example credentials, with the session token.
-pub(crate) fn static_credentials() -> Credentials {
+pub fn static_credentials() -> Credentials {
     Credentials::new(
         ACCESS_KEY,
         SECRET_KEY,
@@ -47,15 +104,20 @@ fn decode_query(s: &str) -> String {
 
 /// A decoded token: the URL's host and path, and its query parameters in order.
 #[derive(Debug)]
-pub(crate) struct DecodedToken {
-    pub(crate) url: String,
-    pub(crate) host: String,
-    pub(crate) path: String,
-    pub(crate) params: Vec<(String, String)>,
+pub struct DecodedToken {
+    /// The whole URL.
+    pub url: String,
+    /// Its host.
+    pub host: String,
+    /// Its path.
+    pub path: String,
+    /// Its query parameters, decoded, in order.
+    pub params: Vec<(String, String)>,
 }
 
 impl DecodedToken {
-    pub(crate) fn param(&self, name: &str) -> &str {
+    /// The value of the query parameter `name`; panics when there is none.
+    pub fn param(&self, name: &str) -> &str {
         self.params
             .iter()
             .find(|(k, _)| k == name)
@@ -64,7 +126,8 @@ impl DecodedToken {
     }
 }
 
-pub(crate) fn decode_token(token: &str) -> DecodedToken {
+/// Decodes a token (unpadded base64url of a URL); panics when it is none.
+pub fn decode_token(token: &str) -> DecodedToken {
     assert!(!token.contains('='), "padding in {token}");
     assert!(
         !token.contains('+') && !token.contains('/'),
@@ -99,7 +162,7 @@ fn hmac(key: &[u8], data: &str) -> Vec<u8> {
 }
 
 /// SigV4's URI encoding: everything but RFC 3986's unreserved characters.
-pub(crate) fn sigv4_encode(s: &str) -> String {
+pub fn sigv4_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
@@ -114,7 +177,7 @@ pub(crate) fn sigv4_encode(s: &str) -> String {
 /// Checks a token the way a SigV4 verifier would, independently of `aws-sigv4`: rebuilds
 /// the canonical request from the URL (all parameters but the signature and the unsigned
 /// `User-Agent`), and recomputes the signature with `secret` (from the SigV4 spec).
-pub(crate) fn verify_token(token: &str, region: &str, secret: &str, now: SystemTime) {
+pub fn verify_token(token: &str, region: &str, secret: &str, now: SystemTime) {
     let t = decode_token(token);
     assert_eq!(t.host, format!("kafka.{region}.amazonaws.com"));
     assert_eq!(t.path, "/");
