@@ -29,7 +29,7 @@ a PLAINTEXT listener whose anonymous principal may do everything):
   not in the future and not expired, the credential scope
   {day}/{region}/kafka-cluster/aws4_request of --access-key-id, the session token when
   given, and the SigV4 signature recomputed with --secret-access-key (what
-  lib/src/publish/token_check.rs checks in the unit tests).
+  testkit/src/msk_iam.rs checks in tests/msk_iam.rs).
   A refused token is answered as Kafka answers it: SASL_AUTHENTICATION_FAILED (58) with
   a message; another mechanism with UNSUPPORTED_SASL_MECHANISM (33).
 
