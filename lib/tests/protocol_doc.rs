@@ -411,8 +411,17 @@ fn check_kafka_partition(ex: &Example) {
         p => Some(num::<u32>(p, ex, "partition")),
     };
     assert_eq!(documented, expected, "{}", ex.at());
+    if explicit.is_none() {
+        // The library's own partitioner gives the documented partition.
+        assert_eq!(
+            Some(dynamo_outbox::publish::partition_for(key, count) as u32),
+            expected,
+            "{}",
+            ex.at()
+        );
+    }
     assert!(
-        ROUTE_RS.contains("(None, Some(key)) => Ok((to_positive(murmur2(key)) % count) as i32),")
+        ROUTE_RS.contains("(None, Some(key)) => Ok(partition_for(key, count)),")
             && ROUTE_RS
                 .contains("(Some(p), _) if p as u32 >= count => Err(Rejection::UnknownPartition),"),
         "lib/src/publish/route.rs no longer routes as docs/protocol.md says"
