@@ -33,11 +33,13 @@ pub struct BucketBacklog {
     pub head_topic: Option<String>,
 }
 
-// The protocol's steps, for the relay and for tools and tests that drive them: hidden
-// from the docs of the type an embedder passes to `Relay::new`.
-#[doc(hidden)]
+// A bucket's backlog, as `outboxctl status` and `outboxctl drain` show it.
 impl DynamoDbOutboxStore {
-    /// Counts a bucket's messages up to the pending count limit and reads its head.
+    /// Counts a bucket's messages up to the pending count limit and reads its head (what
+    /// `outboxctl status` and `drain` show per bucket).
+    ///
+    /// # Errors
+    /// [`crate::Error::DynamoDb`] when the queries fail.
     pub async fn backlog(&self, bucket: u32) -> Result<BucketBacklog> {
         let limit = self.options.pending_count_limit;
         let pending = self
