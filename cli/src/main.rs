@@ -212,13 +212,8 @@ pub(crate) fn outbox_options(
 }
 
 pub(crate) fn relay_options(options: &OutboxOptions) -> Result<RelayOptions, Failure> {
-    let count = options.bucket_count.to_string();
-    Ok(RelayOptions::from_lookup(|name| {
-        if name == dynamo_outbox::options::env::BUCKET_COUNT {
-            Some(count.clone())
-        } else {
-            std::env::var(name).ok()
-        }
+    Ok(RelayOptions::for_table(options, |name| {
+        std::env::var(name).ok()
     })?)
 }
 

@@ -700,6 +700,30 @@ impl RelayOptions {
     /// # Ok::<(), dynamo_outbox::Error>(())
     /// ```
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        Self::from_lookup_inner(lookup)
+    }
+
+    /// [`RelayOptions::from_lookup`] for the table `outbox` describes: the bucket count is
+    /// the table's (`OUTBOX_BUCKET_COUNT` is read once, by the table's options), so the
+    /// two cannot disagree.
+    ///
+    /// # Errors
+    /// As [`RelayOptions::from_lookup`].
+    pub fn for_table(
+        outbox: &OutboxOptions,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self> {
+        let count = outbox.bucket_count.to_string();
+        Self::from_lookup_inner(|name| {
+            if name == env::BUCKET_COUNT {
+                Some(count.clone())
+            } else {
+                lookup(name)
+            }
+        })
+    }
+
+    fn from_lookup_inner(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let mut o = RelayOptions::default();
         if let Some(v) = lookup(env::BUCKET_COUNT) {
             o.bucket_count = parse_number(env::BUCKET_COUNT, &v)?;

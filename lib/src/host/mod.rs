@@ -60,7 +60,7 @@ pub use telemetry::{
 use crate::error::Result;
 use crate::metrics::{Fanout, RelayMetrics};
 use crate::notification::Successor;
-use crate::options::{env, OutboxOptions, RelayOptions};
+use crate::options::{OutboxOptions, RelayOptions};
 use crate::publish::{KafkaConfig, LazyKafkaPublisher};
 use crate::relay::{Relay, RunReport};
 use crate::DynamoDbOutboxStore;
@@ -107,14 +107,7 @@ impl HostSettings {
     /// ```
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let outbox = OutboxOptions::from_lookup(&lookup)?;
-        let count = outbox.bucket_count.to_string();
-        let relay = RelayOptions::from_lookup(|name| {
-            if name == env::BUCKET_COUNT {
-                Some(count.clone())
-            } else {
-                lookup(name)
-            }
-        })?;
+        let relay = RelayOptions::for_table(&outbox, &lookup)?;
         let kafka = KafkaConfig::from_lookup(&lookup)?;
         Ok(HostSettings {
             outbox,
@@ -294,7 +287,7 @@ impl RelayHost {
             .await
     }
 
-    /// Ends the OTLP export: exports what is left (each signal bounded by its timeout).
+    /// Ends the OTLP export: exports what is left, waiting at most [`FINAL_EXPORT_BOUND`].
     pub async fn shutdown(self) {
         if let Some(telemetry) = self.telemetry {
             telemetry.shutdown().await;

@@ -6,7 +6,7 @@ use super::Relay;
 use crate::error::Result;
 use crate::metrics::RelayMetrics;
 use crate::notification::{LocalNotifier, Successor};
-use crate::options::{env, OutboxOptions, RelayOptions};
+use crate::options::{OutboxOptions, RelayOptions};
 use crate::protocol::store::DynamoDbOutboxStore;
 use crate::publish::{KafkaConfig, LazyKafkaPublisher};
 
@@ -119,16 +119,7 @@ impl RelayBuilder {
         };
         let mut options = match self.options {
             Some(o) => o,
-            None => {
-                let count = outbox.bucket_count.to_string();
-                RelayOptions::from_lookup(|name| {
-                    if name == env::BUCKET_COUNT {
-                        Some(count.clone())
-                    } else {
-                        std::env::var(name).ok()
-                    }
-                })?
-            }
+            None => RelayOptions::for_table(&outbox, |name| std::env::var(name).ok())?,
         };
         options.bucket_count = outbox.bucket_count;
         let kafka = match self.kafka {
