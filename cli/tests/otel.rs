@@ -336,7 +336,9 @@ async fn wait_for_the_exports(topic: &str, written: &BTreeSet<String>, receiver:
 
 /// Stops the relay with SIGTERM: it exits with success, says it published 30, and no
 /// export failed or was refused; its log.
-fn stop_gracefully(relay: RunningRelay) -> String {
+/// Sends the relay SIGTERM and waits for it to exit: its exit status, how long it took
+/// from the signal, its stdout and its log.
+fn terminate(relay: RunningRelay) -> (std::process::ExitStatus, Duration, String, String) {
     let RunningRelay {
         mut process,
         log,
@@ -344,6 +346,7 @@ fn stop_gracefully(relay: RunningRelay) -> String {
         ..
     } = relay;
     let pid = process.0.id().to_string();
+    let signalled = Instant::now();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
         .status()
@@ -352,9 +355,15 @@ fn stop_gracefully(relay: RunningRelay) -> String {
     let exit = wait_until("the relay exits", Duration::from_secs(60), || {
         process.0.try_wait().unwrap()
     });
+    let took = signalled.elapsed();
     let mut out = String::new();
     BufReader::new(stdout).read_to_string(&mut out).unwrap();
     let logs = log.lock().unwrap().join("\n");
+    (exit, took, out, logs)
+}
+
+fn stop_gracefully(relay: RunningRelay) -> String {
+    let (exit, _, out, logs) = terminate(relay);
     assert!(exit.success(), "{exit:?}\n{out}\n{logs}");
     assert!(out.contains("published 30,"), "{out}");
     assert!(
@@ -804,12 +813,7 @@ async fn the_final_export_to_an_endpoint_that_never_answers_holds_the_stop_at_mo
             held.push(stream);
         }
     });
-    let RunningRelay {
-        process: mut relay,
-        log,
-        mut stdout,
-        ..
-    } = start_relay(
+    let relay = start_relay(
         &options,
         &endpoint,
         &random_name("hole-relay"),
@@ -823,20 +827,7 @@ async fn the_final_export_to_an_endpoint_that_never_answers_holds_the_stop_at_mo
     // Published: there are spans to export as well as metrics.
     wait_for_ids(&topic, &written, Duration::from_secs(60)).await;
 
-    let pid = relay.0.id().to_string();
-    let signalled = Instant::now();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let exit = wait_until("the relay exits", Duration::from_secs(60), || {
-        relay.0.try_wait().unwrap()
-    });
-    let took = signalled.elapsed();
-    let mut out = String::new();
-    stdout.read_to_string(&mut out).unwrap();
-    let logs = log.lock().unwrap().join("\n");
+    let (exit, took, out, logs) = terminate(relay);
     assert!(exit.success(), "{exit:?}\n{out}\n{logs}");
     assert!(
         out.contains("published 30,") && out.contains("leases released: true"),
