@@ -111,23 +111,29 @@ def create_topic(name: str, partitions: int = 1, bootstrap: str | None = None,
             raise KafkaToolError(f"create-topic {name}: {err}") from e
         created = False
 
-    deadline = time.monotonic() + timeout
-    parts = None
-    while time.monotonic() < deadline:
-        try:
-            parts = topic_partitions(admin, name, timeout=2.0)
-        except KafkaException:
-            parts = None
-        if parts is not None and (not created or len(parts) >= partitions):
-            break
-        time.sleep(0.1)
-    else:
+    parts = wait_partitions(admin, name, time.monotonic() + timeout,
+                            lambda p: not created or len(p) >= partitions)
+    if parts is None:
         raise KafkaToolError(f"topic {name} not visible in metadata after {timeout}s")
     out = {"topic": name, "partitions": len(parts), "created": created}
     if len(parts) != partitions:
         out["warning"] = (f"topic {name} already exists with {len(parts)} partitions "
                           f"(asked for {partitions})")
     return out
+
+
+def wait_partitions(admin, name: str, deadline: float, ready):
+    """The topic's partitions once metadata shows them and `ready(partitions)` holds,
+    asking every 0.1 s until `deadline` (monotonic); None if it never did."""
+    while time.monotonic() < deadline:
+        try:
+            parts = topic_partitions(admin, name, timeout=2.0)
+        except KafkaException:
+            parts = None
+        if parts is not None and ready(parts):
+            return parts
+        time.sleep(0.1)
+    return None
 
 
 def read_topic(name: str, bootstrap: str | None = None, partition: int | None = None,
@@ -140,16 +146,7 @@ def read_topic(name: str, bootstrap: str | None = None, partition: int | None = 
     conf = config(bootstrap)
     admin = AdminClient(conf)
     deadline = time.monotonic() + timeout
-
-    parts = None
-    while time.monotonic() < deadline:
-        try:
-            parts = topic_partitions(admin, name, timeout=2.0)
-        except KafkaException:
-            parts = None
-        if parts is not None:
-            break
-        time.sleep(0.1)
+    parts = wait_partitions(admin, name, deadline, lambda p: True)
     if parts is None:
         raise KafkaToolError(f"topic {name} not found")
     if partition is not None:
