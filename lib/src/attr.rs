@@ -40,6 +40,10 @@ pub const STOPS_AT: &str = "StopsAtUtc";
 pub const IDEMPOTENCY_EXPIRES_AT: &str = "IdempotencyExpiresAtUtc";
 /// The enqueue result an idempotency marker returns again (S, JSON) (this project).
 pub const RESULT: &str = "Result";
+/// When DynamoDB's time to live may delete the item, in epoch seconds (N) (this project):
+/// the table's one TTL attribute, on the items that may expire (idempotency markers,
+/// continuations), never on a message, a counter or a lease.
+pub const TIME_TO_LIVE: &str = "TimeToLive";
 
 /// When a dead letter was moved to the dead-letter partition, in UTC ticks (N) (this
 /// project).
@@ -65,6 +69,7 @@ pub const ALL: &[&str] = &[
     STOPS_AT,
     IDEMPOTENCY_EXPIRES_AT,
     RESULT,
+    TIME_TO_LIVE,
     QUARANTINED_AT,
     QUARANTINE_REASON,
 ];

@@ -8,8 +8,9 @@
 //! | Relay heartbeat | `{prefix}#COORDINATION` | `RELAY#{relayId}` |
 //! | Idempotency marker (this project) | `{prefix}#IDEMPOTENCY#{key}` | `IDEMPOTENCY` |
 //! | Dead letter (this project) | `{prefix}#DEADLETTER` | `{bucket, 10 digits}#{sequence, 19 digits}` |
+//! | Continuation (this project) | `{prefix}#CONTINUATION#{relayId}` | run start, Unix ms, 20 digits |
 //!
-//! `{bucket}` in a partition key is plain decimal. The last two rows are this project's
+//! `{bucket}` in a partition key is plain decimal. The last three rows are this project's
 //! additions; they live in partitions no relay of the specification reads.
 
 use std::collections::HashMap;
@@ -90,6 +91,18 @@ impl Keys {
         format!("{}#IDEMPOTENCY#{key}", self.prefix)
     }
 
+    /// Partition key of a relay's continuation: one partition per relay id, one item
+    /// per run that asked for a successor (sort key [`continuation_sk`]).
+    pub fn continuation_pk(&self, relay_id: &str) -> String {
+        format!("{}{relay_id}", self.continuations_prefix())
+    }
+
+    /// What every continuation's partition key starts with (`{prefix}#CONTINUATION#`),
+    /// for a stream filter.
+    pub fn continuations_prefix(&self) -> String {
+        format!("{}#CONTINUATION#", self.prefix)
+    }
+
     /// Partition key of the dead letters.
     pub fn dead_letter_pk(&self) -> String {
         format!("{}#DEADLETTER", self.prefix)
@@ -128,6 +141,11 @@ impl Keys {
 
 /// The largest sequence number a message's sort key holds (19 digits).
 pub const MAX_SEQUENCE: u64 = 9_999_999_999_999_999_999;
+
+/// Sort key of a continuation: the run's start in Unix milliseconds, 20 digits.
+pub fn continuation_sk(run_start_ms: u64) -> String {
+    format!("{run_start_ms:020}")
+}
 
 /// Sort key of a message: the sequence number, 19 digits, zero padded.
 pub fn message_sk(sequence: u64) -> String {
