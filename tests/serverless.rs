@@ -736,3 +736,239 @@ async fn a_parked_bucket_starts_no_successor() {
     assert_eq!(report.refused_total(), 0, "{report:?}");
     assert_no_refusal_on_the_wire(&counter, "a parked bucket");
 }
+
+/// Counts the runs that could not start their successor.
+#[derive(Debug, Default)]
+struct SuccessorFailures(std::sync::atomic::AtomicU32);
+
+impl dynamo_outbox::metrics::RelayMetrics for SuccessorFailures {
+    fn successor_failed(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The continuations in `options`' table: (relay id, sort key, time to live).
+async fn continuations(
+    client: &aws_sdk_dynamodb::Client,
+    options: &OutboxOptions,
+) -> Vec<(String, String, u64)> {
+    let keys = dynamo_outbox::protocol::schema::Keys::new(options);
+    scan_all(client, &options.table_name)
+        .await
+        .iter()
+        .filter_map(|item| {
+            let pk = item.get(&options.partition_key_attribute)?.as_s().ok()?;
+            let relay = pk.strip_prefix(&keys.continuations_prefix())?;
+            let sk = item.get(&options.sort_key_attribute)?.as_s().ok()?;
+            let ttl = item
+                .get(dynamo_outbox::protocol::attr::TIME_TO_LIVE)?
+                .as_n()
+                .ok()?
+                .parse()
+                .ok()?;
+            Some((relay.to_owned(), sk.clone(), ttl))
+        })
+        .collect()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A run that leaves work (Kafka down) starts its successor through the stream: one
+/// continuation item keyed by its relay id and run start, with a time to live two days
+/// ahead, written again after the answers to the first two attempts were throttles (each
+/// attempt writes the same item, so a retry of a write that landed is never a second
+/// successor); the run still stops by its deadline with its leases
+/// released, and counts no failed successor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_that_leaves_work_writes_one_continuation_through_throttling() {
+    use dynamo_outbox::notification::{StreamSuccessor, CONTINUATION_LIFETIME, SUCCESSOR_LEAD};
+    let counter = RequestCounter::default();
+    let throttle = Fault::on("PutItem").times(2).throttle();
+    let client = client_with(Some(throttle.clone()), &counter).await;
+    let options = fresh_table(&client, 2).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    enqueue(&writer, &random_name("continue"), &["a", "b", "c"]).await;
+    let run =
+        SUCCESSOR_LEAD * 2 + dynamo_outbox::relay::DEFAULT_STOP_RESERVE + Duration::from_secs(1);
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let failures = Arc::new(SuccessorFailures::default());
+    let relay = Relay::new(
+        store.clone(),
+        Arc::new(KafkaDown),
+        fast_relay_options("leaves-work", 2),
+    )
+    .unwrap()
+    .with_successor(Arc::new(StreamSuccessor::new(&store)))
+    .with_metrics(failures.clone());
+    let before = unix_now();
+    let deadline = Instant::now() + run;
+    let report = relay.run_until(deadline).await.unwrap();
+    assert!(Instant::now() <= deadline, "the run overran its deadline");
+
+    assert_eq!(throttle.hits(), 2, "both throttles met the continuation");
+    assert_eq!(report.stop_reason, StopReason::Deadline, "{report:?}");
+    assert!(report.released, "{report:?}");
+    assert!(
+        report.successor_started && !report.successor_failed,
+        "{report:?}"
+    );
+    assert_eq!(failures.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let found = continuations(&client, &options).await;
+    assert_eq!(found.len(), 1, "one continuation a run: {found:?}");
+    let (relay_id, sk, ttl) = &found[0];
+    assert_eq!(relay_id, "leaves-work");
+    let run_start_ms: u64 = sk.parse().unwrap();
+    assert_eq!(sk.len(), 20, "{sk}");
+    assert!(
+        (before * 1000..before * 1000 + 5_000).contains(&run_start_ms),
+        "the run's start: {run_start_ms} vs {before}"
+    );
+    let lifetime = CONTINUATION_LIFETIME.as_secs();
+    assert!(
+        (before + lifetime..=unix_now() + lifetime).contains(ttl),
+        "{ttl} is not two days ahead"
+    );
+    assert_eq!(report.refused_total(), 0, "{report:?}");
+}
+
+/// A continuation that cannot be written (every attempt failing before it is sent) is tried
+/// within the run at the lead and once more at the last look, bounded by the end of work:
+/// the run still stops by its deadline with its leases released (the stop reserve stays
+/// whole), and counts one failed successor, which the `SuccessorFailures` metric reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_successor_that_cannot_be_started_is_counted_and_the_run_still_stops_in_time() {
+    use dynamo_outbox::notification::{StreamSuccessor, SUCCESSOR_LEAD};
+    let counter = RequestCounter::default();
+    let throttle = Fault::on("PutItem")
+        .disarmed()
+        .fail("injected: DynamoDB unavailable");
+    let client = client_with(Some(throttle.clone()), &counter).await;
+    let options = fresh_table(&client, 2).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    enqueue(&writer, &random_name("no-successor"), &["a", "b", "c"]).await;
+    throttle.arm();
+    let run =
+        SUCCESSOR_LEAD * 2 + dynamo_outbox::relay::DEFAULT_STOP_RESERVE + Duration::from_secs(1);
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let failures = Arc::new(SuccessorFailures::default());
+    let relay = Relay::new(
+        store.clone(),
+        Arc::new(KafkaDown),
+        fast_relay_options("cannot-continue", 2),
+    )
+    .unwrap()
+    .with_successor(Arc::new(StreamSuccessor::new(&store)))
+    .with_metrics(failures.clone());
+    let deadline = Instant::now() + run;
+    let report = relay.run_until(deadline).await.unwrap();
+    assert!(Instant::now() <= deadline, "the run overran its deadline");
+
+    assert!(throttle.hits() >= 2, "attempts: {}", throttle.hits());
+    assert_eq!(report.stop_reason, StopReason::Deadline, "{report:?}");
+    assert!(report.released, "the stop reserve was whole: {report:?}");
+    assert!(
+        !report.successor_started && report.successor_failed,
+        "{report:?}"
+    );
+    assert_eq!(failures.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    throttle.disarm();
+    assert!(continuations(&client, &options).await.is_empty());
+}
+
+/// Whether a request reads the coordination partition.
+fn reads_coordination(json: &serde_json::Value) -> bool {
+    json["ExpressionAttributeValues"]
+        .as_object()
+        .is_some_and(|values| {
+            values.values().any(|v| {
+                v["S"]
+                    .as_str()
+                    .is_some_and(|s| s.ends_with("#COORDINATION"))
+            })
+        })
+}
+
+/// Fifty wake-ups against a throttled coordination partition (every coverage read throttled
+/// for the first two seconds) start a bounded number of relays: each looks again after a
+/// growing pause instead of joining in doubt at once, and once the throttle ends the first
+/// to join covers the buckets for the rest. Joining at the first failed read would start
+/// fifty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_wake_ups_against_a_throttled_coordination_partition_starts_few_relays() {
+    use dynamo_outbox::notification::{decide, CommitNotification, Decision};
+    let counter = RequestCounter::default();
+    let throttle = Fault::on("Query")
+        .when(reads_coordination)
+        .disarmed()
+        .throttle();
+    let client = client_with(Some(throttle.clone()), &counter).await;
+    let options = fresh_table(&client, 4).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let topic = random_name("throttled-burst");
+    create_topic(&topic, 2);
+    enqueue(&writer, &topic, &["a", "b", "c", "d", "e", "f"]).await;
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let notification = CommitNotification::new(&options, 0..4);
+    throttle.arm();
+    let release = {
+        let throttle = throttle.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            throttle.disarm();
+        })
+    };
+    let joined = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let publisher = kafka_publisher().await;
+    let wake_ups: Vec<_> = (0..50)
+        .map(|i| {
+            let (store, notification, joined, publisher) = (
+                store.clone(),
+                notification.clone(),
+                joined.clone(),
+                publisher.clone(),
+            );
+            tokio::spawn(async move {
+                let id = format!("wake-{i}-{}", random_name("r"));
+                let relay_options = fast_relay_options(&id, 4);
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let decision = decide(
+                    &store,
+                    &notification,
+                    &relay_options,
+                    deadline,
+                    &id,
+                    async {},
+                )
+                .await;
+                if let Decision::Join { .. } = decision {
+                    joined.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let relay = Relay::new(store, publisher, relay_options).unwrap();
+                    relay
+                        .run_until(Instant::now() + Duration::from_secs(8))
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in wake_ups {
+        w.await.unwrap();
+    }
+    release.await.unwrap();
+    let joined = joined.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        throttle.hits() >= 50,
+        "the throttle met the burst: {}",
+        throttle.hits()
+    );
+    assert!(
+        (1..=4).contains(&joined),
+        "{joined} of 50 wake-ups joined against a throttled partition"
+    );
+    assert_eq!(pending_messages(&client, &options).await, 0);
+}

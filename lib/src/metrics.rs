@@ -50,6 +50,9 @@ pub trait RelayMetrics: Debug + Send + Sync {
     fn quarantined(&self, _bucket: u32) {}
     /// The relay started (`owned`) or stopped publishing `bucket`.
     fn ownership(&self, _bucket: u32, _owned: bool) {}
+    /// A run ended with work left and could not start its successor (every attempt
+    /// failed or ran out of time): its buckets wait for the next wake-up.
+    fn successor_failed(&self) {}
     /// One acquisition round took `duration`.
     fn round_duration(&self, _duration: Duration) {}
     /// One batch (fetch, publish, delete) took `duration`.
@@ -132,6 +135,9 @@ impl RelayMetrics for Fanout {
     }
     fn ownership(&self, bucket: u32, owned: bool) {
         self.0.iter().for_each(|m| m.ownership(bucket, owned));
+    }
+    fn successor_failed(&self) {
+        self.0.iter().for_each(|m| m.successor_failed());
     }
     fn round_duration(&self, duration: Duration) {
         self.0.iter().for_each(|m| m.round_duration(duration));

@@ -40,6 +40,9 @@ const HOLD_LIMIT: Duration = Duration::from_secs(20);
 /// The body of an injected `InternalServerError` (a 500, which the SDK retries).
 const LOST_ANSWER: &str = r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected: the answer was lost"}"#;
 
+/// The body of an injected throttle (a 400 the SDK retries with its throttling back-off).
+const THROTTLED: &str = r#"{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"injected: the partition is throttled"}"#;
+
 /// Code run on an answer (`None`: an error answer).
 type OnAnswer = dyn Fn(Option<&Output>) + Send + Sync;
 
@@ -55,6 +58,8 @@ enum Action {
     HoldAfterAnswer,
     /// Turns a successful answer (the request landed) into a 500 the SDK retries.
     LoseAnswer,
+    /// Turns an answer into a throttle (`ProvisionedThroughputExceededException`, 400).
+    Throttle,
     /// Edits the input before it is serialized; hits only when the edit says it applied.
     Edit(fn(&mut Input) -> bool),
     /// Runs with the answer once it is deserialized (`None`: an error answer).
@@ -255,6 +260,12 @@ impl FaultBuilder {
         self.build(Action::LoseAnswer)
     }
 
+    /// Answers with a throttle (`ProvisionedThroughputExceededException`) in place of
+    /// DynamoDB's answer: a hot partition, as a read-only request sees it.
+    pub fn throttle(self) -> Fault {
+        self.build(Action::Throttle)
+    }
+
     /// Edits the input before it is serialized; `edit` says whether it applied (a hit).
     pub fn edit(self, edit: fn(&mut Input) -> bool) -> Fault {
         self.build(Action::Edit(edit))
@@ -306,6 +317,7 @@ impl fmt::Debug for Fault {
             Action::HoldBeforeSend => "HoldBeforeSend".into(),
             Action::HoldAfterAnswer => "HoldAfterAnswer".into(),
             Action::LoseAnswer => "LoseAnswer".into(),
+            Action::Throttle => "Throttle".into(),
             Action::Edit(_) => "Edit".into(),
             Action::AfterAnswer(_) => "AfterAnswer".into(),
             Action::Observe => "Observe".into(),
@@ -398,6 +410,11 @@ impl Intercept for Fault {
             let response = context.response_mut();
             *response.status_mut() = 500u16.try_into()?;
             *response.body_mut() = aws_smithy_types::body::SdkBody::from(LOST_ANSWER);
+        } else if matches!(self.0.action, Action::Throttle) && self.matched(cfg) && self.take_hit()
+        {
+            let response = context.response_mut();
+            *response.status_mut() = 400u16.try_into()?;
+            *response.body_mut() = aws_smithy_types::body::SdkBody::from(THROTTLED);
         }
         Ok(())
     }

@@ -10,22 +10,30 @@ use serde_json::Value;
 use tracing::warn;
 
 use crate::error::{Error, Result};
-use crate::notification::{CommitNotification, Handoff, DETAIL_TYPE, SOURCE};
+use crate::notification::{CommitNotification, ContinuationKey, Handoff, DETAIL_TYPE, SOURCE};
 use crate::options::OutboxOptions;
 use crate::protocol::schema::Keys;
 
 /// Why a relay invocation was started, as its payload says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Wake {
-    /// Anything that is not a commit notification: the schedule, a manual invoke.
-    Tick,
+    /// Anything that is not a commit notification: the schedule's tick (`scheduled`: the
+    /// payload is the template's schedule input, `{"source": "dynamo-outbox.schedule"}`),
+    /// a manual invoke.
+    Tick {
+        /// Whether the schedule sent it.
+        scheduled: bool,
+    },
     /// A commit notification from the event bus.
     Notification(CommitNotification),
     /// A doorbell: the table's stream saw messages inserted into these buckets of the
     /// outbox `options` describes (by any writer). Records of other outboxes or of
     /// other items are left out; a doorbell with no bucket left rang for another outbox.
     Doorbell(CommitNotification),
-    /// A relay that left with work in its buckets started this one as its successor.
+    /// A relay that left with work in its buckets started this one as its successor: by
+    /// invoking it, or by writing a continuation whose insert the stream delivered
+    /// ([`crate::notification::StreamSuccessor`]; the handoff's buckets are then those of
+    /// the messages in the same batch, often none).
     Successor(Handoff),
 }
 
@@ -37,17 +45,29 @@ impl Wake {
     /// read rings every bucket.
     pub(crate) fn from_payload(payload: &Value, options: &OutboxOptions) -> Result<Wake> {
         if is_stream_event(payload) {
-            return Ok(Wake::Doorbell(doorbell(payload, options)));
+            let (rung, continuation) = stream_records(payload, options);
+            return Ok(match continuation {
+                Some(c) => Wake::Successor(
+                    Handoff::new(options, &c.predecessor, rung.buckets)
+                        .with_run_start_ms(c.run_start_ms),
+                ),
+                None => Wake::Doorbell(rung),
+            });
         }
         if let Some(handoff) = super::successor::from_payload(payload)? {
             return Ok(Wake::Successor(handoff));
         }
         Ok(match CommitNotification::from_event(payload)? {
             Some(n) => Wake::Notification(n),
-            None => Wake::Tick,
+            None => Wake::Tick {
+                scheduled: payload.get("source").and_then(Value::as_str) == Some(SCHEDULE_SOURCE),
+            },
         })
     }
 }
+
+/// The `source` of the template's schedule input.
+pub(crate) const SCHEDULE_SOURCE: &str = "dynamo-outbox.schedule";
 
 /// Whether the payload is a batch of DynamoDB stream records (`Records` whose first
 /// record's `eventSource` is `aws:dynamodb`).
@@ -61,31 +81,54 @@ fn is_stream_event(payload: &Value) -> bool {
         == Some("aws:dynamodb")
 }
 
-/// The buckets of the outbox's message items that a stream event reports inserted.
-fn doorbell(payload: &Value, options: &OutboxOptions) -> CommitNotification {
+/// What a batch of stream records says for this outbox: the buckets of the message items
+/// it reports inserted, and the first continuation it reports inserted (a leaving relay
+/// asking for its successor: the batch then starts a successor, whatever else it holds).
+/// Records of other tables, other prefixes and other items are left out; records that
+/// cannot be read ring every bucket.
+fn stream_records(
+    payload: &Value,
+    options: &OutboxOptions,
+) -> (CommitNotification, Option<ContinuationKey>) {
     let event = match serde_json::from_value::<StreamEvent>(payload.clone()) {
         Ok(e) => e,
         Err(e) => {
             warn!(error = %crate::error::chain(&e), "a doorbell whose stream records cannot be read: checking every bucket");
-            return CommitNotification::new(options, 0..options.bucket_count);
+            return (
+                CommitNotification::new(options, 0..options.bucket_count),
+                None,
+            );
         }
     };
     let keys = Keys::new(options);
-    let buckets = event.records.iter().filter_map(|r| {
+    let mut buckets = Vec::new();
+    let mut continuation = None;
+    for r in &event.records {
         if r.event_name != "INSERT" {
-            return None;
+            continue;
         }
         if let Some(table) = r.event_source_arn.as_deref().and_then(table_of_stream_arn) {
             if table != options.table_name {
-                return None;
+                continue;
             }
         }
-        let keys_json = serde_json::to_value(&r.change.keys).ok()?;
-        let pk = keys_json.get(&keys.pk)?.get("S")?.as_str()?;
-        keys.message_bucket(pk)
+        let Ok(keys_json) = serde_json::to_value(&r.change.keys) else {
+            continue;
+        };
+        let key = |name: &str| keys_json.get(name)?.get("S")?.as_str();
+        let Some(pk) = key(&keys.pk) else {
+            continue;
+        };
+        if let Some(b) = keys
+            .message_bucket(pk)
             .filter(|b| *b < options.bucket_count)
-    });
-    CommitNotification::new(options, buckets)
+        {
+            buckets.push(b);
+        } else if continuation.is_none() {
+            continuation = key(&keys.sk).and_then(|sk| ContinuationKey::parse(&keys, pk, sk));
+        }
+    }
+    (CommitNotification::new(options, buckets), continuation)
 }
 
 /// The table name of a stream ARN (`arn:aws:dynamodb:REGION:ACCOUNT:table/NAME/stream/TIME`).
@@ -160,7 +203,14 @@ mod tests {
         // A schedule tick or a manual invoke is no notification.
         let tick = json!({"version": "0", "id": "2", "source": "aws.events",
             "detail-type": "Scheduled Event", "detail": {}});
-        assert_eq!(Wake::from_payload(&tick, &options).unwrap(), Wake::Tick);
+        assert_eq!(
+            Wake::from_payload(&tick, &options).unwrap(),
+            Wake::Tick { scheduled: false }
+        );
+        assert_eq!(
+            Wake::from_payload(&json!({"source": SCHEDULE_SOURCE}), &options).unwrap(),
+            Wake::Tick { scheduled: true }
+        );
         for e in [
             json!({}),
             json!({"source": "dynamo-outbox.schedule"}),
@@ -182,12 +232,16 @@ mod tests {
     }
 
     fn stream_record(arn: &str, name: &str, pk: &str) -> Value {
+        stream_record_sk(arn, name, pk, "0000000000000000001")
+    }
+
+    fn stream_record_sk(arn: &str, name: &str, pk: &str, sk: &str) -> Value {
         json!({
             "eventID": "1", "eventName": name, "eventVersion": "1.1",
             "eventSource": "aws:dynamodb", "awsRegion": "eu-west-1",
             "dynamodb": {
                 "ApproximateCreationDateTime": 1_764_547_200.0,
-                "Keys": {"PK": {"S": pk}, "SK": {"S": "0000000000000000001"}},
+                "Keys": {"PK": {"S": pk}, "SK": {"S": sk}},
                 "SequenceNumber": "100", "SizeBytes": 40, "StreamViewType": "KEYS_ONLY"
             },
             "eventSourceARN": arn
@@ -231,5 +285,46 @@ mod tests {
         assert_eq!(n.buckets, (0..8).collect::<Vec<_>>());
         assert_eq!(table_of_stream_arn(arn), Some("orders-outbox"));
         assert_eq!(table_of_stream_arn("nonsense"), None);
+    }
+
+    #[test]
+    fn a_continuation_insert_starts_a_successor_and_its_rewrite_does_not() {
+        let options = OutboxOptions::new("orders-outbox").with_bucket_count(8);
+        let arn = "arn:aws:dynamodb:eu-west-1:123456789012:table/orders-outbox/stream/2026-12-01T00:00:00.000";
+        let run = "00000001764547200123";
+        let event = json!({"Records": [
+            stream_record(arn, "INSERT", "OUTBOX#MESSAGES#5"),
+            stream_record_sk(arn, "INSERT", "OUTBOX#CONTINUATION#fn-req-1", run),
+        ]});
+        let Wake::Successor(h) = Wake::from_payload(&event, &options).unwrap() else {
+            panic!("not a successor");
+        };
+        assert_eq!(h.predecessor, "fn-req-1");
+        assert_eq!(h.run_start_ms, 1_764_547_200_123);
+        assert_eq!(h.buckets, vec![5]);
+        // A retried write is a MODIFY: no second successor, only a doorbell (none here).
+        let event = json!({"Records": [
+            stream_record_sk(arn, "MODIFY", "OUTBOX#CONTINUATION#fn-req-1", run),
+        ]});
+        let Wake::Doorbell(n) = Wake::from_payload(&event, &options).unwrap() else {
+            panic!("not a doorbell");
+        };
+        assert!(n.buckets.is_empty());
+        // Another outbox's continuation (prefix or table) starts nothing here.
+        let other =
+            "arn:aws:dynamodb:eu-west-1:123456789012:table/other/stream/2026-12-01T00:00:00.000";
+        for event in [
+            json!({"Records": [stream_record_sk(arn, "INSERT", "BILLING#CONTINUATION#r", run)]}),
+            json!({"Records": [stream_record_sk(other, "INSERT", "OUTBOX#CONTINUATION#r", run)]}),
+            json!({"Records": [stream_record_sk(arn, "INSERT", "OUTBOX#CONTINUATION#r", "x")]}),
+        ] {
+            assert!(
+                matches!(
+                    Wake::from_payload(&event, &options).unwrap(),
+                    Wake::Doorbell(_)
+                ),
+                "{event}"
+            );
+        }
     }
 }

@@ -18,7 +18,7 @@ use crate::accounting::RequestCounter;
 use crate::error::{Error, Result};
 use crate::host::{EmfExport, ExportMode, HostSettings, OtlpSettings, RelayHost, Telemetry};
 use crate::metrics::emf::EmfMetrics;
-use crate::notification::{decide, Decision, Skip, Successor};
+use crate::notification::{decide, CommitNotification, Decision, Skip, StreamSuccessor, Successor};
 use crate::options::{parse_duration, MAX_RELAY_ID_LEN};
 use crate::publish::KafkaConfig;
 use crate::relay::{RunReport, StopReason};
@@ -30,6 +30,42 @@ pub mod env {
     pub const MAX_RUN_TIME: &str = "OUTBOX_MAX_RUN_TIME";
     /// [`RelaySettings::shutdown_margin`](super::RelaySettings::shutdown_margin).
     pub const SHUTDOWN_MARGIN: &str = "OUTBOX_SHUTDOWN_MARGIN";
+    /// [`RelaySettings::successor`](super::RelaySettings::successor): `stream`, `invoke`
+    /// or `none`.
+    pub const SUCCESSOR: &str = "OUTBOX_SUCCESSOR";
+}
+
+/// How a run that ends with work left starts its successor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SuccessorMode {
+    /// Writes a continuation item; the table's stream invokes the function for it
+    /// ([`crate::notification::StreamSuccessor`]): the function must be mapped to the
+    /// table's stream with the continuation's filter. No Lambda API call, so nothing
+    /// beyond DynamoDB's endpoint in a VPC.
+    Stream,
+    /// Invokes this function asynchronously ([`LambdaSuccessor`]): needs
+    /// `lambda:InvokeFunction` on itself and, in a VPC, Lambda's interface endpoint or a
+    /// NAT gateway.
+    Invoke,
+    /// None: work left waits for the next wake-up.
+    None,
+}
+
+impl std::str::FromStr for SuccessorMode {
+    type Err = Error;
+
+    fn from_str(v: &str) -> Result<Self> {
+        match v.trim() {
+            "stream" => Ok(SuccessorMode::Stream),
+            "invoke" => Ok(SuccessorMode::Invoke),
+            "none" => Ok(SuccessorMode::None),
+            other => Err(Error::InvalidOption {
+                field: env::SUCCESSOR.into(),
+                rule: format!("must be stream, invoke or none, not {other:?}"),
+            }),
+        }
+    }
 }
 
 /// Default of [`RelaySettings::max_run_time`].
@@ -58,6 +94,9 @@ pub struct RelaySettings {
     /// Where the publish spans go, when an OTLP endpoint is configured
     /// ([`OtlpSettings`] of [`ExportMode::Invocation`]).
     pub spans: Option<OtlpSettings>,
+    /// How a run that ends with work left starts its successor (`OUTBOX_SUCCESSOR`;
+    /// unset: [`SuccessorMode::Invoke`] inside Lambda, [`SuccessorMode::None`] elsewhere).
+    pub successor: SuccessorMode,
 }
 
 impl RelaySettings {
@@ -102,6 +141,11 @@ impl RelaySettings {
             None => DEFAULT_SHUTDOWN_MARGIN,
         };
         let spans = OtlpSettings::from_lookup(ExportMode::Invocation, &lookup)?;
+        let successor = match lookup(env::SUCCESSOR).filter(|v| !v.trim().is_empty()) {
+            Some(v) => v.parse()?,
+            None if lookup("AWS_LAMBDA_FUNCTION_NAME").is_some() => SuccessorMode::Invoke,
+            None => SuccessorMode::None,
+        };
         if max_run_time < Duration::from_secs(1) {
             return Err(Error::InvalidOption {
                 field: env::MAX_RUN_TIME.into(),
@@ -115,6 +159,7 @@ impl RelaySettings {
             max_run_time,
             shutdown_margin,
             spans,
+            successor,
         })
     }
 }
@@ -280,6 +325,8 @@ pub struct RelaySummary {
     pub released: bool,
     /// Whether the run started a successor for the work it left.
     pub successor_started: bool,
+    /// Whether the run ended with work left and could not start its successor.
+    pub successor_failed: bool,
     /// Why a woken invocation joined without knowing whether it was needed (a failed
     /// coverage read), when it did.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -327,6 +374,7 @@ impl RelaySummary {
             stop_reason: Ending::Ran(report.stop_reason),
             released: report.released,
             successor_started: report.successor_started,
+            successor_failed: report.successor_failed,
             doubt: None,
             deadline_source: source,
             time_left_ms: millis(time_left),
@@ -359,6 +407,7 @@ impl RelaySummary {
             stop_reason: Ending::Skipped(skip),
             released: true,
             successor_started: false,
+            successor_failed: false,
             doubt: None,
             deadline_source: source,
             time_left_ms: millis(time_left),
@@ -396,13 +445,27 @@ impl RelayHandler {
         let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
         let requests = RequestCounter::default();
         let client = crate::client::counted_dynamodb_client(&config, requests.clone());
+        let mode = settings.successor;
         let mut handler = RelayHandler::new(client, settings)?.with_request_counter(requests);
-        // A run that leaves work starts its successor: an asynchronous invocation of this
-        // function (Lambda sets its name; AWS_ENDPOINT_URL_LAMBDA points a local emulator's
-        // runs at the emulator).
-        if let Ok(name) = std::env::var("AWS_LAMBDA_FUNCTION_NAME") {
-            let lambda = aws_sdk_lambda::Client::new(&config);
-            handler = handler.with_successor(Arc::new(LambdaSuccessor::new(lambda, name)));
+        // A run that leaves work starts its successor: a continuation item the table's
+        // stream delivers, or an asynchronous invocation of this function (Lambda sets its
+        // name; AWS_ENDPOINT_URL_LAMBDA points a local emulator's runs at the emulator).
+        match mode {
+            SuccessorMode::Stream => {
+                let successor = StreamSuccessor::new(handler.host.store());
+                handler = handler.with_successor(Arc::new(successor));
+            }
+            SuccessorMode::Invoke => {
+                let name = std::env::var("AWS_LAMBDA_FUNCTION_NAME").map_err(|_| {
+                    Error::InvalidOption {
+                        field: env::SUCCESSOR.into(),
+                        rule: "invoke needs AWS_LAMBDA_FUNCTION_NAME (set by Lambda)".into(),
+                    }
+                })?;
+                let lambda = aws_sdk_lambda::Client::new(&config);
+                handler = handler.with_successor(Arc::new(LambdaSuccessor::new(lambda, name)));
+            }
+            SuccessorMode::None => {}
         }
         Ok(handler)
     }
@@ -540,7 +603,17 @@ impl RelayHandler {
         };
         let wake = Wake::from_payload(&event.payload, &self.settings.outbox)?;
         let (trigger, notified) = match wake {
-            Wake::Tick => (Trigger::Direct, None),
+            // With the stream as the relays' trigger the schedule is a safety net: its tick
+            // adds a relay only for buckets no live relay holds (during a long Kafka outage,
+            // the successors' chain already holds them).
+            Wake::Tick { scheduled: true } if self.settings.successor == SuccessorMode::Stream => (
+                Trigger::Direct,
+                Some(CommitNotification::new(
+                    &self.settings.outbox,
+                    0..self.settings.outbox.bucket_count,
+                )),
+            ),
+            Wake::Tick { .. } => (Trigger::Direct, None),
             Wake::Successor(handoff) => {
                 info!(predecessor = %handoff.predecessor, buckets = ?handoff.buckets, "started as a successor");
                 (Trigger::Successor, None)
@@ -589,14 +662,10 @@ impl RelayHandler {
                 "the invocation has no usable deadline: running for the configured maximum run time"
             );
         }
-        // A doorbell's run holds the stream's shard: the doorbells of commits that arrive
-        // during it wait behind it and follow it, so it needs no successor for what arrived
-        // after its look at the lead (and a successor started then would free the shard, so
-        // that every later doorbell answers `covered`).
-        let report = self
-            .host
-            .run_until_with(options, deadline, trigger != Trigger::Doorbell)
-            .await?;
+        // Every run looks for work left once more before its stop: a doorbell's run holds
+        // only its own shard, and the doorbells of commits to buckets on other shards answer
+        // `covered` while it owns them.
+        let report = self.host.run_until_with(options, deadline, true).await?;
         let mut summary = RelaySummary::new(
             &report,
             was_connected,
@@ -616,6 +685,7 @@ impl RelayHandler {
             stop_reason = %summary.stop_reason,
             released = summary.released,
             successor_started = summary.successor_started,
+            successor_failed = summary.successor_failed,
             time_left_ms = summary.time_left_ms,
             "relay invocation done"
         );

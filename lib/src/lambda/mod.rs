@@ -26,10 +26,14 @@
 //!   and Kafka is connected while deciding only as a head start. So a wake-up is never lost
 //!   to a function error.
 //! - A successor request: a run that reaches its deadline minus
-//!   [`crate::notification::SUCCESSOR_LEAD`] with work left in its buckets starts its
-//!   successor, an asynchronous invocation of the same function ([`LambdaSuccessor`]),
-//!   which runs a relay at once: it takes its share of the buckets as it joins and the rest
-//!   at the leaver's stop. The request's payload is this crate's own.
+//!   [`crate::notification::SUCCESSOR_LEAD`] with work left in its buckets (or finds some
+//!   at its last look, [`crate::relay::SUCCESSOR_LAST_LOOK`] before its end of work)
+//!   starts its successor, once per run, which runs a relay at once: it takes its share of
+//!   the buckets as it joins and the rest at the leaver's stop. With
+//!   [`SuccessorMode::Stream`] the request is a continuation item whose insert the table's
+//!   stream delivers (a batch of stream records holding one starts a successor, never
+//!   answered `covered`); with [`SuccessorMode::Invoke`] an asynchronous invocation of the
+//!   same function ([`LambdaSuccessor`]) whose payload is this crate's own.
 //!
 //! # Environment
 //! Everything [`HostSettings::from_lookup`](crate::host::HostSettings::from_lookup) reads,
@@ -38,6 +42,8 @@
 //!   invocation, and the run time used when the invocation has no usable deadline.
 //! - [`env::SHUTDOWN_MARGIN`] (`OUTBOX_SHUTDOWN_MARGIN`, default 3s): time left unused
 //!   before the invocation's deadline; the graceful stop ends before it.
+//! - [`env::SUCCESSOR`] (`OUTBOX_SUCCESSOR`: `stream`, `invoke` or `none`): how a run
+//!   with work left starts its successor ([`SuccessorMode`]); unset, `invoke` inside Lambda.
 //! - The standard OpenTelemetry variables ([`crate::host::OtlpSettings`] of
 //!   [`crate::host::ExportMode::Invocation`]): with an OTLP endpoint (the ADOT collector
 //!   layer's `http://localhost:4318`), the relay's publish spans are exported, flushed
@@ -64,7 +70,8 @@ mod successor;
 
 pub use handler::{
     env, relay_id, run, run_deadline, DeadlineSource, Ending, RelayHandler, RelaySettings,
-    RelaySummary, Trigger, DEFAULT_IDLE_STOP, DEFAULT_MAX_RUN_TIME, DEFAULT_SHUTDOWN_MARGIN,
+    RelaySummary, SuccessorMode, Trigger, DEFAULT_IDLE_STOP, DEFAULT_MAX_RUN_TIME,
+    DEFAULT_SHUTDOWN_MARGIN,
 };
 pub use successor::LambdaSuccessor;
 

@@ -3,8 +3,8 @@
 //! coordination partition and nothing else.
 //!
 //! The rule a wake-up keeps: it is never lost. Whatever goes wrong while deciding (a
-//! coverage read throttled, a 5xx, a timeout after the SDK's retries, a probe that fails)
-//! makes the host join, never return an error: the event source that delivered the wake
+//! coverage read throttled past its retries, a 5xx, a timeout after the SDK's retries, a
+//! probe that fails) makes the host join, never return an error: the event source that delivered the wake
 //! retries nothing useful (a stream mapping would hold up its shard, an EventBridge target
 //! gives up), and a relay that joins has its own back-off. Kafka is not touched here; a
 //! host that connects before its second look does so through `prepare`, whose failure is
@@ -15,8 +15,9 @@
 //! 1. A notification for another table, key prefix or bucket count, or a doorbell with no
 //!    message of this outbox: [`Skip::NotThisOutbox`].
 //! 2. One strongly consistent read of the coordination partition
-//!    ([`DynamoDbOutboxStore::coverage`]). Every notified bucket covered by a live relay:
-//!    [`Skip::Covered`].
+//!    ([`DynamoDbOutboxStore::coverage`]), made again after a growing pause while it is
+//!    throttled (at most [`LOOK_ATTEMPTS`] reads); only then does a host join in doubt.
+//!    Every notified bucket covered by a live relay: [`Skip::Covered`].
 //! 3. The uncovered buckets probed (strongly consistent, one item each); all empty (a
 //!    later stream batch of a commit already published): [`Skip::Empty`].
 //! 4. `prepare` (the host connects to Kafka, so that the time between the second look
@@ -122,7 +123,7 @@ where
             uncovered: None,
         };
     }
-    let first = match look(store, &n.buckets, options, deadline).await {
+    let first = match look_patiently(store, &n.buckets, options, deadline, request_id).await {
         Ok(c) => c,
         Err(e) => return join_in_doubt(n.buckets.clone(), &e),
     };
@@ -145,7 +146,7 @@ where
         .unwrap_or(Duration::ZERO);
     let again = Instant::now() + notification_jitter(request_id).max(settle);
     tokio::time::sleep_until(again.min(deadline)).await;
-    let second = match look(store, &n.buckets, options, deadline).await {
+    let second = match look_patiently(store, &n.buckets, options, deadline, request_id).await {
         Ok(c) => c.uncovered,
         Err(e) => return join_in_doubt(first.uncovered, &e),
     };
@@ -156,6 +157,48 @@ where
     Decision::Join {
         uncovered: second,
         doubt: None,
+    }
+}
+
+/// Coverage reads a woken host makes at most before it joins in doubt; a read that fails
+/// with a retryable error (a throttle, a 5xx) is made again after a pause.
+pub const LOOK_ATTEMPTS: u32 = 4;
+/// The pause after the first failed coverage read; it doubles after each one. Each pause
+/// is spread by the request id over its second half, so that the wake-ups of one burst
+/// against a throttled partition do not come back together.
+pub const LOOK_BACKOFF: Duration = Duration::from_millis(400);
+
+/// The coverage read of a woken host: [`look`], made again after a pause while it fails
+/// with a retryable error, at most [`LOOK_ATTEMPTS`] times, all bounded by `deadline`.
+/// So a burst of wake-ups against a throttled coordination partition waits for it (the
+/// first to read it after the throttle joins, the later ones count its claims) rather than
+/// each joining in doubt.
+async fn look_patiently(
+    store: &DynamoDbOutboxStore,
+    buckets: &[u32],
+    options: &RelayOptions,
+    deadline: Instant,
+    request_id: &str,
+) -> crate::error::Result<Coverage> {
+    let mut pause = LOOK_BACKOFF;
+    let mut attempt = 1;
+    loop {
+        match look(store, buckets, options, deadline).await {
+            Err(e) if e.is_retryable() && attempt < LOOK_ATTEMPTS => {
+                let spread = crate::message::murmur2(format!("{request_id}#{attempt}").as_bytes())
+                    as u32 as u64
+                    % (pause.as_millis() as u64 / 2 + 1);
+                let wait = pause / 2 + Duration::from_millis(spread);
+                warn!(attempt, error = %crate::error::chain(&e), wait_ms = wait.as_millis() as u64, "wake-up: reading the coordination partition failed; looking again");
+                if Instant::now() + wait >= deadline {
+                    return Err(e);
+                }
+                tokio::time::sleep(wait).await;
+                pause *= 2;
+                attempt += 1;
+            }
+            other => return other,
+        }
     }
 }
 

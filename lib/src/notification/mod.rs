@@ -29,11 +29,19 @@ use crate::error::{Error, Result};
 use crate::options::OutboxOptions;
 
 #[cfg(feature = "relay")]
+mod continuation;
+#[cfg(feature = "relay")]
 mod decide;
 mod local;
 mod successor;
 #[cfg(feature = "relay")]
-pub use decide::{decide, notification_jitter, Decision, Skip, HANDOVER_SETTLE_MAX};
+pub(crate) use continuation::ContinuationKey;
+#[cfg(feature = "relay")]
+pub use continuation::{StreamSuccessor, CONTINUATION_LIFETIME};
+#[cfg(feature = "relay")]
+pub use decide::{
+    decide, notification_jitter, Decision, Skip, HANDOVER_SETTLE_MAX, LOOK_ATTEMPTS, LOOK_BACKOFF,
+};
 pub use local::LocalNotifier;
 pub use successor::{Handoff, Successor, SUCCESSOR_LEAD};
 #[cfg(feature = "eventbridge")]

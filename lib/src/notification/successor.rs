@@ -47,8 +47,13 @@ pub struct Handoff {
     pub bucket_count: u32,
     /// The leaving relay's id.
     pub predecessor: String,
-    /// The buckets it owned with work left.
+    /// The buckets it owned with work left (empty when the successor was started through
+    /// the stream, whose records carry only the continuation's key).
     pub buckets: Vec<u32>,
+    /// When the leaving relay's run started, in Unix milliseconds: with the predecessor,
+    /// the continuation's key (one successor per run).
+    #[serde(default)]
+    pub run_start_ms: u64,
 }
 
 impl Handoff {
@@ -60,7 +65,14 @@ impl Handoff {
             bucket_count: options.bucket_count,
             predecessor: predecessor.to_owned(),
             buckets,
+            run_start_ms: 0,
         }
+    }
+
+    /// Sets when the leaving relay's run started (Unix milliseconds).
+    pub fn with_run_start_ms(mut self, run_start_ms: u64) -> Self {
+        self.run_start_ms = run_start_ms;
+        self
     }
 }
 
@@ -72,4 +84,11 @@ pub trait Successor: Debug + Send + Sync {
         &'a self,
         handoff: &'a Handoff,
     ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>>;
+
+    /// Whether starting again with the same handoff after a start that ran out of time
+    /// can never make a second successor (the default: no, so such a start is not
+    /// repeated).
+    fn idempotent(&self) -> bool {
+        false
+    }
 }

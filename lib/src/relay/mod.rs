@@ -50,8 +50,14 @@ use stop_signal::Shutdown;
 
 /// Default time kept free before the deadline for the graceful stop.
 pub const DEFAULT_STOP_RESERVE: Duration = Duration::from_secs(2);
-/// Longest time a relay waits for its successor's start to be accepted.
+/// Longest time a relay waits for its successor's start at the lead
+/// ([`SUCCESSOR_LEAD`]) before it goes back to work; a start that failed or ran out of
+/// time is tried again at the last look.
 pub const SUCCESSOR_START_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long before the end of work a run that has not started its successor looks for
+/// work left once more (what arrived or failed since the lead) and starts it, bounded by
+/// the end of work: the stop reserve stays whole.
+pub const SUCCESSOR_LAST_LOOK: Duration = Duration::from_secs(1);
 pub use crate::protocol::coordination::JOIN_DELAY;
 /// How often the owner of bucket zero samples the backlog (counts are billed per item
 /// counted, so not every round; never in the first round, before anything is published).
@@ -260,7 +266,13 @@ impl<P: Publisher> Relay<P> {
             ..RunState::default()
         };
         let mut shutdown = Shutdown::new(deadline, signal, grace);
+        let run_start_ms = unix_ms(self.store.clock().now_ticks());
         state.successor_at = self.successor_due(&shutdown, Instant::now());
+        state.successor_last_look = state
+            .successor_at
+            .filter(|_| self.successor_at_end)
+            .and_then(|_| self.work_until(&shutdown, Instant::now()))
+            .and_then(|w| w.checked_sub(SUCCESSOR_LAST_LOOK));
         info!(bucket_count = self.options.bucket_count, "relay starting");
         let reason = loop {
             if shutdown.requested() {
@@ -304,24 +316,30 @@ impl<P: Publisher> Relay<P> {
             if self.idle_confirmed(&mut state, &mut shutdown).await {
                 break StopReason::Idle;
             }
-            if state.successor_at.is_some_and(|at| Instant::now() >= at) {
+            let now = Instant::now();
+            if state.successor_at.is_some_and(|at| now >= at) {
                 state.successor_at = None;
-                state.successor_looked = true;
-                shutdown.race(self.start_successor(&mut state)).await;
+                let bound = now + SUCCESSOR_START_TIMEOUT;
+                let bound = work_until.map_or(bound, |w| bound.min(w));
+                shutdown
+                    .race(self.start_successor(&mut state, run_start_ms, bound))
+                    .await;
+            }
+            if state.successor_last_look.is_some_and(|at| now >= at) {
+                state.successor_last_look = None;
+                if !state.successor_started {
+                    let bound = work_until.unwrap_or(now + SUCCESSOR_START_TIMEOUT);
+                    shutdown
+                        .race(self.start_successor(&mut state, run_start_ms, bound))
+                        .await;
+                }
             }
             if !shutdown.requested() {
                 self.sleep_until_wake(&state, &mut shutdown).await;
             }
         };
-        // The last look: work that arrived after the look at the lead time (a commit after
-        // it, a publish that failed since) gets its successor at the end of work, rather
-        // than wait for the next wake-up. Still one successor a run.
-        if reason == StopReason::Deadline
-            && self.successor_at_end
-            && state.successor_looked
-            && !state.successor_started
-        {
-            shutdown.race(self.start_successor(&mut state)).await;
+        if state.successor_failed && !state.successor_started {
+            self.metrics.successor_failed();
         }
         Ok(self
             .finish(
@@ -422,9 +440,12 @@ impl<P: Publisher> Relay<P> {
         (at >= now + SUCCESSOR_LEAD).then_some(at)
     }
 
-    /// Starts the successor when an owned bucket has work left (a failure is logged and
-    /// counted: the buckets then wait for the next wake-up, as without a successor).
-    async fn start_successor(&self, state: &mut RunState) {
+    /// Starts the successor when an owned bucket has work left, waiting for it until
+    /// `bound` at most. A start that fails or runs out of time is logged and counted, and
+    /// tried again at the last look; a successor that may have started despite a timeout
+    /// (one that is not [`Successor::idempotent`]) counts as started: at most one successor
+    /// a run.
+    async fn start_successor(&self, state: &mut RunState, run_start_ms: u64, bound: Instant) {
         let Some(successor) = &self.successor else {
             return;
         };
@@ -433,19 +454,29 @@ impl<P: Publisher> Relay<P> {
             info!("no work left in the owned buckets: no successor");
             return;
         }
-        let handoff = Handoff::new(self.store.options(), &self.options.relay_id, buckets);
-        match tokio::time::timeout(SUCCESSOR_START_TIMEOUT, successor.start(&handoff)).await {
+        let handoff = Handoff::new(self.store.options(), &self.options.relay_id, buckets)
+            .with_run_start_ms(run_start_ms);
+        match tokio::time::timeout_at(bound, successor.start(&handoff)).await {
             Ok(Ok(())) => {
                 state.successor_started = true;
+                state.successor_failed = false;
                 info!(buckets = ?handoff.buckets, "work left: successor started");
             }
             Ok(Err(e)) => {
                 state.errors += 1;
+                state.successor_failed = true;
                 warn!(error = %crate::error::chain(&e), "starting the successor failed");
             }
-            Err(_) => {
+            Err(_) if successor.idempotent() => {
                 state.errors += 1;
-                warn!("starting the successor timed out");
+                state.successor_failed = true;
+                warn!("starting the successor ran out of time");
+            }
+            Err(_) => {
+                // It may have been accepted: another start could make two successors.
+                state.errors += 1;
+                state.successor_started = true;
+                warn!("starting the successor timed out: it may have started, not trying again");
             }
         }
     }
@@ -492,4 +523,10 @@ impl<P: Publisher> Relay<P> {
             .map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0)))
             .collect()
     }
+}
+
+/// Unix milliseconds of a time in UTC ticks (zero before the epoch).
+fn unix_ms(ticks: i64) -> u64 {
+    ((ticks - crate::ticks::UNIX_EPOCH_TICKS) / (crate::ticks::TICKS_PER_SECOND / 1000)).max(0)
+        as u64
 }

@@ -68,6 +68,9 @@ pub struct RunReport {
     /// Whether the run started a successor for the work it left
     /// ([`crate::notification::Successor`]).
     pub successor_started: bool,
+    /// Whether it ended with work left and could not start its successor (every attempt
+    /// failed or ran out of time): its buckets wait for the next wake-up.
+    pub successor_failed: bool,
 }
 
 impl RunReport {

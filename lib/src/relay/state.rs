@@ -243,10 +243,13 @@ pub(super) struct RunState {
     /// When the run looks for work left and starts its successor (a relay with a successor
     /// and a deadline); `None` once done, or when there is none to start.
     pub(super) successor_at: Option<Instant>,
-    /// Whether it looked for work left at `successor_at` (and so looks again at the end).
-    pub(super) successor_looked: bool,
     /// Whether it started one.
     pub(super) successor_started: bool,
+    /// When the run looks for work left once more if it has started no successor (the
+    /// end of work minus [`super::SUCCESSOR_LAST_LOOK`]); `None` once done or when none.
+    pub(super) successor_last_look: Option<Instant>,
+    /// Whether the last attempt at starting the successor failed.
+    pub(super) successor_failed: bool,
 }
 
 impl RunState {
@@ -318,6 +321,9 @@ impl RunState {
             wake = wake.min(last + after);
         }
         if let Some(s) = self.successor_at {
+            wake = wake.min(s);
+        }
+        if let Some(s) = self.successor_last_look.filter(|_| !self.successor_started) {
             wake = wake.min(s);
         }
         if let Some(w) = work_until {
@@ -514,6 +520,7 @@ impl RunState {
             stop_reason,
             released,
             successor_started: self.successor_started,
+            successor_failed: self.successor_failed && !self.successor_started,
         }
     }
 }
