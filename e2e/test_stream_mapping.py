@@ -7,7 +7,6 @@ DynamoDB is the stack's, or one of the suite's own (conftest's dynamodb_endpoint
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -21,6 +20,7 @@ from botocore.exceptions import ClientError
 from outbox_e2e.paths import PY, TEMPLATE, script
 from outbox_e2e.procs import wait_for
 from outbox_e2e.report import check
+from outbox_e2e.streams import poller
 
 
 def ddb_env(endpoint: str) -> dict:
@@ -351,9 +351,8 @@ def test_bisect(rig, lambda_emulator, fake_function) -> None:
 
 
 def virtual_shard(pk: str, shards: int) -> int:
-    """streams.py's routing: MD5 of the partition key's JSON value, mod N."""
-    digest = hashlib.md5(json.dumps({"S": pk}, sort_keys=True).encode()).digest()
-    return int.from_bytes(digest[:8], "big") % shards
+    """streams.py's routing of a string partition key."""
+    return poller.virtual_shard({"S": pk}, shards)
 
 
 def test_shards(rig, lambda_emulator, fake_function) -> None:

@@ -262,9 +262,10 @@ def check_setup(name: str, p: dict, t: dict) -> None:
         items = [s for s in stmts if actions(s) & ITEM_ACTIONS]
         check(items, f"{who}: has item grants")
         for s in items:
-            eq(s.get("Condition"), {"ForAllValues:StringLike":
-                                    {"dynamodb:LeadingKeys": [f"{prefix}#*"]}},
-               f"{who}: {sorted(actions(s))} limited to the outbox's keys")
+            leading = s.get("Condition", {}).get("ForAllValues:StringLike", {})
+            check(leading.get("dynamodb:LeadingKeys") in ([f"{prefix}#*"],
+                                                          [f"{prefix}#CONTINUATION#*"]),
+                  f"{who}: {sorted(actions(s))} limited to the outbox's keys: {s.get('Condition')}")
             eq(s["Resource"], table_arn, f"{who}: on the table")
         for s in granted(stmts, "dynamodb:"):
             check(not (actions(s) & {"dynamodb:Scan", "dynamodb:*"}), f"{who}: no Scan")
@@ -312,8 +313,17 @@ def check_setup(name: str, p: dict, t: dict) -> None:
     # The poison policy, and PutItem (the quarantine's Put) only when it quarantines.
     policy = get("PoisonPolicy", "block")
     eq(env["OUTBOX_POISON_POLICY"], policy, "OUTBOX_POISON_POLICY")
-    eq(any("dynamodb:PutItem" in actions(s) for s in relay), policy != "block",
-       "the relay may put an item only to quarantine")
+    def puts(leading: str) -> bool:
+        return any("dynamodb:PutItem" in actions(s)
+                   and s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
+                   == [f"{prefix}#{leading}"] for s in relay)
+    eq(puts("*"), policy != "block", "the relay may put an outbox item only to quarantine")
+    # The successor through the stream: a continuation in its own partitions, with the
+    # doorbell only; without it, Lambda's Invoke on the function itself.
+    eq(env["OUTBOX_SUCCESSOR"], "stream" if stream else "invoke", "OUTBOX_SUCCESSOR")
+    eq(puts("CONTINUATION#*"), stream, "the relay puts continuations with the doorbell only")
+    eq("RelaySuccessorPolicy" in res, not stream, "lambda:InvokeFunction without the doorbell only")
+    eq(fn.get("RecursiveLoop"), None if stream else "Allow", "RecursiveLoop")
     eq(int(fn["MemorySize"]), int(get("RelayMemorySize", "128")), "the relay's memory")
     if enqueue:
         envq = res["EnqueueFunction"]["Properties"]["Environment"]["Variables"]
@@ -335,7 +345,19 @@ def check_setup(name: str, p: dict, t: dict) -> None:
     doorbell = res.get("RelayDoorbell")
     eq(bool(doorbell), stream, "the doorbell with WakeOn=stream")
     if doorbell:
-        eq(doorbell["Properties"]["MetricsConfig"], {"Metrics": ["EventCount"]}, "MetricsConfig")
+        mapping = doorbell["Properties"]
+        eq(mapping["MetricsConfig"], {"Metrics": ["EventCount"]}, "MetricsConfig")
+        # A continuation queued behind a run as long as the longest RelayTimeout is still
+        # delivered; one invocation at a time per shard.
+        longest = int(cfn_template.load_yaml(TEMPLATE)["Parameters"]["RelayTimeout"]["MaxValue"])
+        check(int(mapping["MaximumRecordAgeInSeconds"]) >= longest + 60,
+              f"MaximumRecordAgeInSeconds {mapping['MaximumRecordAgeInSeconds']} < {longest} + 60")
+        eq(int(mapping["ParallelizationFactor"]), 1, "ParallelizationFactor")
+        patterns = [json.loads(f["Pattern"]) for f in mapping["FilterCriteria"]["Filters"]]
+        pk = get("PartitionKeyAttribute", "PK")
+        eq([p["dynamodb"]["Keys"][pk]["S"][0]["prefix"] for p in patterns],
+           [f"{prefix}#MESSAGES#", f"{prefix}#CONTINUATION#"], "the doorbell's filters")
+        eq({tuple(p["eventName"]) for p in patterns}, {("INSERT",)}, "inserts only")
     eq("CommitNotificationRule" in res, bool(get("EventBusName")) and not stream,
        "commit notifications only in schedule mode with a bus")
 

@@ -76,6 +76,8 @@ def main() -> int:
                    "(lambda_runtime.py --cpu-share)")
     p.add_argument("--relay-concurrency", type=int, default=DEFAULTS.relay_concurrency,
                    help="the emulator's ceiling on relay environments (default 5)")
+    p.add_argument("--shards", type=int, default=DEFAULTS.shards,
+                   help="the stream mapping's virtual shards (default 4; DynamoDB Local has 1)")
     p.add_argument("--messages", type=int, help="burst size (burst 3000, outage 1000)")
     p.add_argument("--value-bytes", type=int, default=DEFAULTS.value_bytes)
     p.add_argument("--keys", type=int, default=DEFAULTS.keys)

@@ -36,12 +36,15 @@ class StreamPoller:
 
     @classmethod
     def templated(cls, workdir: str, table: str, invoke_url: str, prefix: str,
-                  relay_timeout: float, env: dict | None = None) -> "StreamPoller":
+                  relay_timeout: float, env: dict | None = None,
+                  shards: int = 1) -> "StreamPoller":
         """The template's own RelayDoorbell mapping (KeyPrefix=prefix), the invocation
-        given the relay's timeout and 30 s more."""
+        given the relay's timeout and 30 s more, the records spread over `shards` virtual
+        shards."""
         return cls(workdir, table, invoke_url, "--template", TEMPLATE,
                    "--function", "RelayFunction", "--param", f"KeyPrefix={prefix}",
-                   "--invoke-timeout", f"{relay_timeout + 30:g}", env=env)
+                   "--invoke-timeout", f"{relay_timeout + 30:g}", "--shards", str(shards),
+                   env=env)
 
     def wait_ready(self, timeout: float = 60.0) -> dict:
         """Once every starting shard has its iterator: the effective settings."""

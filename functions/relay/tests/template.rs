@@ -492,9 +492,10 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
         "FunctionName: !Ref RelayFunction",
         "EventSourceArn: !If\n        - HasTableStreamArn\n        - !Ref TableStreamArn\n        - !GetAtt OutboxTable.StreamArn",
         "StartingPosition: LATEST",
-        // A doorbell is a hint: never retried, dropped when stale.
+        // Never retried (the relay answers every batch successfully).
         "MaximumRetryAttempts: 0",
-        "MaximumRecordAgeInSeconds: 60",
+        // One invocation at a time per shard.
+        "ParallelizationFactor: 1",
         // The mapping's event counts (polled, filtered out, invoked, dropped) in CloudWatch.
         "MetricsConfig:\n        Metrics:\n          - EventCount",
     ] {
@@ -512,13 +513,30 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
     let window = number("MaximumBatchingWindowInSeconds");
     assert_eq!(window, 0, "MaximumBatchingWindowInSeconds {window}");
 
-    // One filter: inserts whose partition key is a message partition of this outbox.
-    assert_eq!(mapping.matches("- Pattern:").count(), 1, "{mapping}");
-    let pattern = value(&mapping, "- Pattern");
-    let pattern = pattern
-        .strip_prefix("!Sub '")
-        .and_then(|p| p.strip_suffix('\''))
-        .unwrap_or_else(|| panic!("pattern is not a single-quoted !Sub: {pattern}"));
+    // A continuation written behind a run as long as the longest RelayTimeout is still
+    // delivered (RelayTimeout + 60 s, with no arithmetic in CloudFormation).
+    let parameters = section(&t, "Parameters");
+    let longest: u32 = value(&entry(&parameters, "RelayTimeout"), "MaxValue")
+        .parse()
+        .unwrap();
+    let age = number("MaximumRecordAgeInSeconds");
+    assert!(age >= longest + 60, "MaximumRecordAgeInSeconds {age}");
+
+    // Two filters: inserts whose partition key is a message partition of this outbox, and
+    // inserts of its continuations.
+    assert_eq!(mapping.matches("- Pattern:").count(), 2, "{mapping}");
+    let patterns: Vec<&str> = mapping
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- Pattern: "))
+        .collect();
+    let sub = |pattern: &str| -> String {
+        pattern
+            .strip_prefix("!Sub '")
+            .and_then(|p| p.strip_suffix('\''))
+            .unwrap_or_else(|| panic!("pattern is not a single-quoted !Sub: {pattern}"))
+            .to_owned()
+    };
+    let (pattern, continuation) = (sub(patterns[0]), sub(patterns[1]));
     // A single-table design's key name, as PartitionKeyAttribute gives it to the filter
     // and, as OUTBOX_PARTITION_KEY_ATTRIBUTE, to the library.
     let mut options = dynamo_outbox::OutboxOptions::new("t");
@@ -529,13 +547,21 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
         .replace("${PartitionKeyAttribute}", &keys.pk);
     let pattern: serde_json::Value = serde_json::from_str(&pattern).unwrap();
     let prefix = keys.messages_prefix();
-    assert_eq!(
-        pattern,
+    let filter = |prefix: &str| {
         serde_json::json!({
             "eventName": ["INSERT"],
             "dynamodb": {"Keys": {keys.pk.as_str(): {"S": [{"prefix": prefix}]}}}
         })
-    );
+    };
+    assert_eq!(pattern, filter(&prefix));
+    let continuation = continuation
+        .replace("${KeyPrefix}", &keys.prefix)
+        .replace("${PartitionKeyAttribute}", &keys.pk);
+    let continuation: serde_json::Value = serde_json::from_str(&continuation).unwrap();
+    assert_eq!(continuation, filter(&keys.continuations_prefix()));
+    assert!(keys
+        .continuation_pk("fn-req")
+        .starts_with(&keys.continuations_prefix()));
     // The prefix is the library's message partition key, and only that.
     assert!(keys.message_pk(3).starts_with(&prefix));
     for other in [
@@ -543,8 +569,18 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
         keys.coordination_pk(),
         keys.idempotency_pk("k"),
         keys.dead_letter_pk(),
+        keys.continuation_pk("fn-req"),
     ] {
         assert!(!other.starts_with(&prefix), "{other}");
+    }
+    for other in [
+        keys.message_pk(3),
+        keys.sequence_pk(3),
+        keys.coordination_pk(),
+        keys.idempotency_pk("k"),
+        keys.dead_letter_pk(),
+    ] {
+        assert!(!other.starts_with(&keys.continuations_prefix()), "{other}");
     }
     // The template's table key is the attribute the pattern names.
     assert!(resource(&t, "OutboxTable")
@@ -801,22 +837,57 @@ fn commit_notifications_invoke_the_relay_only_when_a_bus_is_configured_in_schedu
 }
 
 #[test]
-fn the_relay_may_invoke_itself_only_to_start_its_successor() {
+fn the_relay_starts_its_successor_through_the_stream_or_without_one_by_invoking_itself() {
     let t = template();
+    // Without the doorbell: Lambda's Invoke on the function itself, and the chain (on
+    // purpose, bounded by the relay) allowed past Lambda's recursive loop detection.
     let policy = resource(&t, "RelaySuccessorPolicy");
     assert_eq!(actions(&policy), set(&["lambda:InvokeFunction"]));
     let text = policy.join("\n");
     for needle in [
         "Type: AWS::IAM::Policy",
+        "Condition: SuccessorByInvoke",
         "- !Ref RelayFunctionRole",
         "Resource: !GetAtt RelayFunction.Arn",
     ] {
         assert!(text.contains(needle), "{needle:?} missing:\n{text}");
     }
-    // The successor chain is on purpose (bounded by the relay), so Lambda's recursive
-    // loop detection must not cut it after 16 invocations.
+    assert!(
+        t.contains("  SuccessorByInvoke: !Not [!Condition Doorbell]\n"),
+        "Invoke only without the doorbell"
+    );
     let relay = resource(&t, "RelayFunction").join("\n");
-    assert!(relay.contains("      RecursiveLoop: Allow"), "{relay}");
+    assert!(
+        relay.contains("      RecursiveLoop: !If [Doorbell, !Ref AWS::NoValue, Allow]"),
+        "{relay}"
+    );
+    assert!(
+        relay.contains("OUTBOX_SUCCESSOR: !If [Doorbell, stream, invoke]"),
+        "{relay}"
+    );
+    // With the doorbell: a PutItem of continuations, in their own partitions only, the
+    // one put of the relay's code outside the quarantine.
+    let lines = resource(&t, "RelayFunctionRole");
+    let start = statement(&lines, "StartSuccessor");
+    assert_eq!(
+        actions(&start.lines().collect::<Vec<_>>()),
+        set(&["dynamodb:PutItem"])
+    );
+    let keys = dynamo_outbox::protocol::schema::Keys::new(&dynamo_outbox::OutboxOptions::new("t"));
+    let leading = format!(
+        "- !Sub \"${{KeyPrefix}}{}*\"",
+        keys.continuations_prefix()
+            .strip_prefix(&keys.prefix)
+            .unwrap()
+    );
+    assert!(start.contains(&leading), "{leading} missing:\n{start}");
+    let code =
+        std::fs::read_to_string(root().join("lib/src/notification/continuation.rs")).unwrap();
+    assert_eq!(code.matches(".put_item()").count(), 1);
+    assert!(
+        code.contains("continuation_pk("),
+        "the put is of a continuation"
+    );
 }
 
 /// The DynamoDB operations the relay's code calls under the template's poison policy,

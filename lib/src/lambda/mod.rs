@@ -14,7 +14,10 @@
 //!
 //! # Events
 //! - A schedule tick, a manual invoke, any payload that is none of the below: the
-//!   invocation runs a relay.
+//!   invocation runs a relay. With [`SuccessorMode::Stream`] the template's schedule tick
+//!   (`{"source": "dynamo-outbox.schedule"}`) is a safety net behind the stream: it first
+//!   decides for every bucket as a doorbell does, and adds a relay only for buckets no live
+//!   relay holds that have messages.
 //! - A commit notification (an EventBridge event of source
 //!   [`crate::notification::SOURCE`], delivered by a rule on the bus) or a doorbell (a
 //!   batch of the table's DynamoDB stream records, delivered by an event source mapping):

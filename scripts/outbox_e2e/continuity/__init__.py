@@ -11,12 +11,16 @@ benchmarks of BENCHMARKS.md):
 
 Inside `scripts/stack.sh run` (DynamoDB Local, Apache Kafka, moto).  The pieces: the
 relay binary under the Lambda emulator (scripts/lambda_runtime.py) with the template's
-EventInvokeConfig (--template: no retries, events dropped after 60 s; the emulator points
-the function's AWS_ENDPOINT_URL_LAMBDA at itself, so a successor's asynchronous Invoke
-reaches it), the table's KEYS_ONLY stream read by the stream mapping (scripts/streams.py
-poll) with the template's mapping, and NO schedule (no tick at all: only doorbells and
-successors start relays).  The relay's environment is the template's (OUTBOX_MAX_RUN_TIME, OUTBOX_SHUTDOWN_MARGIN,
-OUTBOX_IDLE_STOP as template.yaml resolves them with its defaults), plus the table, the
+EventInvokeConfig (--template: no retries, events dropped after 60 s), the table's
+KEYS_ONLY stream read by the stream mapping (scripts/streams.py poll) with the template's
+mapping over --shards (4) virtual shards (DynamoDB Local has one; the model spreads the
+records by partition key hash, one invocation at a time per shard), and NO schedule (no
+tick at all: only doorbells and successors start relays).  A successor is the template's:
+a continuation item the leaving run writes, whose insert the mapping delivers on the
+shard its key hashes to (at once beside the leaver, or behind the shard's current
+invocation).  The relay's environment is the template's (OUTBOX_MAX_RUN_TIME,
+OUTBOX_SHUTDOWN_MARGIN, OUTBOX_IDLE_STOP, OUTBOX_SUCCESSOR as template.yaml resolves them
+with its defaults), plus the table, the
 key prefix, 8 buckets, the local Kafka (KAFKA_AUTH=none) and DynamoDB; the function's
 timeout is --relay-timeout (30 s by default, shorter than the template's 70 s so that a
 few minutes show several runs).

@@ -17,6 +17,7 @@ class Options:
     memory: int = MEMORY_MB         # the relay's memory, MB (the template's is 128)
     cpu_share: bool = False         # the relay gets memory/1769 of one CPU, as on Lambda
     relay_concurrency: int = 5      # the emulator's ceiling on relay environments
+    shards: int = 4                 # the stream mapping's virtual shards (DynamoDB Local has 1)
     messages: int | None = None     # burst size (burst 3000, outage 1000)
     value_bytes: int = 1000
     keys: int = 64

@@ -45,7 +45,8 @@ def relay_template_env() -> dict:
     tpl = template()
     props = tpl.resources["RelayFunction"]["Properties"]
     env = tpl.resolve(props["Environment"]["Variables"])
-    keep = ("OUTBOX_MAX_RUN_TIME", "OUTBOX_SHUTDOWN_MARGIN", "OUTBOX_IDLE_STOP")
+    keep = ("OUTBOX_MAX_RUN_TIME", "OUTBOX_SHUTDOWN_MARGIN", "OUTBOX_IDLE_STOP",
+            "OUTBOX_SUCCESSOR")
     out = {k: str(env[k]) for k in keep if k in env}
     check(set(out) == set(keep), f"the template's relay environment lacks {set(keep) - set(out)}")
     return out
@@ -77,9 +78,11 @@ def start_relay(args, workdir: str, started: list, table: str, prefix: str,
 
 
 def start_poller(relay: Emulator, table: str, prefix: str, workdir: str, started: list,
-                 relay_timeout: float) -> StreamPoller:
-    """The stream mapping with the template's RelayDoorbell settings."""
-    poller = StreamPoller.templated(workdir, table, relay.invoke_url, prefix, relay_timeout)
+                 relay_timeout: float, shards: int) -> StreamPoller:
+    """The stream mapping with the template's RelayDoorbell settings, over `shards`
+    virtual shards (DynamoDB Local has one)."""
+    poller = StreamPoller.templated(workdir, table, relay.invoke_url, prefix, relay_timeout,
+                                    shards=shards)
     started.append(poller)
     poller.settings = poller.wait_ready()
     return poller
@@ -92,12 +95,12 @@ def stop_poller(poller: StreamPoller, started: list) -> dict:
     return counters
 
 
-def fresh_outbox(stream: bool, bootstrap: str | None = None) -> tuple[str, str, str, str]:
+def fresh_outbox(stream: bool, bootstrap: str | None = None,
+                 prefix: str = "SHOP") -> tuple[str, str, str, str]:
     """A fresh outbox table (its stream on when `stream`), a business table and a topic
-    (created through `bootstrap` when given); key prefix SHOP."""
+    (created through `bootstrap` when given); key prefix `prefix`."""
     suffix = uuid.uuid4().hex[:10]
     table, business, topic = f"cont-{suffix}", f"cont-orders-{suffix}", f"cont-{suffix}"
-    prefix = "SHOP"
     dynamodb.create_outbox_table(table)
     dynamodb.create_business_table(business)
     if stream:
@@ -281,6 +284,7 @@ def summarize_invocations(invs: list[tuple[dict, dict | None]], t0: float) -> di
     return {"invocations": len(invs), "by_trigger": dict(by_trigger),
             "by_trigger_and_stop_reason": dict(sorted(by_outcome.items())),
             "successors_started": sum(1 for _, s in invs if s and s["successor_started"]),
+            "successors_failed": sum(1 for _, s in invs if s and s.get("successor_failed")),
             "runs": sorted(timeline, key=lambda x: x["start_s"])}
 
 

@@ -44,7 +44,8 @@ def run_lambda_burst(args, workdir: str, started: list, messages: int,
     table, business, topic, prefix = fresh_outbox(stream=True, bootstrap=bootstrap)
     relay, tenv = start_relay(args, workdir, started, table, prefix,
                               bootstrap or os.environ["KAFKA_BOOTSTRAP_SERVERS"])
-    poller = start_poller(relay, table, prefix, workdir, started, args.relay_timeout)
+    poller = start_poller(relay, table, prefix, workdir, started, args.relay_timeout,
+                          args.shards)
     step(f"table {table} (8 buckets, KEYS_ONLY stream), topic {topic}; RelayFunction "
          f"{args.relay_binary} under lambda_runtime.py (timeout {args.relay_timeout:g}s, "
          f"{', '.join(f'{k}={v}' for k, v in tenv.items())}, EventInvokeConfig from the "
@@ -295,7 +296,8 @@ def scenario_stuck(args, workdir: str, started: list) -> dict:
         extra_env={"OUTBOX_ALLOWED_TOPICS": topic},
         extra_args=["--schedule", f"{args.tick_seconds:g}",
                     "--schedule-payload", json.dumps(SCHEDULE_PAYLOAD)])
-    poller = start_poller(relay, table, prefix, workdir, started, args.relay_timeout)
+    poller = start_poller(relay, table, prefix, workdir, started, args.relay_timeout,
+                          args.shards)
     step(f"table {table}, topic {topic} (the relay's only allowed topic); RelayFunction "
          f"under lambda_runtime.py with the doorbell and a schedule every "
          f"{args.tick_seconds:g}s; StuckMessageAgeSeconds={args.stuck_age:g}")
@@ -397,7 +399,8 @@ def scenario_bus(args, workdir: str, started: list) -> dict:
     table, business, topic, prefix = fresh_outbox(stream=True)
     relay, tenv = start_relay(args, workdir, started, table, prefix,
                               os.environ["KAFKA_BOOTSTRAP_SERVERS"])
-    poller = start_poller(relay, table, prefix, workdir, started, args.relay_timeout)
+    poller = start_poller(relay, table, prefix, workdir, started, args.relay_timeout,
+                          args.shards)
     enq_env = dict(aws_env(), OUTBOX_TABLE_NAME=table, OUTBOX_KEY_PREFIX=prefix,
                    OUTBOX_BUCKET_COUNT=str(BUCKETS), **enq_tpl_env)
     for var in ("AWS_ENDPOINT_URL_EVENTBRIDGE",):

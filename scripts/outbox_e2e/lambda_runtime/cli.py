@@ -14,7 +14,7 @@ import threading
 from . import __doc__ as PACKAGE_DOC
 from .client_api import ClientApiHandler
 from .common import INVOKE_PREFIX, QuietServer, log
-from .service import Service
+from .service import Invocation, Service
 
 def async_settings(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The EventInvokeConfig: explicit flags over --template over Lambda's defaults."""
@@ -89,6 +89,9 @@ def main() -> int:
                    help="sets AWS_LAMBDA_LOG_FORMAT (the template's LoggingConfig is JSON)")
     p.add_argument("--log-level", help="sets AWS_LAMBDA_LOG_LEVEL")
     p.add_argument("--cwd", help="working directory and LAMBDA_TASK_ROOT (default: the binary's)")
+    p.add_argument("--sequential-request-ids", action="store_true",
+                   help="request ids 00000000-0000-4000-8000-000000000001, ...2, in arrival "
+                        "order (default: random UUIDs, as Lambda's)")
     p.add_argument("--account-id", default="123456789012")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="client API port (default: a free one)")
@@ -147,6 +150,7 @@ def main() -> int:
                               if base == "bootstrap" else base)
     async_settings(p, args)
 
+    Invocation.sequential = args.sequential_request_ids
     try:
         service = Service(args)
     except OSError as e:

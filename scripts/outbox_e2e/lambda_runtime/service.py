@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import itertools
 import json
 import math
 import os
@@ -22,9 +23,20 @@ from .common import (CFS_PERIOD_US, KEEP_BODY_BYTES, TAIL_BYTES, CpuCgroups, Qui
 from .runtime_api import RuntimeApiHandler
 
 class Invocation:
+    # --sequential-request-ids: 00000000-0000-4000-8000-000000000001, ...2, in the order
+    # invocations arrive (a test that must know a relay's id, which embeds it, in advance).
+    sequential = False
+    _counter = itertools.count(1)
+    _counter_lock = threading.Lock()
+
     def __init__(self, payload: bytes, source: str, tail: bool = False,
                  client_context: str | None = None):
-        self.request_id = str(uuid.uuid4())
+        if Invocation.sequential:
+            with Invocation._counter_lock:
+                n = next(Invocation._counter)
+            self.request_id = f"00000000-0000-4000-8000-{n:012d}"
+        else:
+            self.request_id = str(uuid.uuid4())
         self.payload = payload
         self.client_context = client_context
         self.source = source

@@ -22,6 +22,14 @@ EVENT_LIMIT = 6 * 1024 * 1024  # Lambda's synchronous payload limit
 RETENTION_S = 24 * 3600  # DynamoDB Streams keeps a record for 24 hours
 
 
+
+def virtual_shard(key: dict | None, shards: int) -> int:
+    """The virtual shard of a record whose partition key has the attribute value `key`
+    (`{"S": "..."}`): MD5 of its JSON, mod `shards`; one key always goes to one shard, as
+    DynamoDB keeps the items of a partition key in one shard."""
+    digest = hashlib.md5(json.dumps(key, sort_keys=True).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
 class VirtualShard:
     """One in-order, one-batch-at-a-time pipeline: the records routed to it, in the
     order they were read, each with the monotonic time it was first read."""
@@ -137,8 +145,7 @@ class Poller:
         if len(self.vshards) == 1:
             return self.vshards[0]
         key = (rec.get("dynamodb", {}).get("Keys") or {}).get(self.partition_key)
-        digest = hashlib.md5(json.dumps(key, sort_keys=True).encode()).digest()
-        return self.vshards[int.from_bytes(digest[:8], "big") % len(self.vshards)]
+        return self.vshards[virtual_shard(key, len(self.vshards))]
 
     def shard_reader(self, sid: str, it: str | None) -> None:
         """Reads one real shard to its end, stamps and routes the kept records."""
