@@ -343,7 +343,8 @@ impl EmfMetrics {
     /// published, acknowledged, failed, refused, lost, parked or quarantined, a batch ran,
     /// or a message was found pending (a fetched head, a backlog sample with messages).
     /// An idle run's leases, rounds, owned buckets, empty backlog and cold start do not
-    /// count.
+    /// count. A new counter of trouble belongs here too, or a flush that carries only it
+    /// is dropped as idle.
     fn carries_information(state: &State) -> bool {
         state.published != 0
             || state.publish_failures != 0
