@@ -313,9 +313,9 @@ def template_alarms(**params):
     return A.resolve_alarms(A.load_template(TEMPLATE), {"AlarmTopicArn": TOPIC, **params})
 
 
-ALARMS = ["EnqueueErrorsAlarm", "EnqueueThrottlesAlarm", "OutboxStuckAlarm", "PoisonItemsAlarm",
-          "PublishFailuresAlarm", "RefusedWritesAlarm", "RelayErrorsAlarm", "RelayQuietAlarm",
-          "RelayThrottlesAlarm"]
+# The default deployment's seven (WakeOn=stream, the enqueue function, PoisonPolicy block).
+ALARMS = ["DoorbellDropsAlarm", "EnqueueFaultsAlarm", "OutboxStuckAlarm", "RefusedWritesAlarm",
+          "RelayConcurrencyAlarm", "RelayErrorsAlarm", "SuccessorFailuresAlarm"]
 
 
 def test_template_defaults_every_alarm_exists():
@@ -324,23 +324,25 @@ def test_template_defaults_every_alarm_exists():
 
 
 def test_template_alarm_fields_resolved():
-    """template with AlarmTopicArn: nine alarms, fields resolved from the defaults."""
+    """template with AlarmTopicArn: seven alarms, fields resolved from the defaults; the
+    quarantine's with PoisonPolicy quarantine-after=N, none of the enqueue function's
+    without it, no doorbell's with WakeOn=schedule."""
     al = template_alarms()
     eq(sorted(al), ALARMS)
     s = al["OutboxStuckAlarm"]
     eq((s.namespace, s.metric_name, s.dimensions, s.statistic, s.period, s.evaluation_periods,
         s.datapoints_to_alarm, s.threshold, s.comparison, s.treat_missing_data),
        ("Outbox", "OldestPendingAge", {"service": "outbox-relay", "table": "OutboxTable"}, "Maximum",
-        60, 1, 1, 300.0, "GreaterThanOrEqualToThreshold", "ignore"))
-    p = al["PoisonItemsAlarm"]
-    eq((p.metric_name, p.statistic, p.evaluation_periods, p.datapoints_to_alarm, p.threshold,
-        p.treat_missing_data), ("PoisonItems", "Sum", 10, 1, 1.0, "notBreaching"))
-    f = al["PublishFailuresAlarm"]
-    eq((f.metric_name, f.statistic, f.evaluation_periods, f.datapoints_to_alarm, f.threshold,
-        f.treat_missing_data), ("PublishFailures", "Sum", 5, 3, 1.0, "notBreaching"))
-    q = al["RelayQuietAlarm"]
-    eq((q.dimensions, q.evaluation_periods, q.datapoints_to_alarm, q.treat_missing_data),
-       ({"FunctionName": "RelayFunction"}, 15, 15, "breaching"))
+        60, 10, 1, 300.0, "GreaterThanOrEqualToThreshold", "notBreaching"))
+    q = al["RelayConcurrencyAlarm"]
+    eq((q.metric_name, q.dimensions, q.statistic, q.evaluation_periods, q.datapoints_to_alarm,
+        q.threshold, q.treat_missing_data),
+       ("ConcurrentExecutions", {"FunctionName": "RelayFunction"}, "Maximum", 15, 15, 10.0,
+        "breaching"))
+    eq(sorted(template_alarms(PoisonPolicy="quarantine-after=3", EnableEnqueueApi="false",
+                              WakeOn="schedule")),
+       sorted(set(ALARMS) - {"EnqueueFaultsAlarm", "DoorbellDropsAlarm"}
+              | {"QuarantinedItemsAlarm"}))
 
 
 def test_template_overrides_reach_the_alarms():
@@ -351,7 +353,7 @@ def test_template_overrides_reach_the_alarms():
                           resource_names={"RelayFunction": "stack-RelayFunction-ABC"})
     eq(al["OutboxStuckAlarm"].dimensions["table"], "orders-outbox", "table of an existing table")
     eq(al["OutboxStuckAlarm"].threshold, 60.0, "threshold")
-    eq((al["RefusedWritesAlarm"].evaluation_periods, al["RefusedWritesAlarm"].datapoints_to_alarm), (7, 7))
+    eq((al["RefusedWritesAlarm"].evaluation_periods, al["RefusedWritesAlarm"].datapoints_to_alarm), (15, 7))
     eq(al["RelayErrorsAlarm"].dimensions, {"FunctionName": "stack-RelayFunction-ABC"})
     al = A.resolve_alarms(t, {"AlarmTopicArn": TOPIC}, resource_names={"OutboxTable": "stack-OutboxTable-XYZ"})
     eq(al["RefusedWritesAlarm"].dimensions["table"], "stack-OutboxTable-XYZ", "created table's name")
@@ -403,16 +405,15 @@ def quiet_poison_series(minutes, poison_at_min=0, tick_every=5, run_min=2):
 
 
 def test_poison_head_in_a_quiet_period_alarms():
-    """a poison head in a quiet period (stream mode, schedule every 5 minutes): stuck and poison alarms within 10 minutes."""
+    """a poison head in a quiet period (stream mode, schedule every 5 minutes, PoisonPolicy
+    block): the stuck alarm within 10 minutes, and in ALARM between the runs."""
     al = template_alarms()
     samples = A.read_emf(quiet_poison_series(30)).samples
     stuck = A.evaluate(al["OutboxStuckAlarm"], samples, start=T0, end=T0 + 30 * MIN)
-    poison = A.evaluate(al["PoisonItemsAlarm"], samples, start=T0, end=T0 + 30 * MIN)
-    at = lambda ev: next(m for m, state in transitions(ev) if state == A.ALARM)
-    assert at(stuck) <= 10, transitions(stuck)
-    eq(transitions(stuck)[-1][1], A.ALARM, "stays in ALARM between runs (missing data ignored)")
-    eq(at(poison), 1, "the first minute with a retry")
-    eq(transitions(poison)[-1][1], A.ALARM, "stays in ALARM: a retry at least every 10 minutes")
+    at = next(m for m, state in transitions(stuck) if state == A.ALARM)
+    assert at <= 10, transitions(stuck)
+    eq([state for _, state in transitions(stuck) if _ > at], [],
+       "stays in ALARM between runs (a run every 5 minutes, a window of 10)")
 
 
 def test_healthy_drain_raises_no_alarm():
@@ -420,7 +421,7 @@ def test_healthy_drain_raises_no_alarm():
     al = template_alarms()
     docs = [relay_doc(T0 + i * MIN + 30_000, Published=500, OldestPendingAge=[40, 25, 8, 0][i]) for i in range(4)]
     samples = A.read_emf(docs).samples
-    for name in ["OutboxStuckAlarm", "PoisonItemsAlarm", "PublishFailuresAlarm"]:
+    for name in ["OutboxStuckAlarm", "RefusedWritesAlarm", "SuccessorFailuresAlarm"]:
         ev = A.evaluate(al[name], samples, start=T0, end=T0 + 30 * MIN)
         assert all(state != A.ALARM for _, state in transitions(ev)), (name, transitions(ev))
 
@@ -435,11 +436,11 @@ def test_stuck_alarm_ignores_another_table():
     eq(A.matching_samples(a, r.samples), [])
 
 
-def test_relay_quiet_alarm():
-    """template RelayQuietAlarm (direct Lambda datapoints): OK while invoked every 5 minutes, ALARM after they stop."""
-    a = template_alarms()["RelayQuietAlarm"]
+def test_relay_concurrency_alarm_when_quiet():
+    """template RelayConcurrencyAlarm (direct Lambda datapoints): OK while a relay runs every 5 minutes, ALARM after they stop."""
+    a = template_alarms()["RelayConcurrencyAlarm"]
     fn = a.dimensions["FunctionName"]
-    records = [{"namespace": "AWS/Lambda", "metric": "Invocations", "dimensions": {"FunctionName": fn},
+    records = [{"namespace": "AWS/Lambda", "metric": "ConcurrentExecutions", "dimensions": {"FunctionName": fn},
                 "timestamp": T0 + i * MIN + 5_000, "value": 1} for i in range(0, 60, 5)]
     ev = A.evaluate(a, A.samples_from_records(records), start=T0, end=T0 + 120 * MIN)
     last = 55
@@ -498,10 +499,155 @@ def test_cli_options_and_errors():
     eq(rc, 0, err)
     doc = json.loads(out)
     eq(list(doc["alarms"]), ["OutboxStuckAlarm"], "one alarm")
-    # The documents stop at minute 11: missing data is ignored, so the state stays.
+    # The documents stop at minute 11 (the head published: nothing pending, nothing
+    # reported): missing data is not breaching, and the alarm goes OK once the old heads
+    # have left its window.
     eq([(t["to"], (t["time_ms"] - T0) // MIN) for t in doc["alarms"]["OutboxStuckAlarm"]["transitions"]],
-       [(A.OK, 1), (A.ALARM, 6)])
+       [(A.OK, 1), (A.ALARM, 6), (A.OK, 24)])
     rc, out, _ = cli("--list")
     eq((rc, sorted(json.loads(out))), (0, ALARMS), "--list with defaults: every alarm")
     rc, _, err = cli("--alarm", "NoSuchAlarm")
     eq(rc, 2, "an alarm the template does not have")
+
+
+# ---------------------------------------------------------------------------------------
+# Alarms that fire on their fault, and not on the harmless case
+
+
+def first_alarm(ev):
+    return next((m for m, state in transitions(ev) if state == A.ALARM), None)
+
+
+def refused_doc(minute, table="OutboxTable", n=1):
+    return relay_doc(T0 + minute * MIN + 20_000, table=table, RefusedWrites=n, **{"RefusedWrites.renew": n})
+
+
+def test_refused_writes_alarm_fires_across_short_runs():
+    """template RefusedWritesAlarm, M of N: a lasting cause (clock skew) refuses writes in the
+    runs of the schedule alone, one short run every 5 minutes with quiet minutes between:
+    ALARM at the third such minute within 15; a single refusal (a lost race at a handover)
+    never alarms."""
+    a = template_alarms()["RefusedWritesAlarm"]
+    lasting = A.read_emf([refused_doc(m) for m in range(0, 30, 5)]).samples
+    ev = A.evaluate(a, lasting, start=T0, end=T0 + 30 * MIN)
+    eq(first_alarm(ev), 11, "the third refusing minute (10) is evaluated at 11")
+    once = A.read_emf([refused_doc(4)]).samples
+    ev = A.evaluate(a, once, start=T0, end=T0 + 30 * MIN)
+    eq(first_alarm(ev), None, "one refused minute")
+    # The same lasting series under N consecutive minutes (the streak a quiet minute
+    # resets) never alarms: why the alarm is M of N.
+    streak = alarm(namespace=a.namespace, metric_name=a.metric_name, dimensions=a.dimensions,
+                   statistic="Sum", threshold=0, comparison="GreaterThanThreshold",
+                   evaluation_periods=3, datapoints_to_alarm=3, treat_missing_data="notBreaching")
+    eq(first_alarm(A.evaluate(streak, lasting, start=T0, end=T0 + 30 * MIN)), None,
+       "3 consecutive minutes: never")
+
+
+def concurrency(values, fn="RelayFunction"):
+    """ConcurrentExecutions maxima, one a minute from T0 (None: no execution that minute)."""
+    return A.samples_from_records([
+        {"namespace": "AWS/Lambda", "metric": "ConcurrentExecutions", "dimensions": {"FunctionName": fn},
+         "timestamp": T0 + i * MIN + 30_000, "value": v} for i, v in enumerate(values) if v is not None])
+
+
+def test_relay_concurrency_alarm_on_a_runaway():
+    """template RelayConcurrencyAlarm: relays that never stop (30 at once, every minute)
+    alarm after RelayQuietMinutes; a 10-minute drain with 30 at once, and the schedule's
+    single relay every 5 minutes, do not."""
+    a = template_alarms()["RelayConcurrencyAlarm"]
+    ev = A.evaluate(a, concurrency([1, None, None, None, None] + [30] * 40), start=T0, end=T0 + 45 * MIN)
+    at = first_alarm(ev)
+    assert at is not None and 15 <= at <= 5 + a.evaluation_periods, (at, transitions(ev))
+    burst = [1, None, None, None, None] + [30] * 10 + [1, None, None, None, None] * 6
+    ev = A.evaluate(a, concurrency(burst), start=T0, end=T0 + 45 * MIN)
+    eq(first_alarm(ev), None, "a drain: many relays for 10 minutes")
+    ev = A.evaluate(a, concurrency([2, 1, None, None, None] * 12), start=T0, end=T0 + 60 * MIN)
+    eq(first_alarm(ev), None, "the schedule alone")
+
+
+def test_successor_failures_alarm():
+    """template SuccessorFailuresAlarm: successors that cannot be started (every run of a
+    backlog) alarm within two failing minutes; one transient failure does not."""
+    a = template_alarms()["SuccessorFailuresAlarm"]
+    failing = A.read_emf([relay_doc(T0 + m * MIN + 50_000, SuccessorFailures=1, Published=100,
+                                    OldestPendingAge=5) for m in range(0, 20, 2)]).samples
+    eq(first_alarm(A.evaluate(a, failing, start=T0, end=T0 + 20 * MIN)), 3, "2 of 10 minutes")
+    once = A.read_emf([relay_doc(T0 + 50_000, SuccessorFailures=1)]).samples
+    eq(first_alarm(A.evaluate(a, once, start=T0, end=T0 + 20 * MIN)), None, "once")
+
+
+def test_doorbell_drops_alarm():
+    """template DoorbellDropsAlarm (the mapping's DroppedEventCount, by its UUID): drops in
+    two minutes alarm; a single dropped batch does not; the stack's mapping is named."""
+    a = A.resolve_alarms(A.load_template(TEMPLATE), {"AlarmTopicArn": TOPIC},
+                         resource_names={"RelayDoorbell": "a1b2c3d4-uuid"})["DoorbellDropsAlarm"]
+    eq((a.namespace, a.metric_name, a.dimensions), ("AWS/Lambda", "DroppedEventCount",
+                                                     {"EventSourceMappingUUID": "a1b2c3d4-uuid"}))
+
+    def drops(minutes):
+        return A.samples_from_records([
+            {"namespace": "AWS/Lambda", "metric": "DroppedEventCount",
+             "dimensions": {"EventSourceMappingUUID": "a1b2c3d4-uuid"},
+             "timestamp": T0 + m * MIN + 10_000, "value": 3} for m in minutes])
+    eq(first_alarm(A.evaluate(a, drops([2, 6]), start=T0, end=T0 + 20 * MIN)), 7, "2 of 10")
+    eq(first_alarm(A.evaluate(a, drops([2]), start=T0, end=T0 + 20 * MIN)), None, "once")
+
+
+def report(minute, status="success", error_type=None):
+    """A platform.report record of the enqueue function's log group (JSON system logs)."""
+    record = {"requestId": f"r-{minute}", "status": status,
+              "metrics": {"durationMs": 12.5, "billedDurationMs": 13, "memorySizeMB": 256,
+                          "maxMemoryUsedMB": 30}}
+    if error_type:
+        record["errorType"] = error_type
+    return json.dumps({"time": A.iso(T0 + minute * MIN + 15_000), "type": "platform.report",
+                       "record": record})
+
+
+def enqueue_fault_samples(lines):
+    doc = A.load_template(TEMPLATE)
+    f = doc["Resources"]["EnqueueFaultsMetricFilter"]["Properties"]
+    t = f["MetricTransformations"][0]
+    a = template_alarms()["EnqueueFaultsAlarm"]
+    return a, A.filter_samples(f["FilterPattern"], a.namespace, t["MetricName"],
+                               float(t["MetricValue"]), lines)
+
+
+def test_enqueue_faults_alarm_counts_faults_not_refused_requests():
+    """template EnqueueFaultsAlarm over its metric filter: a DynamoDB error, a
+    misconfiguration or a timeout of the enqueue function alarms; callers' refused requests
+    (errorType ValidationError, which Lambda's Errors counts too) and successes do not."""
+    healthy = [report(m) for m in range(20)]
+    refused = healthy + [report(m, "failure", "ValidationError") for m in range(20)]
+    a, samples = enqueue_fault_samples(refused)
+    eq(samples, [], "no fault, no data point")
+    eq(first_alarm(A.evaluate(a, samples, start=T0, end=T0 + 20 * MIN)), None, "refused requests")
+    for status, error_type in [("failure", "DynamoDb"), ("error", "Misconfiguration"),
+                               ("timeout", None)]:
+        a, samples = enqueue_fault_samples(healthy + [report(7, status, error_type)])
+        eq(len(samples), 1, f"{status} {error_type}")
+        eq(first_alarm(A.evaluate(a, samples, start=T0, end=T0 + 20 * MIN)), 8, f"{status} {error_type}")
+
+
+def relay_application_log_level():
+    """The relay's ApplicationLogLevel as deployed (its own LoggingConfig over the Globals')."""
+    doc = A.load_template(TEMPLATE)
+    level = doc["Globals"]["Function"]["LoggingConfig"].get("ApplicationLogLevel")
+    return doc["Resources"]["RelayFunction"]["Properties"]["LoggingConfig"].get("ApplicationLogLevel", level)
+
+
+def test_relay_log_level_keeps_the_metrics():
+    """Lambda files an EMF line (JSON without "level") as INFO: at the template's relay
+    ApplicationLogLevel the documents of a stuck outbox reach CloudWatch and the stuck
+    alarm fires; at WARN every one is dropped and the alarm stays silent (why the template
+    pins the relay's level)."""
+    a = template_alarms()["OutboxStuckAlarm"]
+    lines = ['{"level":"INFO","fields":{"message":"bucket ownership"}}',
+             '{"level":"WARN","fields":{"message":"publish failed"}}'] + stuck_series(a, 15)
+    level = relay_application_log_level()
+    kept = A.lambda_log_level_filter(lines, level)
+    eq(A.read_emf(kept).documents, 15, f"EMF documents kept at {level}")
+    eq(first_alarm(A.evaluate(a, A.read_emf(kept).samples, start=T0, end=T0 + 15 * MIN)), 6,
+       "stuck alarm")
+    silenced = A.lambda_log_level_filter(lines, "WARN")
+    eq((A.read_emf(silenced).documents, len(silenced)), (0, 1), "WARN keeps only the WARN line")

@@ -46,8 +46,8 @@ def test_continuity_bus_one_wakeup_per_commit(continuity):
 
 def test_continuity_stuck_poison_head_alarms(continuity):
     """A poison head in a quiet period (the doorbell and a schedule every 30 s): the relay
-    parks the bucket and stops idle each time; PoisonItemsAlarm, then OutboxStuckAlarm
-    (StuckMessageAgeSeconds 60) go into ALARM within the age plus a tick plus 90 s,
+    parks the bucket and stops idle each time; OutboxStuckAlarm (StuckMessageAgeSeconds
+    60) goes into ALARM within the age plus a tick plus 90 s,
     evaluated over the EMF the relay wrote."""
     continuity("stuck", enforce_goals=True)
 

@@ -97,8 +97,8 @@ SETUPS: dict[str, dict] = {
     "no-enqueue-api": {**VPC, "MskClusterArn": MSK, "EnableEnqueueApi": "false",
                        "EnqueueCallerAccountIds": "111122223333",
                        "KafkaBootstrapServers": "b-1:9098"},
-    "point-in-time-recovery": {**VPC, "MskClusterArn": MSK, "PointInTimeRecovery": "true",
-                               "KafkaBootstrapServers": "b-1:9098"},
+    "no-point-in-time-recovery": {**VPC, "MskClusterArn": MSK, "PointInTimeRecovery": "false",
+                                  "KafkaBootstrapServers": "b-1:9098"},
     "table-kms-key": {**VPC, "MskClusterArn": MSK, "TableKmsKeyArn": TABLE_KEY,
                       "KafkaBootstrapServers": "b-1:9098"},
     "alarm-topic": {**VPC, "MskClusterArn": MSK, "AlarmTopicArn": TOPIC,
@@ -136,9 +136,21 @@ REFUSED: dict[str, tuple[dict, str]] = {
                               "KafkaBootstrapServers": "b:9098"}, "none empty"),
 }
 
-ALARMS = {"RelayErrorsAlarm", "RelayThrottlesAlarm", "RelayQuietAlarm", "OutboxStuckAlarm",
-          "RefusedWritesAlarm", "PoisonItemsAlarm", "PublishFailuresAlarm"}
-ENQUEUE_ALARMS = {"EnqueueErrorsAlarm", "EnqueueThrottlesAlarm"}
+# The alarms every deployment has; the doorbell's with WakeOn=stream, the quarantine's with
+# PoisonPolicy quarantine-after=N, the enqueue function's with the function.
+ALARMS = {"RelayErrorsAlarm", "RelayConcurrencyAlarm", "OutboxStuckAlarm", "RefusedWritesAlarm",
+          "SuccessorFailuresAlarm"}
+DOORBELL_ALARMS = {"DoorbellDropsAlarm"}
+QUARANTINE_ALARMS = {"QuarantinedItemsAlarm"}
+ENQUEUE_ALARMS = {"EnqueueFaultsAlarm"}
+# The partitions each role may reach (dynamodb:LeadingKeys, ForAllValues:StringLike), by
+# statement: a role reaches no other partition kind of its outbox, and nothing else of a
+# shared table (docs/security.md).
+RELAY_KEYS = {"OutboxTable": ["{p}#COORDINATION", "{p}#MESSAGES#*"],
+              "StartSuccessor": ["{p}#CONTINUATION#*"],
+              "QuarantinePoison": ["{p}#DEADLETTER"]}
+ENQUEUE_KEYS = {"OutboxTable": ["{p}#MESSAGES#*", "{p}#SEQUENCE#*", "{p}#IDEMPOTENCY#*"]}
+WRITER_KEYS = {"OutboxTable": ["{p}#MESSAGES#*", "{p}#SEQUENCE#*"]}
 ITEM_ACTIONS = {"dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:PutItem",
                 "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem",
                 "dynamodb:ConditionCheckItem"}
@@ -250,22 +262,24 @@ def check_setup(name: str, p: dict, t: dict) -> None:
     else:
         eq(secret_keys, [], "no secrets key grant")
 
-    # Item grants: every DynamoDB item action of the stack under LeadingKeys {prefix}#*.
-    roles = [("relay", relay)]
+    # Item grants: every DynamoDB item action of the stack under LeadingKeys naming the
+    # role's own partition kinds (no "{prefix}#*" anywhere).
+    roles = [("relay", relay, RELAY_KEYS)]
     if enqueue:
-        roles.append(("enqueue", statements(res["EnqueueFunctionRole"])))
+        roles.append(("enqueue", statements(res["EnqueueFunctionRole"]), ENQUEUE_KEYS))
     roles.append(("writer policy",
-                  res["OutboxWriterPolicy"]["Properties"]["PolicyDocument"]["Statement"]))
+                  res["OutboxWriterPolicy"]["Properties"]["PolicyDocument"]["Statement"],
+                  WRITER_KEYS))
     table_arn = ({"Fn::GetAtt": ["OutboxTable", "Arn"]} if created else
                  f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{get('TableName')}")
-    for who, stmts in roles:
+    for who, stmts, kinds in roles:
         items = [s for s in stmts if actions(s) & ITEM_ACTIONS]
         check(items, f"{who}: has item grants")
         for s in items:
-            leading = s.get("Condition", {}).get("ForAllValues:StringLike", {})
-            check(leading.get("dynamodb:LeadingKeys") in ([f"{prefix}#*"],
-                                                          [f"{prefix}#CONTINUATION#*"]),
-                  f"{who}: {sorted(actions(s))} limited to the outbox's keys: {s.get('Condition')}")
+            want = [k.format(p=prefix) for k in kinds.get(s.get("Sid"), ["(no such statement)"])]
+            eq(s.get("Condition"), {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": want}},
+               f"{who}: {s.get('Sid')} {sorted(actions(s))} limited to its partitions")
+            check(f"{prefix}#*" not in json.dumps(s), f"{who}: no {prefix}#* grant")
             eq(s["Resource"], table_arn, f"{who}: on the table")
         for s in granted(stmts, "dynamodb:"):
             check(not (actions(s) & {"dynamodb:Scan", "dynamodb:*"}), f"{who}: no Scan")
@@ -313,15 +327,14 @@ def check_setup(name: str, p: dict, t: dict) -> None:
     # The poison policy, and PutItem (the quarantine's Put) only when it quarantines.
     policy = get("PoisonPolicy", "block")
     eq(env["OUTBOX_POISON_POLICY"], policy, "OUTBOX_POISON_POLICY")
-    def puts(leading: str) -> bool:
-        return any("dynamodb:PutItem" in actions(s)
-                   and s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
-                   == [f"{prefix}#{leading}"] for s in relay)
-    eq(puts("*"), policy != "block", "the relay may put an outbox item only to quarantine")
-    # The successor through the stream: a continuation in its own partitions, with the
-    # doorbell only; without it, Lambda's Invoke on the function itself.
+    puts = sorted(k for s in relay if "dynamodb:PutItem" in actions(s)
+                  for k in s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
+    eq(puts, sorted(([f"{prefix}#CONTINUATION#*"] if stream else [])
+                    + ([f"{prefix}#DEADLETTER"] if policy != "block" else [])),
+       "the relay puts continuations with the doorbell, and dead letters only to quarantine")
+    # The successor through the stream (a continuation in its own partitions) with the
+    # doorbell; without it, Lambda's Invoke on the function itself.
     eq(env["OUTBOX_SUCCESSOR"], "stream" if stream else "invoke", "OUTBOX_SUCCESSOR")
-    eq(puts("CONTINUATION#*"), stream, "the relay puts continuations with the doorbell only")
     eq("RelaySuccessorPolicy" in res, not stream, "lambda:InvokeFunction without the doorbell only")
     eq(fn.get("RecursiveLoop"), None if stream else "Allow", "RecursiveLoop")
     eq(int(fn["MemorySize"]), int(get("RelayMemorySize", "128")), "the relay's memory")
@@ -336,8 +349,13 @@ def check_setup(name: str, p: dict, t: dict) -> None:
            {"SSEEnabled": True, "SSEType": "KMS", "KMSMasterKeyId": get("TableKmsKeyArn")}
            if get("TableKmsKeyArn") else None, "SSE with the customer managed key")
         eq(props.get("PointInTimeRecoverySpecification"),
-           {"PointInTimeRecoveryEnabled": True}
-           if get("PointInTimeRecovery") == "true" else None, "PITR")
+           None if get("PointInTimeRecovery") == "false"
+           else {"PointInTimeRecoveryEnabled": True}, "PITR, on unless turned off")
+        eq(props.get("DeletionProtectionEnabled"), True, "deletion protection")
+        eq(props.get("TimeToLiveSpecification"),
+           {"AttributeName": "TimeToLive", "Enabled": True}, "TTL on TimeToLive")
+        eq((res["OutboxTable"].get("DeletionPolicy"), res["OutboxTable"].get("UpdateReplacePolicy")),
+           ("Retain", "Retain"), "retained on delete and on replacement")
         eq(props.get("StreamSpecification"), {"StreamViewType": "KEYS_ONLY"} if stream else None,
            "the stream")
     else:
@@ -363,7 +381,15 @@ def check_setup(name: str, p: dict, t: dict) -> None:
 
     # Alarms: always, the enqueue function's with it; actions only with a topic.
     alarms = {k for k, r in res.items() if r["Type"] == "AWS::CloudWatch::Alarm"}
-    eq(alarms, ALARMS | (ENQUEUE_ALARMS if enqueue else set()), "alarms")
+    eq(alarms, ALARMS | (ENQUEUE_ALARMS if enqueue else set())
+       | (DOORBELL_ALARMS if stream else set())
+       | (QUARANTINE_ALARMS if policy != "block" else set()), "alarms")
+    eq("EnqueueFaultsMetricFilter" in res, enqueue, "the enqueue faults' metric filter")
+    # The relay's log level keeps its EMF lines (which Lambda files as INFO): every
+    # alarm on an Outbox metric depends on them.
+    logging_config = fn["LoggingConfig"]
+    eq((logging_config.get("LogFormat"), logging_config.get("ApplicationLogLevel")),
+       ("JSON", "INFO"), "the relay's log format and application log level")
     for a in alarms:
         props = res[a]["Properties"]
         want = [get("AlarmTopicArn")] if get("AlarmTopicArn") else None
@@ -526,3 +552,80 @@ def test_checkov(setup_files):
     step(f"checkov: template.yaml and {len(setup_files)} setups, no failed check")
     for (cid, resource), why in sorted(skipped.items()):
         step(f"  skipped {cid} on {resource}: {' '.join(why.split())}")
+
+
+# ------------------------------------------------------------------------ the table's guard
+
+STACK_POLICY = os.path.join(ROOT, "deploy", "stack-policy.json")
+# The parameters whose change replaces a created table: its name and key schema.
+KEY_SETTINGS = ("TableName", "PartitionKeyAttribute", "SortKeyAttribute")
+
+
+def test_stack_policy_refuses_replacing_the_table():
+    """deploy/stack-policy.json (what docs/deploy.md applies with set-stack-policy): a
+    stack policy CloudFormation accepts (Statement of Effect, Action, Principal "*",
+    Resource), which allows every other update and denies Update:Replace on the table's
+    logical id; and the key settings a replacement would come from are the table's name
+    and key schema, each documented as immutable."""
+    with open(STACK_POLICY) as f:
+        policy = json.load(f)
+    stmts = policy["Statement"]
+    for s in stmts:
+        eq(set(s) - {"Effect", "Action", "NotAction", "Principal", "Resource", "NotResource",
+                     "Condition"}, set(), "only stack policy elements")
+        eq(s["Principal"], "*", "a stack policy's Principal is *")
+    denies = [s for s in stmts if s["Effect"] == "Deny"
+              and "Update:Replace" in as_list(s["Action"])]
+    eq([as_list(s["Resource"]) for s in denies], [["LogicalResourceId/OutboxTable"]],
+       "Update:Replace denied on the table")
+    allows = [s for s in stmts if s["Effect"] == "Allow"]
+    eq([(s["Action"], s["Resource"]) for s in allows], [("Update:*", "*")],
+       "every other update allowed (a stack policy denies what it does not allow)")
+    doc = cfn_template.load_yaml(TEMPLATE)
+    table = doc["Resources"]["OutboxTable"]
+    eq(table["Type"], "AWS::DynamoDB::Table", "OutboxTable is the table")
+    props = table["Properties"]
+    # The properties whose change CloudFormation answers with a replacement of the table:
+    # its name and its key schema, set by exactly these parameters.
+    eq(json.dumps(props["TableName"]),
+       json.dumps({"Fn::If": ["HasTableName", {"Ref": "TableName"}, {"Ref": "AWS::NoValue"}]}),
+       "TableName names the table")
+    eq([(k["AttributeName"], k["KeyType"]) for k in props["KeySchema"]],
+       [({"Ref": "PartitionKeyAttribute"}, "HASH"), ({"Ref": "SortKeyAttribute"}, "RANGE")],
+       "the key schema")
+    for name in KEY_SETTINGS:
+        check("Immutable once deployed" in doc["Parameters"][name]["Description"],
+              f"{name} documented as immutable")
+
+
+# ------------------------------------------------------------------------ parameter patterns
+
+def allowed(param: str, value: str) -> bool:
+    """Whether CloudFormation accepts `value` for `param` (its AllowedPattern, matched
+    whole, as CloudFormation does)."""
+    import re
+    pattern = cfn_template.load_yaml(TEMPLATE)["Parameters"][param]["AllowedPattern"]
+    return re.fullmatch(pattern, value) is not None
+
+
+@pytest.mark.parametrize("param", ["KafkaSaslSecretArn", "KafkaTlsCaSecretArn",
+                                   "KafkaTlsClientSecretArn"])
+def test_secret_arns_must_be_full(param):
+    """A Kafka secret parameter takes a secret's full ARN (the name, '-', the 6 random
+    characters Secrets Manager adds) or nothing; a partial ARN, which would match no
+    secret in the relay's grant, is refused at deploy time."""
+    for ok in ("", SASL, CA, CLIENT, SECRET + "AmazonMSK_team/orders-prod-a1B2c3",
+               "arn:aws-us-gov:secretsmanager:us-gov-west-1:123456789012:secret:k-AbC123"):
+        check(allowed(param, ok), f"{param}: {ok!r} accepted")
+    for bad in (SECRET + "AmazonMSK_orders", SECRET + "AmazonMSK_orders-AbCdE",
+                SECRET + "AmazonMSK_orders-*", SECRET + "AmazonMSK_orders-AbCdEf ",
+                "AmazonMSK_orders-AbCdEf", f"arn:aws:kms:{REGION}:{ACCOUNT}:key/x-AbCdEf"):
+        check(not allowed(param, bad), f"{param}: {bad!r} refused")
+
+
+def test_alarm_topic_must_be_a_standard_topic():
+    """AlarmTopicArn: a standard SNS topic; a FIFO (.fifo) topic, which CloudWatch cannot
+    notify, is refused at deploy time."""
+    check(allowed("AlarmTopicArn", ""), "empty")
+    check(allowed("AlarmTopicArn", TOPIC), "a standard topic")
+    check(not allowed("AlarmTopicArn", TOPIC + ".fifo"), "a FIFO topic refused")

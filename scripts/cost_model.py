@@ -829,20 +829,21 @@ def query_mix(cell: dict, message_bytes: int, coordination_bytes: int,
 
 def emf_metric_count(cell: dict) -> int:
     """Metrics the relay's EMF documents carry in an hour (lib/src/metrics/emf.rs: one
-    dimension set, service and table; a counter only when not zero, gauges when measured):
-    every run claims leases and reports OwnedBuckets and RoundDuration; ColdStart counted
-    in every hour (an upper bound); PendingMessages and OldestPendingAge when a run lasts
-    past its first round (the backlog sample); Published, BatchDuration and
-    CommitToAckLatency when messages were published. Not counted: failures, refusals,
-    lost leases, poison items (0 in these runs)."""
+    dimension set, service and table; only flushes that carry information render a
+    document: something published, failed, refused, lost or found pending). A cell whose
+    runs published nothing (and, in these runs, failed, refused and lost nothing) reports
+    no metric at all: an idle outbox's leases, rounds, buckets and cold starts are not
+    reported. With messages published: Published, BatchDuration and CommitToAckLatency,
+    with them LeasesAcquired, OwnedBuckets, RoundDuration and ColdStart (counted in every
+    hour, an upper bound), and PendingMessages and OldestPendingAge when a run lasts past
+    its first round (the backlog sample). Not counted: failures, refusals, lost leases,
+    poison items (0 in these runs)."""
     runs = [r for _, r in runs_of(cell) if r.get("stop_reason") not in SKIPPED]
-    if not runs:
+    if not runs or cell["per_hour"]["published"] <= 0:
         return 0
-    n = 4  # LeasesAcquired, OwnedBuckets, RoundDuration, ColdStart
+    n = 3 + 4  # Published, BatchDuration, CommitToAckLatency; leases, buckets, rounds, cold start
     if any((r.get("billed_ms") or 0) / 1000 > RENEW_INTERVAL_S for r in runs):
         n += 2
-    if cell["per_hour"]["published"] > 0:
-        n += 3
     return n
 
 
@@ -890,8 +891,8 @@ def log_bytes_h(cell: dict, buckets: int = BUCKETS) -> float:
     invocation Lambda's two platform records; a skipped doorbell one decision line; a run
     its INFO lines (relay starting, claimed buckets, an ownership line per bucket claimed
     and per bucket released, the idle decision, relay stopped, the successor decision,
-    the Kafka connection when it published, invocation done) and one EMF document, plus a
-    value per batch for BatchDuration (the batches: BatchWriteItem requests) and one per
+    the Kafka connection when it published, invocation done) and, when it published, one
+    EMF document (an idle run reports nothing), plus a value per batch for BatchDuration (the batches: BatchWriteItem requests) and one per
     published message for CommitToAckLatency."""
     size = log_line_bytes()
     total = 0.0
@@ -902,18 +903,25 @@ def log_bytes_h(cell: dict, buckets: int = BUCKETS) -> float:
             continue
         lines = 2 + 2 * buckets + (1 if r.get("stop_reason") == "idle" else 0) + 2
         lines += 1 if (r.get("published") or 0) > 0 else 0
-        total += w * (lines * size["app"] + size["done"] + size["emf"])
+        # An EMF document only from a run with something to report (lib/src/metrics/emf.rs).
+        emf = size["emf"] if (r.get("published") or 0) > 0 else 0
+        total += w * (lines * size["app"] + size["done"] + emf)
     total += cell["per_hour"]["dynamodb_requests"].get("BatchWriteItem", 0.0) \
         * size["duration_value"]
     total += cell["per_hour"]["published"] * size["latency_value"]
     return total
 
 
-def template_alarm_count() -> int:
-    """The CloudWatch alarms template.yaml creates (all of them, whatever AlarmTopicArn
-    says: it only adds their actions)."""
-    with open(os.path.join(ROOT, "template.yaml")) as f:
-        return f.read().count("Type: AWS::CloudWatch::Alarm")
+def template_alarm_count(params: dict | None = None) -> int:
+    """The CloudWatch alarms template.yaml creates for a deployment with these parameters
+    (default: the default deployment; AlarmTopicArn only adds their actions), with the
+    Conditions evaluated (scripts/outbox_e2e/alarms: the quarantine's alarm only with
+    quarantine-after, the doorbell's with WakeOn=stream, the enqueue function's with it).
+    CloudWatch bills each standard-resolution alarm on one metric as one alarm metric."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from outbox_e2e import alarms as model
+    return len(model.resolve_alarms(model.load_template(os.path.join(ROOT, "template.yaml")),
+                                    params or {}))
 
 
 def bill(cell: dict, message_bytes: int | None = None, memory_mb: int = 256,
@@ -959,17 +967,21 @@ def bill(cell: dict, message_bytes: int | None = None, memory_mb: int = 256,
     }
 
 
-def your_vpc_adds(azs: int = 2, secret: bool = False, cold_starts_month: float = 730) -> dict:
+def your_vpc_adds(azs: int = 2, secret: bool = False, cold_starts_month: float = 730,
+                  lambda_api: bool = True) -> dict:
     """What the user's network adds around a relay in a VPC (SubnetIds given; without
     them it runs outside any VPC and needs none of this), not the stack's: the relay
-    reaches DynamoDB (a gateway endpoint, free), the brokers (in the VPC), and with
-    successors the Lambda API (Invoke), with SCRAM Secrets Manager (once per execution
-    environment): an interface endpoint for each, per AZ, or one NAT gateway."""
+    reaches DynamoDB (a gateway endpoint, free), the brokers (in the VPC), with
+    successors started by invoking the function (lambda_api) the Lambda API, with a
+    Kafka secret Secrets Manager (once per execution environment): an interface endpoint
+    for each, per AZ, or one NAT gateway. A successor started through the table's stream
+    (a continuation item) needs no Lambda endpoint: lambda_api=False."""
     month = HOURS_PER_MONTH
-    out = {
-        "lambda_endpoint": azs * month * PRICES["vpce_interface_hour"],
-        "nat_gateway": month * PRICES["nat_gateway_hour"],
-    }
+    out = {"dynamodb_gateway_endpoint": 0.0}
+    if lambda_api:
+        out["lambda_endpoint"] = azs * month * PRICES["vpce_interface_hour"]
+    if lambda_api or secret:
+        out["nat_gateway"] = month * PRICES["nat_gateway_hour"]
     if secret:
         out["secrets_manager_endpoint"] = azs * month * PRICES["vpce_interface_hour"]
         out["secret"] = PRICES["secret_month"] + cold_starts_month * PRICES["secret_api_call"]
@@ -1025,17 +1037,67 @@ def self_test() -> int:
     check("mix, measured: eventual probes", mix["kinds"]["probe"], (482.0, 0.5))
     check("mix, measured: RRU", mix["rru_h"], 24 + 96 + 10 + 0.5 * 482)
     del fake["per_hour"]["consistent_queries"]
-    check("emf: idle short runs", emf_metric_count(fake), 4)
+    check("emf: idle short runs report nothing", emf_metric_count(fake), 0)
     b = bill(fake)
     check("bill: requests", b["usd"]["lambda_requests"], 12 * 730 * 0.2e-6, 1e-12)
     check("bill: scheduler", b["usd"]["scheduler"], 12 * 730 * 1e-6, 1e-12)
-    check("bill: metrics", b["usd"]["cloudwatch_metrics"], 1.2, 1e-12)
+    check("bill: metrics", b["usd"]["cloudwatch_metrics"], 0.0, 1e-12)
+    check("alarms: the default deployment's", template_alarm_count(), 7)
+    check("alarms: quarantine-after adds one, no enqueue API removes one",
+          template_alarm_count({"PoisonPolicy": "quarantine-after=3",
+                                "EnableEnqueueApi": "false"}), 7)
+    check("bill: alarms", b["usd"]["cloudwatch_alarms"], 0.7, 1e-12)
+    check("vpc: a gateway endpoint only, with the successor through the stream",
+          sum(your_vpc_adds(lambda_api=False).values()), 0.0)
     passed = sum(1 for c in checks if c[1])
     for name, ok, got, want in checks:
         if not ok:
             print(f"FAIL {name}: got {got!r}, want {want!r}")
     print(f"{passed} passed, {len(checks) - passed} failed")
     return 0 if passed == len(checks) else 1
+
+
+# The counts of the default stack's idle cell as a run measured them (mode c, idle, the
+# relay at 128 MB with Lambda's CPU share, commit dacba38, 2026-12-02; BENCHMARKS.md, "The
+# relay at 128 MB"): per hour 12 schedule invocations (no doorbell: nothing written), 61
+# billed seconds, 612 Query, 228 UpdateItem, 12 DeleteItem, nothing published.
+IDLE_RUN = {
+    "commit": "dacba38", "memory_mb": 128,
+    "schedule_period_s": 300.0, "window_s": 300.0, "stationary_load": False,
+    "doorbell_invocations": 0, "window": {},
+    "invocation_list": [{"source": "schedule", "at_s": 150.0, "billed_ms": 61_000 / 12,
+                         "stop_reason": "idle", "published": 0, "status": "ok"}],
+    "per_hour": {"dynamodb_requests": {"Query": 612.0, "UpdateItem": 228.0,
+                                       "DeleteItem": 12.0},
+                 "published": 0.0, "billed_s": 61.0, "invocations": 12.0,
+                 "schedule_invocations": 12.0},
+}
+
+
+def idle_bill() -> int:
+    """Prints the idle bill of the default stack from IDLE_RUN's counts, line by line,
+    with today's template (its alarms) and EMF rule, and what a VPC adds."""
+    b = bill(IDLE_RUN, memory_mb=IDLE_RUN["memory_mb"])
+    print(f"Idle, default stack (counts of run {IDLE_RUN['commit']}, "
+          f"{IDLE_RUN['memory_mb']} MB, {template_alarm_count()} alarms, "
+          f"{b['counts']['emf_metrics']} EMF metrics), USD a month:")
+    for k, v in b["usd"].items():
+        print(f"  {k:20s} {v:8.4f}")
+    print(f"  {'total':20s} {b['total']:8.4f}")
+    for label, kw in [("in a VPC (WakeOn=stream: successors through the stream)",
+                       {"lambda_api": False}),
+                      ("in a VPC, a Kafka secret", {"lambda_api": False, "secret": True}),
+                      ("in a VPC with WakeOn=schedule (successors invoked)", {})]:
+        adds = your_vpc_adds(**kw)
+        # The cheaper of the endpoints and the NAT gateway: one of them is needed.
+        endpoints = sum(v for k, v in adds.items() if k.endswith("_endpoint"))
+        nat = adds.get("nat_gateway", 0.0)
+        route = min(endpoints, nat) if nat else endpoints
+        other = sum(v for k, v in adds.items()
+                    if not k.endswith("_endpoint") and k != "nat_gateway")
+        print(f"{label}: + {route + other:.2f} (endpoints {endpoints:.2f} or NAT {nat:.2f}; "
+              f"{', '.join(k for k in adds)}) = {b['total'] + route + other:.2f}")
+    return 0
 
 
 def bill_markdown(cells: list[dict], label=lambda c: "") -> str:
@@ -1405,11 +1467,17 @@ def main() -> int:
                    "(default: a new temp dir, kept)")
     p.add_argument("--self-test", action="store_true",
                    help="check the pricing functions and exit")
+    p.add_argument("--idle-bill", action="store_true",
+                   help="price the recorded idle counts of the default stack (IDLE_RUN) "
+                        "with today's template and metric rule, outside and in a VPC, "
+                        "and exit")
     p.add_argument("--reprice", nargs="+", metavar="RESULT_JSON",
                    help="print the whole bill of recorded results (--out files) and exit")
     args = p.parse_args()
     if args.self_test:
         return self_test()
+    if args.idle_bill:
+        return idle_bill()
     if args.reprice:
         for path in args.reprice:
             with open(path) as f:

@@ -764,9 +764,17 @@ fn the_table_is_the_specifications() {
     ] {
         assert!(table.contains(expected), "OutboxTable lacks {expected}");
     }
+    // TTL on the table's one TTL attribute (markers and continuations carry it), and the
+    // table guarded: deletion protection (e2e/test_template.py checks the stack policy).
+    for expected in [
+        // dynamo_outbox's attr::TIME_TO_LIVE (a private module).
+        "TimeToLiveSpecification:\n        AttributeName: TimeToLive\n        Enabled: true",
+        "DeletionProtectionEnabled: true",
+    ] {
+        assert!(table.contains(expected), "OutboxTable lacks {expected}");
+    }
     // The stream (WakeOn=stream only) is checked below.
     for absent in [
-        "TimeToLiveSpecification",
         "GlobalSecondaryIndexes",
         "LocalSecondaryIndexes",
         "ProvisionedThroughput",
@@ -1144,19 +1152,27 @@ fn assert_contains_all(text: &str, expected: &[&str]) {
     }
 }
 
-/// The alarm named `name`: its lines joined. Every alarm exists whatever the parameters
-/// (the enqueue function's with the function); `AlarmTopicArn` only adds its actions.
+/// The alarm named `name`: its lines joined. Every alarm exists whatever the parameters,
+/// but the enqueue function's (with the function), the doorbell's (with the doorbell) and
+/// the quarantine's (with quarantine-after); `AlarmTopicArn` only adds its actions.
 fn alarm(t: &str, name: &str) -> String {
     let a = resource(t, name).join("\n");
     assert!(a.contains("Type: AWS::CloudWatch::Alarm"), "{a}");
-    if name.starts_with("Enqueue") {
-        assert!(
-            a.contains("    Condition: EnqueueApi\n"),
-            "{name}: with the function\n{a}"
-        );
-        assert_eq!(a.matches("Condition:").count(), 1, "{name}\n{a}");
-    } else {
-        assert!(!a.contains("Condition:"), "{name}: always created\n{a}");
+    let condition = match name {
+        n if n.starts_with("Enqueue") => Some("EnqueueApi"),
+        "DoorbellDropsAlarm" => Some("Doorbell"),
+        "QuarantinedItemsAlarm" => Some("QuarantinesPoison"),
+        _ => None,
+    };
+    match condition {
+        Some(c) => {
+            assert!(
+                a.contains(&format!("    Condition: {c}\n")),
+                "{name}: with {c}\n{a}"
+            );
+            assert_eq!(a.matches("Condition:").count(), 1, "{name}\n{a}");
+        }
+        None => assert!(!a.contains("Condition:"), "{name}: always created\n{a}"),
     }
     for actions in ["AlarmActions", "OKActions"] {
         assert!(
@@ -1169,12 +1185,14 @@ fn alarm(t: &str, name: &str) -> String {
     a
 }
 
-/// Alarms, always created: relay errors and throttles, a stuck outbox, a poison item,
-/// sustained publish failures, sustained refused writes, no invocation; and the enqueue
-/// function's errors and throttles with the function. Built on metrics the relay emits,
-/// each with a missing-data treatment chosen for how its metric is emitted.
+/// Alarms: relay errors, a stuck outbox, refused writes, successor failures, a quiet or
+/// runaway relay, always; dropped doorbells with the doorbell; quarantined items with
+/// quarantine-after; the enqueue function's faults with the function (seven in the
+/// default deployment: docs/design.md, "Alarms"). Built on free Lambda metrics and on
+/// metrics the relay emits only when they carry information: missing data is not
+/// breaching, but for the concurrency alarm, whose missing data is a relay not running.
 #[test]
-fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and_a_quiet_relay() {
+fn alarms_watch_errors_a_stuck_outbox_refused_writes_successors_and_the_relays_concurrency() {
     let t = template();
     assert_eq!(
         entry(&section(&t, "Conditions"), "HasAlarms"),
@@ -1185,38 +1203,10 @@ fn alarms_watch_errors_a_stuck_outbox_poison_publish_failures_refused_writes_and
         value(&entry(&parameters, "AlarmTopicArn"), "Default"),
         "\"\""
     );
-    assert_eq!(t.matches("Type: AWS::CloudWatch::Alarm").count(), 9);
+    assert_eq!(t.matches("Type: AWS::CloudWatch::Alarm").count(), 8);
 
-    assert_lambda_alarms(&t);
-    assert_relay_metric_alarms(&t);
-    assert_relay_metric_alarm_thresholds(&t);
-}
-
-/// The alarms on Lambda's own metrics: relay errors and throttles, the enqueue function's
-/// errors and throttles, and no invocation (which writes no Invocations data point:
-/// missing counts as breaching).
-fn assert_lambda_alarms(t: &str) {
-    for (name, metric, function) in [
-        ("RelayThrottlesAlarm", "Throttles", "RelayFunction"),
-        ("EnqueueErrorsAlarm", "Errors", "EnqueueFunction"),
-        ("EnqueueThrottlesAlarm", "Throttles", "EnqueueFunction"),
-    ] {
-        assert_contains_all(
-            &alarm(t, name),
-            &[
-                "Namespace: AWS/Lambda",
-                &format!("MetricName: {metric}"),
-                &format!("Value: !Ref {function}"),
-                "Statistic: Sum",
-                "Threshold: 1",
-                "ComparisonOperator: GreaterThanOrEqualToThreshold",
-                "TreatMissingData: notBreaching",
-            ],
-        );
-    }
-    let errors = alarm(t, "RelayErrorsAlarm");
     assert_contains_all(
-        &errors,
+        &alarm(&t, "RelayErrorsAlarm"),
         &[
             "Namespace: AWS/Lambda",
             "MetricName: Errors",
@@ -1224,27 +1214,43 @@ fn assert_lambda_alarms(t: &str) {
             "TreatMissingData: notBreaching",
         ],
     );
-    let quiet = alarm(t, "RelayQuietAlarm");
     assert_contains_all(
-        &quiet,
+        &alarm(&t, "RelayConcurrencyAlarm"),
         &[
             "Namespace: AWS/Lambda",
-            "MetricName: Invocations",
+            "MetricName: ConcurrentExecutions",
             "Value: !Ref RelayFunction",
+            "Statistic: Maximum",
             "Period: 60",
             "EvaluationPeriods: !Ref RelayQuietMinutes",
             "DatapointsToAlarm: !Ref RelayQuietMinutes",
-            "ComparisonOperator: LessThanThreshold",
-            "Threshold: 1",
+            "Threshold: !Ref RelayRunawayConcurrency",
+            "ComparisonOperator: GreaterThanThreshold",
             "TreatMissingData: breaching",
         ],
     );
+    assert_contains_all(
+        &alarm(&t, "DoorbellDropsAlarm"),
+        &[
+            "Namespace: AWS/Lambda",
+            "MetricName: DroppedEventCount",
+            "- Name: EventSourceMappingUUID\n          Value: !Ref RelayDoorbell",
+            "TreatMissingData: notBreaching",
+        ],
+    );
+    assert_contains_all(
+        &alarm(&t, "EnqueueFaultsAlarm"),
+        &[
+            "MetricName: EnqueueFaults",
+            "TreatMissingData: notBreaching",
+        ],
+    );
+    assert_relay_metric_alarms(&t);
 }
 
 /// The alarms on the relay's own metrics (EMF): the namespace and service it is given, the
-/// table dimension, each metric's statistic and missing-data treatment.
+/// table dimension, each metric's statistic, window and missing-data treatment.
 fn assert_relay_metric_alarms(t: &str) {
-    // The relay's own metrics: the namespace and service it is given, the table dimension.
     let relay = resource(t, "RelayFunction").join("\n");
     use dynamo_outbox::metrics::{emf, RelayMetrics};
     assert_eq!(
@@ -1256,8 +1262,7 @@ fn assert_relay_metric_alarms(t: &str) {
     let metrics = emf::EmfMetrics::from_lookup("orders-outbox", |_| None);
     metrics.refused_write(dynamo_outbox::protocol::store::WriteKind::Claim);
     metrics.head_age(0, std::time::Duration::from_secs(400));
-    metrics.poison_item(0);
-    metrics.publish_failed(0, false);
+    metrics.quarantined(0);
     let doc: serde_json::Value =
         serde_json::from_str(&metrics.flush_at(1_764_500_000_000)[0]).unwrap();
     let directive = &doc["_aws"]["CloudWatchMetrics"][0];
@@ -1265,22 +1270,37 @@ fn assert_relay_metric_alarms(t: &str) {
         directive["Dimensions"],
         serde_json::json!([["service", "table"]])
     );
-    // Counters are written only when not zero: a missing point is none (not breaching).
-    // OldestPendingAge is written by every running relay each minute: a missing point is
-    // no relay, whose alarm is the quiet one, so the stuck alarm keeps its state (ignore).
-    for (name, metric, statistic, missing) in [
-        ("OutboxStuckAlarm", "OldestPendingAge", "Maximum", "ignore"),
-        ("RefusedWritesAlarm", "RefusedWrites", "Sum", "notBreaching"),
-        ("PoisonItemsAlarm", "PoisonItems", "Sum", "notBreaching"),
+    // SuccessorFailures is the relay's too (written only when not zero).
+    for (name, metric, statistic, window) in [
         (
-            "PublishFailuresAlarm",
-            "PublishFailures",
+            "OutboxStuckAlarm",
+            "OldestPendingAge",
+            "Maximum",
+            "EvaluationPeriods: 10\n      DatapointsToAlarm: 1",
+        ),
+        (
+            "RefusedWritesAlarm",
+            "RefusedWrites",
             "Sum",
-            "notBreaching",
+            "EvaluationPeriods: !Ref RefusedWritesWindowMinutes\n      DatapointsToAlarm: !Ref RefusedWritesMinutes",
+        ),
+        (
+            "QuarantinedItemsAlarm",
+            "QuarantinedItems",
+            "Sum",
+            "EvaluationPeriods: 1",
+        ),
+        (
+            "SuccessorFailuresAlarm",
+            "SuccessorFailures",
+            "Sum",
+            "EvaluationPeriods: 10\n      DatapointsToAlarm: 2",
         ),
     ] {
         let a = alarm(t, name);
-        assert!(doc[metric].is_number(), "the relay emits {metric}");
+        if metric != "SuccessorFailures" {
+            assert!(doc[metric].is_number(), "the relay emits {metric}");
+        }
         for expected in [
             format!("Namespace: {}", directive["Namespace"].as_str().unwrap()),
             format!("MetricName: {metric}"),
@@ -1288,56 +1308,12 @@ fn assert_relay_metric_alarms(t: &str) {
             "- Name: service\n          Value: outbox-relay".to_string(),
             "- Name: table\n          Value: !If [CreateTable, !Ref OutboxTable, !Ref TableName]"
                 .to_string(),
-            format!("TreatMissingData: {missing}"),
-            "Period: 60".to_string(),
+            "TreatMissingData: notBreaching".to_string(),
+            window.to_string(),
         ] {
             assert!(a.contains(&expected), "{name}: {expected}\n{a}");
         }
     }
-}
-
-/// The thresholds and evaluation windows of the relay-metric alarms.
-fn assert_relay_metric_alarm_thresholds(t: &str) {
-    let stuck = alarm(t, "OutboxStuckAlarm");
-    assert_contains_all(
-        &stuck,
-        &[
-            "EvaluationPeriods: 1",
-            "DatapointsToAlarm: 1",
-            "Threshold: !Ref StuckMessageAgeSeconds",
-            "ComparisonOperator: GreaterThanOrEqualToThreshold",
-        ],
-    );
-    let poison = alarm(t, "PoisonItemsAlarm");
-    assert_contains_all(
-        &poison,
-        &[
-            "EvaluationPeriods: 10",
-            "DatapointsToAlarm: 1",
-            "Threshold: 1",
-            "ComparisonOperator: GreaterThanOrEqualToThreshold",
-        ],
-    );
-    let failing = alarm(t, "PublishFailuresAlarm");
-    assert_contains_all(
-        &failing,
-        &[
-            "EvaluationPeriods: 5",
-            "DatapointsToAlarm: 3",
-            "Threshold: 1",
-            "ComparisonOperator: GreaterThanOrEqualToThreshold",
-        ],
-    );
-    let refused = alarm(t, "RefusedWritesAlarm");
-    assert_contains_all(
-        &refused,
-        &[
-            "EvaluationPeriods: !Ref RefusedWritesMinutes",
-            "DatapointsToAlarm: !Ref RefusedWritesMinutes",
-            "Threshold: 0",
-            "ComparisonOperator: GreaterThanThreshold",
-        ],
-    );
 }
 
 /// Callers of the enqueue function: a managed policy they can attach.
@@ -1542,15 +1518,15 @@ fn the_relay_is_told_each_kafka_secret_only_when_it_is_named() {
     for (name, pattern) in [
         (
             "KafkaSaslSecretArn",
-            r#""^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[^\\s]+)?$""#,
+            r#""^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6})?$""#,
         ),
         (
             "KafkaTlsCaSecretArn",
-            r#""^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[^\\s]+)?$""#,
+            r#""^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6})?$""#,
         ),
         (
             "KafkaTlsClientSecretArn",
-            r#""^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[^\\s]+)?$""#,
+            r#""^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+-[A-Za-z0-9]{6})?$""#,
         ),
         (
             "KafkaSecretsKmsKeyArn",
@@ -1648,7 +1624,7 @@ fn the_enqueue_api_and_point_in_time_recovery_are_options() {
     let parameters = section(&t, "Parameters");
     for (name, default) in [
         ("EnableEnqueueApi", "\"true\""),
-        ("PointInTimeRecovery", "\"false\""),
+        ("PointInTimeRecovery", "\"true\""),
     ] {
         let p = entry(&parameters, name);
         assert_eq!(value(&p, "Default"), default, "{name}");
@@ -1742,19 +1718,37 @@ fn direct_writers_get_a_managed_policy_with_the_writers_actions() {
         ),
         granted
     );
-    // Every item grant of the stack is limited to the outbox's partition keys.
-    for (name, sid) in [
-        ("OutboxWriterPolicy", "OutboxTable"),
-        ("EnqueueFunction", "OutboxTable"),
-        ("RelayFunctionRole", "OutboxTable"),
+    // Every item grant of the stack is limited to the partitions of its role (the
+    // resolved conditions per setup: e2e/test_template.py).
+    for (name, sid, kinds) in [
+        (
+            "OutboxWriterPolicy",
+            "OutboxTable",
+            &["MESSAGES#*", "SEQUENCE#*"][..],
+        ),
+        (
+            "EnqueueFunction",
+            "OutboxTable",
+            &["MESSAGES#*", "SEQUENCE#*", "IDEMPOTENCY#*"][..],
+        ),
+        (
+            "RelayFunctionRole",
+            "OutboxTable",
+            &["COORDINATION", "MESSAGES#*"][..],
+        ),
     ] {
         let s = statement(&resource(&t, name), sid);
         assert!(
-            s.contains("ForAllValues:StringLike:")
-                && s.contains("dynamodb:LeadingKeys:")
-                && s.contains("- !Sub \"${KeyPrefix}#*\""),
+            s.contains("ForAllValues:StringLike:") && s.contains("dynamodb:LeadingKeys:"),
             "{name}: {s}"
         );
+        for kind in kinds {
+            assert!(
+                s.contains(&format!("- !Sub \"${{KeyPrefix}}#{kind}\"")),
+                "{name}: {kind}\n{s}"
+            );
+        }
+        assert!(!s.contains("${KeyPrefix}#*"), "{name}: {s}");
     }
     // Every partition key the library writes starts with the prefix and '#'.
     let options = dynamo_outbox::OutboxOptions::new("t");

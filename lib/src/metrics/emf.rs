@@ -29,6 +29,7 @@
 //! | `OldestPendingAge` | Seconds | the oldest head message seen since the last flush: of every batch's fetch (each owned bucket with messages, every round) and of the backlog samples |
 //! | `PoisonItems` | Count | times a bucket was found stuck on an unreadable item |
 //! | `QuarantinedItems` | Count | poison items the relay moved to the dead-letter partition (`OUTBOX_POISON_POLICY=quarantine-after=N`) |
+//! | `SuccessorFailures` | Count | runs that ended with work left and could not start their successor |
 //! | `BatchDuration` / `RoundDuration` | Milliseconds | one value per batch / acquisition round |
 //! | `CommitToAckLatency` | Milliseconds | one value per message the broker acknowledged: from its enqueue timestamp (`CreatedAtUtc`, the writer's clock) to the acknowledgement (the relay's clock; zero when the writer's is ahead) |
 //! | `ColdStart` | Count | 1 in the first flush after [`EmfMetrics::cold_start`] |
@@ -38,13 +39,19 @@
 //! refusal since the last flush, `{"Failure", "Topic", "Principal", "Operation", "Count"}`,
 //! so that the refused topic and principal are named without a metric per topic.
 //!
-//! A counter is emitted only when it is not zero: CloudWatch bills every metric that
-//! received a data point in an hour, and for a `Sum` a missing data point means zero, so
-//! an idle outbox pays for the few metrics it reports (see [`IDLE_METRICS`]) instead of
-//! all of them. Alarms on counters treat missing data as not breaching. The gauges
-//! (`OwnedBuckets`, `PendingMessages`, `OldestPendingAge`) are emitted whenever they were
-//! measured, zero included: an empty backlog is a value, not a missing one. A flush with
-//! nothing to report renders no document. The specification's limits are kept: at most [`MAX_METRICS_PER_DOCUMENT`]
+//! A flush reports only what carries information: CloudWatch bills every metric that
+//! received a data point in an hour, so an idle outbox (its relays woken every few minutes
+//! by the schedule) would pay for every metric an idle run reported. A counter is emitted
+//! only when it is not zero (for a `Sum` a missing data point means zero; alarms on
+//! counters treat missing data as not breaching). A flush in which nothing was published,
+//! acknowledged, failed, refused, lost, parked, quarantined or found pending, and no batch
+//! ran (no pending message in a backlog sample, no fetched head) is idle and renders no
+//! document at all: the leases an
+//! idle run claims, its rounds, its buckets, its empty backlog and its cold start are not
+//! reported, so an idle outbox publishes no metric. Otherwise the gauges (`OwnedBuckets`,
+//! `PendingMessages`, `OldestPendingAge`) are emitted whenever they were measured, zero
+//! included (a backlog that drained to zero is a value), with the durations and
+//! `LeasesAcquired` and `ColdStart`. The specification's limits are kept: at most [`MAX_METRICS_PER_DOCUMENT`]
 //! metrics per document, [`MAX_DIMENSIONS`] dimensions per set, and
 //! [`MAX_VALUES_PER_METRIC`] values per metric (more duration values go to further
 //! documents; past [`MAX_SAMPLES`] per flush a uniform sample of them is kept, past
@@ -88,20 +95,9 @@ pub const MAX_SAMPLES: usize = 1000;
 /// `CommitToAckLatency` values kept between two flushes (a uniform sample beyond): one
 /// per acknowledged message up to this many, at most a hundred documents per flush.
 pub const MAX_LATENCY_SAMPLES: usize = 10_000;
-/// The metrics every counter of which may be absent: with nothing published, failed,
-/// refused, lost or stuck, a flush reports at most these (gauges and durations, and the
-/// leases an invocation claims when it starts): the metric budget of an idle outbox.
-pub const IDLE_METRICS: [&str; 6] = [
-    "LeasesAcquired",
-    "OwnedBuckets",
-    "PendingMessages",
-    "OldestPendingAge",
-    "RoundDuration",
-    "ColdStart",
-];
-/// Every metric name a flush may report: 16 names, plus `RefusedWrites.<kind>` for the
-/// five kinds of [`WriteKind::ALL`], 21 metrics per dimension set at most.
-pub const METRIC_NAMES: [&str; 16] = [
+/// Every metric name a flush may report: 17 names, plus `RefusedWrites.<kind>` for the
+/// five kinds of [`WriteKind::ALL`], 22 metrics per dimension set at most.
+pub const METRIC_NAMES: [&str; 17] = [
     "Published",
     "PublishFailures",
     "PublishRejected",
@@ -111,6 +107,7 @@ pub const METRIC_NAMES: [&str; 16] = [
     "LeasesLost",
     "PoisonItems",
     "QuarantinedItems",
+    "SuccessorFailures",
     "OwnedBuckets",
     "PendingMessages",
     "OldestPendingAge",
@@ -162,6 +159,7 @@ struct State {
     head_ages: BTreeMap<u32, Duration>,
     poison_items: u64,
     quarantined_items: u64,
+    successor_failures: u64,
     batch_ms: Samples,
     round_ms: Samples,
     commit_to_ack_ms: Samples,
@@ -344,7 +342,32 @@ impl EmfMetrics {
         out.flush()
     }
 
+    /// Whether a flush of `state` tells anything about the outbox: something was
+    /// published, acknowledged, failed, refused, lost, parked or quarantined, a batch ran,
+    /// or a message was found pending (a fetched head, a backlog sample with messages).
+    /// An idle run's leases, rounds, owned buckets, empty backlog and cold start do not
+    /// count. A new counter of trouble belongs here too, or a flush that carries only it
+    /// is dropped as idle.
+    fn carries_information(state: &State) -> bool {
+        state.published != 0
+            || state.publish_failures != 0
+            || state.publish_rejected != 0
+            || !state.not_authorized.is_empty()
+            || state.refused.values().any(|n| *n != 0)
+            || state.leases_lost != 0
+            || state.poison_items != 0
+            || state.quarantined_items != 0
+            || state.successor_failures != 0
+            || !state.head_ages.is_empty()
+            || state.backlog.values().any(|(pending, _)| *pending != 0)
+            || !state.batch_ms.values.is_empty()
+            || !state.commit_to_ack_ms.values.is_empty()
+    }
+
     fn metrics_of(state: State) -> Vec<Metric> {
+        if !Self::carries_information(&state) {
+            return Vec::new();
+        }
         let count = |name: &str, v: u64| Metric {
             name: name.to_string(),
             unit: Unit::Count,
@@ -372,6 +395,7 @@ impl EmfMetrics {
         counter("LeasesLost", state.leases_lost);
         counter("PoisonItems", state.poison_items);
         counter("QuarantinedItems", state.quarantined_items);
+        counter("SuccessorFailures", state.successor_failures);
         // Gauges: whenever measured, zero included.
         if let Some(owned) = state.owned_buckets {
             m.push(count("OwnedBuckets", owned as u64));
@@ -561,6 +585,10 @@ impl RelayMetrics for EmfMetrics {
 
     fn quarantined(&self, _bucket: u32) {
         self.lock().quarantined_items += 1;
+    }
+
+    fn successor_failed(&self) {
+        self.lock().successor_failures += 1;
     }
 
     fn round_duration(&self, duration: Duration) {
@@ -809,36 +837,69 @@ mod tests {
         assert!(m.flush_at(1_764_500_060_000).is_empty());
 
         // An idle invocation: it claims its leases, owns buckets, samples an empty
-        // backlog and runs acquisition rounds; every counter but the claims is zero.
+        // backlog and runs acquisition rounds; nothing was published, failed or found
+        // pending. Nothing of it carries information: no document, no metric billed.
         m.leases_acquired(8);
         m.owned_buckets(8);
         m.backlog(0, 0, None);
         m.round_duration(Duration::from_millis(12));
         m.round_duration(Duration::from_millis(9));
         m.cold_start();
-        let docs = m.flush_at(1_764_500_120_000);
+        assert_eq!(
+            m.flush_at(1_764_500_120_000),
+            Vec::<String>::new(),
+            "an idle flush reports nothing"
+        );
+
+        // A relay that finds a message pending (a parked head, Kafka down): the head's
+        // age and the gauges measured with it are reported, zeros included.
+        m.leases_acquired(8);
+        m.owned_buckets(8);
+        m.backlog(0, 0, None);
+        m.backlog(1, 3, Some(Duration::from_secs(400)));
+        m.round_duration(Duration::from_millis(12));
+        let docs = m.flush_at(1_764_500_180_000);
         assert_eq!(docs.len(), 1);
-        let idle = validate(&docs[0]);
-        let names: Vec<&str> = idle.keys().map(String::as_str).collect();
-        let mut budget = IDLE_METRICS.to_vec();
-        budget.sort_unstable();
-        assert_eq!(
-            names, budget,
-            "an idle flush reports exactly the idle budget"
-        );
-        assert_eq!(
-            idle["PendingMessages"],
-            json!(0),
-            "a gauge reports its zero"
-        );
-        assert_eq!(idle["OldestPendingAge"], json!(0));
-        assert_eq!(idle["OwnedBuckets"], json!(8));
+        let pending = validate(&docs[0]);
+        assert_eq!(pending["OldestPendingAge"], json!(400));
+        assert_eq!(pending["PendingMessages"], json!(3));
+        assert_eq!(pending["OwnedBuckets"], json!(8));
         assert!(
-            !m.flush_at(1_764_500_180_000)
-                .iter()
-                .any(|d| d.contains("ColdStart")),
-            "a cold start is reported once"
+            !pending.contains_key("Published"),
+            "a zero count is not reported"
         );
+
+        // The backlog drained: the run published, and its last sample is empty. The zero
+        // age is reported (it tells the stuck alarm that the head moved).
+        m.published(1, 3);
+        m.backlog(1, 0, None);
+        let drained = validate(&m.flush_at(1_764_500_240_000)[0]);
+        assert_eq!(drained["OldestPendingAge"], json!(0));
+        assert_eq!(drained["PendingMessages"], json!(0));
+        assert_eq!(drained["Published"], json!(3));
+
+        // Each kind of news alone makes a flush worth reporting.
+        type Event = fn(&EmfMetrics);
+        let news: [(&str, Event); 7] = [
+            ("PublishFailures", |m| m.publish_failed(0, false)),
+            ("RefusedWrites", |m| m.refused_write(WriteKind::Renew)),
+            ("LeasesLost", |m| m.leases_lost(1)),
+            ("PoisonItems", |m| m.poison_item(0)),
+            ("QuarantinedItems", |m| m.quarantined(0)),
+            ("SuccessorFailures", |m| m.successor_failed()),
+            ("OldestPendingAge", |m| {
+                m.head_age(0, Duration::from_secs(2))
+            }),
+        ];
+        for (metric, event) in news {
+            m.leases_acquired(1);
+            event(&m);
+            let docs = m.flush_at(1_764_500_300_000);
+            assert_eq!(docs.len(), 1, "{metric}");
+            let v = validate(&docs[0]);
+            assert!(v.contains_key(metric), "{metric}: {v:?}");
+            assert_eq!(v["LeasesAcquired"], json!(1), "{metric}");
+        }
     }
 
     #[test]
@@ -896,7 +957,7 @@ mod tests {
     }
 
     #[test]
-    fn every_metric_name_is_known_and_the_total_is_21() {
+    fn every_metric_name_is_known_and_the_total_is_22() {
         let m = table_metrics();
         m.cold_start();
         m.published(0, 1);
@@ -909,6 +970,7 @@ mod tests {
         m.leases_lost(1);
         m.poison_item(0);
         m.quarantined(0);
+        m.successor_failed();
         m.owned_buckets(1);
         m.backlog(0, 1, Some(Duration::from_secs(1)));
         m.batch_duration(0, Duration::from_millis(1));
@@ -916,16 +978,13 @@ mod tests {
         m.commit_to_ack(0, Duration::from_millis(1));
         let v = validate(&m.flush_at(1_764_500_000_000)[0]);
         assert_eq!(v.len(), METRIC_NAMES.len() + WriteKind::ALL.len());
-        assert_eq!(v.len(), 21);
+        assert_eq!(v.len(), 22);
         assert_eq!(v["QuarantinedItems"], json!(1));
         for name in v.keys() {
             assert!(
                 METRIC_NAMES.contains(&name.as_str()) || name.starts_with("RefusedWrites."),
                 "{name}"
             );
-        }
-        for name in IDLE_METRICS {
-            assert!(METRIC_NAMES.contains(&name), "{name}");
         }
     }
 

@@ -107,19 +107,27 @@ and the time limits on Period x EvaluationPeriods.
 CLI: `python3 scripts/alarms.py --param AlarmTopicArn=arn:... --emf relay.log` prints
 {"alarms": {LogicalId: {config, transitions, final_state}}, "emf": {...}}; see --help.
 
+Metric filters and Lambda's log-level filtering (metric_filter.py): a JSON filter pattern
+(=, !=, &&, ||, parentheses) over log lines gives the datapoints a metric filter without a
+DefaultValue publishes; `lambda_log_level_filter` keeps the lines Lambda sends to
+CloudWatch Logs at an ApplicationLogLevel (a line without a "level" is INFO), so a test
+can show which EMF documents reach CloudWatch at all.
+
 Layout: template.py (the template's alarms, resolved), emf.py (samples from EMF documents
-and from direct datapoints), evaluate.py (statistics, the M-of-N and missing-data rules,
-the replay), cli.py (the command).
+and from direct datapoints), metric_filter.py (metric filters, log-level filtering),
+evaluate.py (statistics, the M-of-N and missing-data rules, the replay), cli.py (the
+command).
 """
 
 from .emf import EmfRead, Sample, iso, parse_time, read_emf, samples_from_records
 from .evaluate import (ALARM, INSUFFICIENT_DATA, OK, Evaluation, decide, evaluate, evaluate_all,
                        matching_samples, statistic)
+from .metric_filter import compile_pattern, filter_samples, lambda_log_level_filter
 from .template import Alarm, AlarmError, alarm_from_properties, load_template, resolve_alarms
 
 __all__ = [
     "ALARM", "INSUFFICIENT_DATA", "OK", "Alarm", "AlarmError", "EmfRead", "Evaluation", "Sample",
-    "alarm_from_properties", "decide", "evaluate", "evaluate_all", "iso", "load_template",
-    "matching_samples", "parse_time", "read_emf", "resolve_alarms", "samples_from_records",
-    "statistic",
+    "alarm_from_properties", "compile_pattern", "decide", "evaluate", "evaluate_all",
+    "filter_samples", "iso", "lambda_log_level_filter", "load_template", "matching_samples",
+    "parse_time", "read_emf", "resolve_alarms", "samples_from_records", "statistic",
 ]

@@ -112,14 +112,15 @@ stuck  A poison head in a quiet period: the relay allows only the scenario's top
        and a schedule every --tick-seconds (30) wake the relay.  Every 5 s the template's
        alarms (with StuckMessageAgeSeconds=--stuck-age, 60) are evaluated by the alarm
        evaluator (outbox_e2e.alarms) over the EMF documents of the relay's log and the
-       invocations' AWS/Lambda datapoints, until OutboxStuckAlarm and PoisonItemsAlarm are both in
-       ALARM.  Checks: both in ALARM within stuck age + tick + 90 s (the relay reports
+       invocations' AWS/Lambda datapoints, until OutboxStuckAlarm (which a poison head
+       raises with PoisonPolicy block) is in ALARM.  Checks: in ALARM within stuck age +
+       tick + 90 s (the relay reports
        the head's age each run; an alarm is evaluated at whole minutes), the healthy
        message in Kafka, the poison and the message behind it still in the table (never
        published), every relay run stopped idle (a parked bucket is no reason to run
        on), 0 refused writes.  The burst scenario evaluates the same alarms and
-       fails when OutboxStuckAlarm, PoisonItemsAlarm, PublishFailuresAlarm or
-       RefusedWritesAlarm goes into ALARM during its healthy drain.
+       fails when OutboxStuckAlarm, RefusedWritesAlarm or SuccessorFailuresAlarm goes
+       into ALARM during its healthy drain.
 
 Each scenario returns its figures (scripts/continuity_e2e.py prints them as one JSON
 document after the line "RESULT"); a failed check raises, naming it.  The goals are

@@ -308,8 +308,7 @@ def check_invocations(invs: list[tuple[dict, dict | None]], allowed: set[str],
 # ------------------------------------------------------------------ the alarms
 
 # The alarms a healthy drain must leave out of ALARM (the relay's own metrics).
-TROUBLE_ALARMS = ("OutboxStuckAlarm", "PoisonItemsAlarm", "PublishFailuresAlarm",
-                  "RefusedWritesAlarm")
+TROUBLE_ALARMS = ("OutboxStuckAlarm", "RefusedWritesAlarm", "SuccessorFailuresAlarm")
 
 
 @functools.lru_cache(maxsize=1)
@@ -325,7 +324,8 @@ def alarm_report(relay: Emulator, invs: list[tuple[dict, dict | None]], table: s
     M-of-N rule with each alarm's TreatMissingData, from the minute of t0 to two minutes
     after t_end: the relay's own metrics from the EMF documents in the function's log
     (every document must be valid EMF), and the AWS/Lambda metrics the emulator saw (an
-    Errors and an Invocations datapoint per invocation, at its start).  Returns, per
+    Errors, an Invocations and a ConcurrentExecutions datapoint per invocation, at its
+    start).  Returns, per
     alarm, its state at the end and its transitions in seconds after t0."""
     resolved = alarms.resolve_alarms(
         template_alarms_source(), dict({"KafkaBootstrapServers": "local:9092"}, **(params or {})),
@@ -342,6 +342,8 @@ def alarm_report(relay: Emulator, invs: list[tuple[dict, dict | None]], table: s
             {"namespace": "AWS/Lambda", "metric": "Errors", "dimensions": dims,
              "timestamp": at, "value": 0 if s is not None else 1},
             {"namespace": "AWS/Lambda", "metric": "Invocations", "dimensions": dims,
+             "timestamp": at, "value": 1},
+            {"namespace": "AWS/Lambda", "metric": "ConcurrentExecutions", "dimensions": dims,
              "timestamp": at, "value": 1}]
     samples = read.samples + alarms.samples_from_records(lambda_points)
     start = int(t0 * 1000) - int(t0 * 1000) % 60_000
