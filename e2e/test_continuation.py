@@ -38,7 +38,7 @@ from outbox_e2e.serverless import SCHEDULE_PAYLOAD
 from outbox_e2e.streams.poller import virtual_shard
 
 SHARDS = 4
-RELAY_TIMEOUT = 30.0  # a run long enough to start a successor: twice the lead, and more
+RELAY_TIMEOUT = 40.0  # runs long enough to start a successor (twice the lead) after a slow decision
 KEY = "customer-7"
 FIRST_RELAY = "RelayFunction-00000000-0000-4000-8000-000000000001"
 
