@@ -273,8 +273,16 @@ fn rskafka_ceiling() -> u32 {
 async fn the_client_refuses_malformed_scram_server_messages_without_panicking() {
     for (server_first, server_final, rule) in [
         // short attributes made rsasl's parser index out of bounds
-        ("r={nonce},s", "e=other", "server-first message has no salt (s=...)"),
-        ("r={nonce}", "e=other", "server-first message has no salt (s=...)"),
+        (
+            "r={nonce},s",
+            "e=other",
+            "server-first message has no salt (s=...)",
+        ),
+        (
+            "r={nonce}",
+            "e=other",
+            "server-first message has no salt (s=...)",
+        ),
         (
             "r={nonce},s=c2FsdA==",
             "e=other",

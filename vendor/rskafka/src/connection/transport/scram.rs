@@ -26,7 +26,11 @@ pub struct ScramMessageError {
 
 impl fmt::Display for ScramMessageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "the broker's SCRAM {} message {}", self.message, self.rule)
+        write!(
+            f,
+            "the broker's SCRAM {} message {}",
+            self.message, self.rule
+        )
     }
 }
 
@@ -155,18 +159,31 @@ mod tests {
             (b"m=ext,r=abc,s=c2FsdA==,i=4096", "mandatory extension"),
             (b"s=c2FsdA==,r=abc,i=4096", "no nonce"),
             (b"r=,s=c2FsdA==,i=4096", "nonce (r=) that is empty"),
-            (b"r=abc,s=c2Fsd!==,i=4096", "salt (s=) that is empty or not canonical"),
+            (
+                b"r=abc,s=c2Fsd!==,i=4096",
+                "salt (s=) that is empty or not canonical",
+            ),
             (b"r=abc,s=c2FsdA=,i=4096", "salt (s=)"),
             (b"r=abc,s=,i=4096", "salt (s=)"),
             (b"r=abc,s=c2FsdA==,i=-1", "not a decimal"),
             (b"r=abc,s=c2FsdA==,i=0", "of 0"),
-            (b"r=abc,s=c2FsdA==,i=16385", "i=16385 above the ceiling of 16384"),
-            (b"r=abc,s=c2FsdA==,i=4294967296", "above the ceiling of 16384"),
+            (
+                b"r=abc,s=c2FsdA==,i=16385",
+                "i=16385 above the ceiling of 16384",
+            ),
+            (
+                b"r=abc,s=c2FsdA==,i=4294967296",
+                "above the ceiling of 16384",
+            ),
             (b"r=abc,s=c2FsdA==,i=\xff", "not UTF-8"),
         ] {
             let e = check_server_first(input).expect_err(&String::from_utf8_lossy(input));
             assert_eq!(e.message, "server-first");
-            assert!(e.to_string().contains(rule), "{e} for {:?}", String::from_utf8_lossy(input));
+            assert!(
+                e.to_string().contains(rule),
+                "{e} for {:?}",
+                String::from_utf8_lossy(input)
+            );
         }
     }
 
