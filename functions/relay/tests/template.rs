@@ -894,9 +894,11 @@ fn the_relay_is_granted_the_table_operations_its_code_calls_and_put_item_only_to
     assert_eq!(granted, relay_dynamodb_operations());
     assert!(!granted.contains("dynamodb:PutItem"), "{granted:?}");
     let quarantine = statement(&lines, "QuarantinePoison");
+    // the move's transaction also checks the bucket's lease item (ConditionCheckItem), so
+    // that a relay that lost the bucket moves nothing
     assert_eq!(
         actions(&quarantine.lines().collect::<Vec<_>>()),
-        set(&["dynamodb:PutItem"])
+        set(&["dynamodb:PutItem", "dynamodb:ConditionCheckItem"])
     );
     assert!(
         t.contains("  QuarantinesPoison: !Not [!Equals [!Ref PoisonPolicy, block]]\n"),
