@@ -6,8 +6,9 @@
 //! and check the bucket's lease item: still this relay's, with the expiry it holds, not
 //! lapsed), so a relay that lost the bucket moves nothing; then the bucket goes on past
 //! it. A refused lease check drops the bucket as a refused renewal does. Under
-//! the default policy ([`PoisonPolicy::Block`](crate::options::PoisonPolicy::Block)) no
-//! bucket is ever due, and this step sends nothing.
+//! the default policy ([`PoisonPolicy::Block`](crate::options::PoisonPolicy::Block)) only
+//! an unpublishable record (a partition its topic does not have, a size above the topic's
+//! limit) is ever due, at its first attempt; otherwise this step sends nothing.
 
 use tokio::time::Instant;
 use tracing::{error, info, warn};

@@ -6,8 +6,9 @@
 //! straight into the table, past every writer's check). The relay publishes nothing of
 //! the bucket past it, logs it and counts it (`PoisonItems`) until it is moved here
 //! (`outboxctl quarantine`, or the relay itself under
-//! [`PoisonPolicy::QuarantineAfter`](crate::options::PoisonPolicy::QuarantineAfter)); it
-//! is never skipped or dropped.
+//! [`PoisonPolicy::QuarantineAfter`](crate::options::PoisonPolicy::QuarantineAfter), and
+//! under every policy at once for a record the broker refuses for a partition its topic
+//! does not have or for its size); it is never skipped or dropped.
 //!
 //! The item moves whole, in one transaction, to the partition `{prefix}#DEADLETTER` with
 //! sort key `{bucket, 10 digits}#{sequence, 19 digits}`; its original key is kept in the
