@@ -313,6 +313,12 @@ impl EnqueueService {
             ),
         );
         item.insert(attr::IDEMPOTENCY_EXPIRES_AT.into(), schema::n(expires));
+        // The same expiry in epoch seconds, which DynamoDB's time to live reads (it cannot
+        // read ticks): the table removes the marker some time after it expired.
+        item.insert(
+            attr::TIME_TO_LIVE.into(),
+            schema::n(crate::ticks::epoch_seconds_at_or_after(expires)),
+        );
         let marker = Put::builder()
             .table_name(&options.table_name)
             .set_item(Some(item))

@@ -170,6 +170,33 @@ async fn a_retried_call_with_the_same_idempotency_key_returns_the_first_result()
         .find(|i| i["PK"].as_s().is_ok_and(|pk| *pk == marker_pk))
         .expect("the marker item");
     assert_eq!(marker["SK"].as_s().unwrap(), "IDEMPOTENCY");
+    // Its expiry twice: in ticks (what the reference implementation reads) and in epoch
+    // seconds (what the table's time to live reads), the same instant, rounded up.
+    let number = |name: &str| -> i64 {
+        marker[name]
+            .as_n()
+            .unwrap_or_else(|_| panic!("{name} is a number: {marker:?}"))
+            .parse()
+            .unwrap()
+    };
+    let expires_ticks = number("IdempotencyExpiresAtUtc");
+    let ttl = number("TimeToLive");
+    let ticks_per_second = dynamo_outbox::protocol::clock::TICKS_PER_SECOND;
+    let epoch_ticks = expires_ticks - dynamo_outbox::protocol::clock::UNIX_EPOCH_TICKS;
+    assert_eq!(
+        ttl,
+        (epoch_ticks + ticks_per_second - 1) / ticks_per_second,
+        "{marker:?}"
+    );
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let retention_s = retention.as_secs() as i64;
+    assert!(
+        (now_s - 60 + retention_s..=now_s + 1 + retention_s).contains(&ttl),
+        "TimeToLive {ttl}: not the retention ({retention_s} s) after now ({now_s})"
+    );
 
     // A retry (even with another body) inside the window: same answer, nothing new.
     let mut other = request.clone();
