@@ -101,8 +101,11 @@ impl EnqueueFunction {
         &self.service
     }
 
-    /// Handles one invocation: the payload through [`EnqueueService::enqueue_json`],
-    /// bounded by the invocation's deadline minus [`DEADLINE_MARGIN`].
+    /// Handles one invocation: the payload through
+    /// [`EnqueueService::enqueue_json_for_invocation`] (a request without an
+    /// `idempotency_key` is keyed by the invocation's request id, which Lambda's
+    /// asynchronous retries keep), bounded by the invocation's deadline minus
+    /// [`DEADLINE_MARGIN`].
     pub async fn handle(
         &self,
         event: LambdaEvent<serde_json::Value>,
@@ -118,9 +121,12 @@ impl EnqueueFunction {
             .xray_trace_id
             .as_deref()
             .and_then(TraceContext::from_invocation_xray);
+        // Without a caller's idempotency key, the request id is the key: the retries of an
+        // asynchronous invocation carry the first attempt's, so a write that committed is
+        // not written again under new message ids.
         let outcome = self
             .service
-            .enqueue_json_traced(&payload, deadline, xray.as_ref())
+            .enqueue_json_for_invocation(&payload, deadline, xray.as_ref(), &context.request_id)
             .instrument(tracing::info_span!("enqueue", request_id = %context.request_id))
             .await?;
         Ok(outcome.response)

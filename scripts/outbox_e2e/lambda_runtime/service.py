@@ -23,8 +23,9 @@ from .runtime_api import RuntimeApiHandler
 
 class Invocation:
     def __init__(self, payload: bytes, source: str, tail: bool = False,
-                 client_context: str | None = None):
-        self.request_id = str(uuid.uuid4())
+                 client_context: str | None = None, request_id: str | None = None):
+        # an asynchronous event's retries keep the first attempt's request id, as Lambda's do
+        self.request_id = request_id or str(uuid.uuid4())
         self.payload = payload
         self.client_context = client_context
         self.source = source
@@ -473,11 +474,13 @@ class Service:
         backoff = a.async_throttle_backoff
         inv = None
         outcome = "expired"
+        # Lambda gives every attempt of one asynchronous event the same request id
+        request_id = str(uuid.uuid4())
         while True:
             if time.monotonic() - first > a.async_max_age:
                 break
             attempt += 1
-            inv = Invocation(payload, source)
+            inv = Invocation(payload, source, request_id=request_id)
             inv.event_id, inv.attempt = event_id, attempt
             ran = self.dispatch(inv)
             if self.closed:
