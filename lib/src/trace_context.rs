@@ -538,7 +538,7 @@ mod tests {
             .to_string();
         assert!(text.len() < 300, "{text}");
         assert!(text.contains("... (10002 bytes)"), "{text}");
-        let member = format!("{}", "x".repeat(400));
+        let member = "x".repeat(400);
         let text = TraceContext::parse("traceparent", PARENT, Some(&member))
             .unwrap_err()
             .to_string();
