@@ -314,8 +314,9 @@ def template_alarms(**params):
 
 
 # The default deployment's seven (WakeOn=stream, the enqueue function, PoisonPolicy block).
-ALARMS = ["DoorbellDropsAlarm", "EnqueueFaultsAlarm", "OutboxStuckAlarm", "RefusedWritesAlarm",
-          "RelayConcurrencyAlarm", "RelayErrorsAlarm", "SuccessorFailuresAlarm"]
+ALARMS = ["EnqueueFaultsAlarm", "OutboxStuckAlarm", "QuarantinedItemsAlarm",
+          "RefusedWritesAlarm", "RelayConcurrencyAlarm", "RelayErrorsAlarm",
+          "SuccessorFailuresAlarm"]
 
 
 def test_template_defaults_every_alarm_exists():
@@ -325,8 +326,8 @@ def test_template_defaults_every_alarm_exists():
 
 def test_template_alarm_fields_resolved():
     """template with AlarmTopicArn: seven alarms, fields resolved from the defaults; the
-    quarantine's with PoisonPolicy quarantine-after=N, none of the enqueue function's
-    without it, no doorbell's with WakeOn=schedule."""
+    same under PoisonPolicy quarantine-after=1 and WakeOn=schedule, none of the enqueue
+    function's without it."""
     al = template_alarms()
     eq(sorted(al), ALARMS)
     s = al["OutboxStuckAlarm"]
@@ -339,10 +340,9 @@ def test_template_alarm_fields_resolved():
         q.threshold, q.treat_missing_data),
        ("ConcurrentExecutions", {"FunctionName": "RelayFunction"}, "Maximum", 15, 15, 10.0,
         "breaching"))
-    eq(sorted(template_alarms(PoisonPolicy="quarantine-after=3", EnableEnqueueApi="false",
+    eq(sorted(template_alarms(PoisonPolicy="quarantine-after=1", EnableEnqueueApi="false",
                               WakeOn="schedule")),
-       sorted(set(ALARMS) - {"EnqueueFaultsAlarm", "DoorbellDropsAlarm"}
-              | {"QuarantinedItemsAlarm"}))
+       sorted(set(ALARMS) - {"EnqueueFaultsAlarm"}))
 
 
 def test_template_overrides_reach_the_alarms():
@@ -574,23 +574,6 @@ def test_successor_failures_alarm():
     eq(first_alarm(A.evaluate(a, failing, start=T0, end=T0 + 20 * MIN)), 3, "2 of 10 minutes")
     once = A.read_emf([relay_doc(T0 + 50_000, SuccessorFailures=1)]).samples
     eq(first_alarm(A.evaluate(a, once, start=T0, end=T0 + 20 * MIN)), None, "once")
-
-
-def test_doorbell_drops_alarm():
-    """template DoorbellDropsAlarm (the mapping's DroppedEventCount, by its UUID): drops in
-    two minutes alarm; a single dropped batch does not; the stack's mapping is named."""
-    a = A.resolve_alarms(A.load_template(TEMPLATE), {"AlarmTopicArn": TOPIC},
-                         resource_names={"RelayDoorbell": "a1b2c3d4-uuid"})["DoorbellDropsAlarm"]
-    eq((a.namespace, a.metric_name, a.dimensions), ("AWS/Lambda", "DroppedEventCount",
-                                                     {"EventSourceMappingUUID": "a1b2c3d4-uuid"}))
-
-    def drops(minutes):
-        return A.samples_from_records([
-            {"namespace": "AWS/Lambda", "metric": "DroppedEventCount",
-             "dimensions": {"EventSourceMappingUUID": "a1b2c3d4-uuid"},
-             "timestamp": T0 + m * MIN + 10_000, "value": 3} for m in minutes])
-    eq(first_alarm(A.evaluate(a, drops([2, 6]), start=T0, end=T0 + 20 * MIN)), 7, "2 of 10")
-    eq(first_alarm(A.evaluate(a, drops([2]), start=T0, end=T0 + 20 * MIN)), None, "once")
 
 
 def report(minute, status="success", error_type=None):

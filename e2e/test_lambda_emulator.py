@@ -240,6 +240,9 @@ def test_async_function_errors_retried(lambda_emulator, fake_function) -> None:
           and all(r["status"] == "error" for r in tries),
           "a failing async event is tried 1 + MaximumRetryAttempts (2) times",
           json.dumps([(r.get("attempt"), r["status"]) for r in tries]))
+    check(len({r["request_id"] for r in tries}) == 1,
+          "the retries of an async event carry the first attempt's request id, as Lambda's do",
+          json.dumps([r["request_id"] for r in tries]))
     if len(tries) == 3:
         gaps = [tries[1]["received"] - tries[0]["end"], tries[2]["received"] - tries[1]["end"]]
         check(0.45 <= gaps[0] < 0.45 + 2 and 0.95 <= gaps[1] < 0.95 + 2,

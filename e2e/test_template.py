@@ -103,7 +103,7 @@ SETUPS: dict[str, dict] = {
                       "KafkaBootstrapServers": "b-1:9098"},
     "alarm-topic": {**VPC, "MskClusterArn": MSK, "AlarmTopicArn": TOPIC,
                     "KafkaBootstrapServers": "b-1:9098"},
-    "quarantine-poison-512mb": {**VPC, "MskClusterArn": MSK, "PoisonPolicy": "quarantine-after=3",
+    "quarantine-poison-512mb": {**VPC, "MskClusterArn": MSK, "PoisonPolicy": "quarantine-after=1",
                                 "RelayMemorySize": "512", "KafkaBootstrapServers": "b-1:9098"},
     "enqueue-callers-in-other-accounts": {**VPC, "MskClusterArn": MSK,
                                           "EnqueueCallerAccountIds": "111122223333,444455556666",
@@ -136,19 +136,17 @@ REFUSED: dict[str, tuple[dict, str]] = {
                               "KafkaBootstrapServers": "b:9098"}, "none empty"),
 }
 
-# The alarms every deployment has; the doorbell's with WakeOn=stream, the quarantine's with
-# PoisonPolicy quarantine-after=N, the enqueue function's with the function.
+# The alarms every deployment has; the enqueue function's with the function.
 ALARMS = {"RelayErrorsAlarm", "RelayConcurrencyAlarm", "OutboxStuckAlarm", "RefusedWritesAlarm",
-          "SuccessorFailuresAlarm"}
-DOORBELL_ALARMS = {"DoorbellDropsAlarm"}
-QUARANTINE_ALARMS = {"QuarantinedItemsAlarm"}
+          "SuccessorFailuresAlarm", "QuarantinedItemsAlarm"}
 ENQUEUE_ALARMS = {"EnqueueFaultsAlarm"}
 # The partitions each role may reach (dynamodb:LeadingKeys, ForAllValues:StringLike), by
 # statement: a role reaches no other partition kind of its outbox, and nothing else of a
 # shared table (docs/security.md).
 RELAY_KEYS = {"OutboxTable": ["{p}#COORDINATION", "{p}#MESSAGES#*"],
               "StartSuccessor": ["{p}#CONTINUATION#*"],
-              "QuarantinePoison": ["{p}#DEADLETTER"]}
+              "QuarantinePoison": ["{p}#DEADLETTER"],
+              "QuarantineFence": ["{p}#COORDINATION"]}
 ENQUEUE_KEYS = {"OutboxTable": ["{p}#MESSAGES#*", "{p}#SEQUENCE#*", "{p}#IDEMPOTENCY#*"]}
 WRITER_KEYS = {"OutboxTable": ["{p}#MESSAGES#*", "{p}#SEQUENCE#*"]}
 ITEM_ACTIONS = {"dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:PutItem",
@@ -324,14 +322,18 @@ def check_setup(name: str, p: dict, t: dict) -> None:
                        ("KAFKA_TLS_CLIENT_SECRET_ARN", "KafkaTlsClientSecretArn")):
         eq(env.get(var), get(param) or None, var)
     eq(env["OUTBOX_KEY_PREFIX"], prefix, "OUTBOX_KEY_PREFIX")
-    # The poison policy, and PutItem (the quarantine's Put) only when it quarantines.
+    # The poison policy; PutItem of dead letters under every policy (an unpublishable
+    # record is moved aside under block too), of continuations with the doorbell.
     policy = get("PoisonPolicy", "block")
     eq(env["OUTBOX_POISON_POLICY"], policy, "OUTBOX_POISON_POLICY")
     puts = sorted(k for s in relay if "dynamodb:PutItem" in actions(s)
                   for k in s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
     eq(puts, sorted(([f"{prefix}#CONTINUATION#*"] if stream else [])
-                    + ([f"{prefix}#DEADLETTER"] if policy != "block" else [])),
-       "the relay puts continuations with the doorbell, and dead letters only to quarantine")
+                    + [f"{prefix}#DEADLETTER"]),
+       "the relay puts continuations with the doorbell, and dead letters")
+    checks = sorted(k for s in relay if "dynamodb:ConditionCheckItem" in actions(s)
+                    for k in s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
+    eq(checks, [f"{prefix}#COORDINATION"], "the move checks the bucket's lease only")
     # The successor through the stream (a continuation in its own partitions) with the
     # doorbell; without it, Lambda's Invoke on the function itself.
     eq(env["OUTBOX_SUCCESSOR"], "stream" if stream else "invoke", "OUTBOX_SUCCESSOR")
@@ -365,11 +367,11 @@ def check_setup(name: str, p: dict, t: dict) -> None:
     if doorbell:
         mapping = doorbell["Properties"]
         eq(mapping["MetricsConfig"], {"Metrics": ["EventCount"]}, "MetricsConfig")
-        # A continuation queued behind a run as long as the longest RelayTimeout is still
-        # delivered; one invocation at a time per shard.
-        longest = int(cfn_template.load_yaml(TEMPLATE)["Parameters"]["RelayTimeout"]["MaxValue"])
-        check(int(mapping["MaximumRecordAgeInSeconds"]) >= longest + 60,
-              f"MaximumRecordAgeInSeconds {mapping['MaximumRecordAgeInSeconds']} < {longest} + 60")
+        # No record expires (-1), so a continuation queued behind a run as long as the
+        # longest RelayTimeout is still delivered, and a batch is dropped only when its
+        # invocation failed (RelayErrorsAlarm); one invocation at a time per shard.
+        eq(int(mapping["MaximumRecordAgeInSeconds"]), -1, "MaximumRecordAgeInSeconds")
+        eq(int(mapping["MaximumRetryAttempts"]), 0, "MaximumRetryAttempts")
         eq(int(mapping["ParallelizationFactor"]), 1, "ParallelizationFactor")
         patterns = [json.loads(f["Pattern"]) for f in mapping["FilterCriteria"]["Filters"]]
         pk = get("PartitionKeyAttribute", "PK")
@@ -381,9 +383,7 @@ def check_setup(name: str, p: dict, t: dict) -> None:
 
     # Alarms: always, the enqueue function's with it; actions only with a topic.
     alarms = {k for k, r in res.items() if r["Type"] == "AWS::CloudWatch::Alarm"}
-    eq(alarms, ALARMS | (ENQUEUE_ALARMS if enqueue else set())
-       | (DOORBELL_ALARMS if stream else set())
-       | (QUARANTINE_ALARMS if policy != "block" else set()), "alarms")
+    eq(alarms, ALARMS | (ENQUEUE_ALARMS if enqueue else set()), "alarms")
     eq("EnqueueFaultsMetricFilter" in res, enqueue, "the enqueue faults' metric filter")
     # The relay's log level keeps its EMF lines (which Lambda files as INFO): every
     # alarm on an Outbox metric depends on them.
@@ -629,3 +629,13 @@ def test_alarm_topic_must_be_a_standard_topic():
     check(allowed("AlarmTopicArn", ""), "empty")
     check(allowed("AlarmTopicArn", TOPIC), "a standard topic")
     check(not allowed("AlarmTopicArn", TOPIC + ".fifo"), "a FIFO topic refused")
+
+
+def test_poison_policy_offers_what_fires_on_lambda():
+    """PoisonPolicy: block or quarantine-after=1. quarantine-after=N counts attempts within
+    one run, and a Lambda run with only a parked bucket stops at its first idle check, so
+    a larger N would rarely fire on the function; it is refused at deploy time."""
+    check(allowed("PoisonPolicy", "block"), "block")
+    check(allowed("PoisonPolicy", "quarantine-after=1"), "quarantine-after=1")
+    for refused in ("quarantine-after=2", "quarantine-after=10", "quarantine-after=0", ""):
+        check(not allowed("PoisonPolicy", refused), f"{refused!r} refused")

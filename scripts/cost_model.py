@@ -915,8 +915,7 @@ def log_bytes_h(cell: dict, buckets: int = BUCKETS) -> float:
 def template_alarm_count(params: dict | None = None) -> int:
     """The CloudWatch alarms template.yaml creates for a deployment with these parameters
     (default: the default deployment; AlarmTopicArn only adds their actions), with the
-    Conditions evaluated (scripts/outbox_e2e/alarms: the quarantine's alarm only with
-    quarantine-after, the doorbell's with WakeOn=stream, the enqueue function's with it).
+    Conditions evaluated (scripts/outbox_e2e/alarms: the enqueue function's with it).
     CloudWatch bills each standard-resolution alarm on one metric as one alarm metric."""
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     from outbox_e2e import alarms as model
@@ -1043,9 +1042,9 @@ def self_test() -> int:
     check("bill: scheduler", b["usd"]["scheduler"], 12 * 730 * 1e-6, 1e-12)
     check("bill: metrics", b["usd"]["cloudwatch_metrics"], 0.0, 1e-12)
     check("alarms: the default deployment's", template_alarm_count(), 7)
-    check("alarms: quarantine-after adds one, no enqueue API removes one",
-          template_alarm_count({"PoisonPolicy": "quarantine-after=3",
-                                "EnableEnqueueApi": "false"}), 7)
+    check("alarms: no enqueue API removes one, quarantine-after adds none",
+          template_alarm_count({"PoisonPolicy": "quarantine-after=1",
+                                "EnableEnqueueApi": "false"}), 6)
     check("bill: alarms", b["usd"]["cloudwatch_alarms"], 0.7, 1e-12)
     check("vpc: a gateway endpoint only, with the successor through the stream",
           sum(your_vpc_adds(lambda_api=False).values()), 0.0)

@@ -8,7 +8,7 @@ python ($OUTBOX_STACK_PYTHON), which has confluent-kafka installed.
 
 Subcommands:
   ping                          wait until the broker answers a metadata request
-  create-topic NAME [--partitions N]
+  create-topic NAME [--partitions N] [--config KEY=VALUE ...]
                                 create a topic (idempotent) and wait until the
                                 broker's metadata shows it with its partitions
   topics                        print {"topic": partition_count, ...} as JSON
@@ -67,8 +67,15 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def cmd_create_topic(args: argparse.Namespace) -> int:
+    configs = {}
+    for kv in args.config:
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            print(f"kafka.py: --config {kv!r}: must be KEY=VALUE", file=sys.stderr)
+            return 2
+        configs[key] = value
     out = kafka.create_topic(args.name, args.partitions, args.bootstrap,
-                             args.replication_factor, args.timeout)
+                             args.replication_factor, args.timeout, configs)
     warning = out.pop("warning", None)
     if warning:
         print(f"kafka.py: {warning}", file=sys.stderr)
@@ -122,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name")
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--replication-factor", type=int, default=1)
+    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="a topic config (max.message.bytes=1000, say); repeatable")
     p.add_argument("--timeout", type=float, default=30.0)
     p.set_defaults(func=cmd_create_topic)
 

@@ -402,3 +402,99 @@ async fn a_quarantine_never_overwrites_an_earlier_dead_letter_of_the_same_place(
         [(seq, second.message_id.to_string())]
     );
 }
+
+/// The poison policy's move is fenced by the bucket's lease: a relay whose lease another
+/// relay took moves nothing (the transaction's check of the lease item is refused), and
+/// the relay that owns the bucket moves the item.
+#[tokio::test]
+async fn a_relay_that_lost_the_bucket_cannot_quarantine_its_head() {
+    use dynamo_outbox::protocol::store::LeaseFence;
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let placed = writer
+        .enqueue(&[writer
+            .message("orders")
+            .with_partition(1)
+            .with_value("head")])
+        .await
+        .unwrap();
+    let (bucket, sequence) = (placed[0].bucket, placed[0].sequence);
+
+    // Relay a held the bucket until t0 + 10; its lease lapsed and relay b claimed it.
+    let t0 = store.clock().now_ticks();
+    assert!(store.claim(bucket, "relay-a", t0, t0 + 10).await.unwrap());
+    let b_expires = t0 + 600 * 10_000_000;
+    assert!(store
+        .claim(bucket, "relay-b", t0 + 20, b_expires)
+        .await
+        .unwrap());
+
+    // Relay a, unaware, tries to move the head with the lease it remembers.
+    let stale = LeaseFence {
+        relay_id: "relay-a".into(),
+        expires_at: t0 + 10,
+        now: t0 + 5,
+    };
+    let err = store
+        .quarantine_fenced(bucket, sequence, "the broker rejected it", &stale)
+        .await
+        .expect_err("a lost lease moves nothing");
+    assert!(
+        matches!(
+            err,
+            Error::ConditionFailed {
+                operation: "quarantine",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        bucket_messages(&store, bucket).await,
+        [(sequence, placed[0].message_id.to_string())]
+    );
+    assert!(dead_letters::list(&store, &all(), 10)
+        .await
+        .unwrap()
+        .0
+        .is_empty());
+
+    // A lease with the right owner but another version (a renewal since) moves nothing
+    // either; nor does one that lapsed.
+    for fence in [
+        LeaseFence {
+            relay_id: "relay-b".into(),
+            expires_at: b_expires - 1,
+            now: t0 + 30,
+        },
+        LeaseFence {
+            relay_id: "relay-b".into(),
+            expires_at: b_expires,
+            now: b_expires,
+        },
+    ] {
+        let err = store
+            .quarantine_fenced(bucket, sequence, "x", &fence)
+            .await
+            .expect_err("not the lease as held");
+        assert!(matches!(err, Error::ConditionFailed { .. }), "{err:?}");
+    }
+    assert_eq!(bucket_messages(&store, bucket).await.len(), 1);
+
+    // The owner, with the lease as it holds it, moves the head.
+    let owner = LeaseFence {
+        relay_id: "relay-b".into(),
+        expires_at: b_expires,
+        now: t0 + 30,
+    };
+    store
+        .quarantine_fenced(bucket, sequence, "the broker rejected it", &owner)
+        .await
+        .unwrap();
+    assert!(bucket_messages(&store, bucket).await.is_empty());
+    let (dead, _) = dead_letters::list(&store, &all(), 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].sequence, Some(sequence));
+}

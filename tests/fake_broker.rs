@@ -214,3 +214,118 @@ async fn connect_gives_up_at_the_deadline() {
     assert!(started.elapsed() < Duration::from_secs(3));
     keep.abort();
 }
+
+/// Connects with SCRAM-SHA-512 to a fake broker that answers `server_first` and
+/// `server_final`; the connect's error, and how long it took.
+async fn scram_with(
+    server_first: &'static str,
+    server_final: &'static str,
+) -> (Error, Duration, FakeBroker) {
+    let broker = FakeBroker::start(FakeSasl::ScramSha512Answers {
+        server_first,
+        server_final,
+    })
+    .await;
+    let mut config = KafkaConfig::new([broker.address.clone()]).with_sasl(
+        KafkaAuth::ScramSha512,
+        SaslCredentials::new("alice", "pw-5e1c"),
+    );
+    config.tls = KafkaTls::Off; // the fake speaks plaintext
+    config.retry_budget = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let err = KafkaPublisher::connect(
+        config,
+        tokio::time::Instant::now() + Duration::from_secs(10),
+    )
+    .await
+    .expect_err("a broken SCRAM broker");
+    (err, started.elapsed(), broker)
+}
+
+#[tokio::test]
+async fn the_client_refuses_a_scram_iteration_count_above_kafkas_ceiling() {
+    // 100 million PBKDF2-HMAC-SHA-512 rounds would hold the connecting thread for minutes,
+    // past any deadline (the hashing never yields)
+    let (err, took, broker) = scram_with("r={nonce},s=c2FsdHNhbHQ=,i=100000000", "e=other").await;
+    assert_eq!(
+        err.to_string(),
+        "kafka: the SASL/SCRAM-SHA-512 exchange with the brokers was refused: the broker's \
+         SCRAM server-first message has an iteration count i=100000000 above the ceiling of \
+         16384 (Apache Kafka's own maximum)"
+    );
+    assert_eq!(rskafka_ceiling(), 16_384);
+    assert!(!err.is_retryable());
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // no client-final message was sent: only client-first messages reached the broker
+    assert!(broker
+        .auth_bytes()
+        .iter()
+        .all(|sent| sent.starts_with(b"n,,n=alice,r=")));
+    assert!(broker.after_auth().is_empty());
+}
+
+/// The ceiling the library documents (`docs/security.md`).
+fn rskafka_ceiling() -> u32 {
+    dynamo_outbox::publish::SCRAM_MAX_ITERATIONS
+}
+
+#[tokio::test]
+async fn the_client_refuses_malformed_scram_server_messages_without_panicking() {
+    for (server_first, server_final, rule) in [
+        // short attributes made rsasl's parser index out of bounds
+        (
+            "r={nonce},s",
+            "e=other",
+            "server-first message has no salt (s=...)",
+        ),
+        (
+            "r={nonce}",
+            "e=other",
+            "server-first message has no salt (s=...)",
+        ),
+        (
+            "r={nonce},s=c2FsdA==",
+            "e=other",
+            "server-first message has no iteration count (i=...)",
+        ),
+        ("", "e=other", "server-first message has no nonce (r=...)"),
+        (
+            "r={nonce},s=c2F*dA==,i=4096",
+            "e=other",
+            "server-first message has a salt (s=) that is empty or not canonical base64",
+        ),
+        (
+            "r={nonce},s=c2FsdA==,i=4k",
+            "e=other",
+            "has an iteration count (i=) that is not a decimal number",
+        ),
+        (
+            "r={nonce},s=c2FsdA==,i=4096",
+            "v",
+            "server-final message has neither a verifier (v=...) nor an error (e=...)",
+        ),
+        (
+            "r={nonce},s=c2FsdA==,i=4096",
+            "",
+            "server-final message has neither a verifier (v=...) nor an error (e=...)",
+        ),
+        (
+            "r={nonce},s=c2FsdA==,i=4096",
+            "v=%%%",
+            "server-final message has a verifier (v=) that is empty or not canonical base64",
+        ),
+    ] {
+        let (err, _, broker) = scram_with(server_first, server_final).await;
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "kafka: the SASL/SCRAM-SHA-512 exchange with the brokers was refused: the \
+                 broker's SCRAM "
+            ) && text.contains(rule),
+            "{server_first:?} / {server_final:?}: {text}"
+        );
+        assert!(!err.is_retryable());
+        assert!(!format!("{err:?}").contains("pw-5e1c"), "{err:?}");
+        assert!(broker.after_auth().is_empty());
+    }
+}

@@ -42,7 +42,9 @@ impl Publisher for RejectingHead {
             at,
             Some(Error::KafkaRejected {
                 topic: batch[at].message.topic.clone(),
-                reason: dynamo_outbox::error::Rejection::TooLarge,
+                // a rejection that parks the bucket (a record too large or for a partition
+                // the topic lacks is moved aside at once instead)
+                reason: dynamo_outbox::error::Rejection::InvalidRecord,
                 source: None,
             }),
         )
@@ -59,7 +61,7 @@ async fn after_a_rejected_head_the_head_goes_out_alone_and_the_rest_is_not_sent_
     let head = writer
         .message(&topic)
         .with_partition(0)
-        .with_value("too large");
+        .with_value("invalid");
     let behind: Vec<_> = (0..5)
         .map(|i| {
             writer

@@ -213,6 +213,53 @@ impl EnqueueService {
         self.enqueue(&request, deadline).await
     }
 
+    /// [`Self::enqueue_json_traced`] for one Lambda invocation whose request id is
+    /// `request_id`: a request without an `idempotency_key` gets
+    /// [`invocation_idempotency_key`]`(request_id)`. Lambda gives every retry of an
+    /// asynchronous invocation the first attempt's request id (and a function cannot tell
+    /// an asynchronous invocation from a synchronous one), so a retry of a call whose write
+    /// committed (then timed out, say) replays the first response instead of writing the
+    /// messages again under new ids; a synchronous call, whose request id is its own, is
+    /// unaffected. Such a request holds at most 99 messages, as with a key of the caller's
+    /// (the marker is the transaction's 100th item).
+    ///
+    /// # Errors
+    /// As [`Self::enqueue_json`]; 100 messages without an `idempotency_key` are an
+    /// [`Error::InvalidMessage`] naming `messages`.
+    pub async fn enqueue_json_for_invocation(
+        &self,
+        payload: &Value,
+        deadline: Option<Instant>,
+        fallback: Option<&TraceContext>,
+        request_id: &str,
+    ) -> Result<EnqueueOutcome> {
+        let mut request = parse_request(payload, self.writer.options().bucket_count)?;
+        if request.idempotency_key.is_none() {
+            let most = crate::protocol::schema::MAX_TRANSACTION_ITEMS - 1;
+            if request.messages.len() > most {
+                return Err(Error::message(
+                    "messages",
+                    format!(
+                        "must hold at most {most} messages in a call of the enqueue function \
+                         (its idempotency marker, keyed by the invocation's request id so that \
+                         Lambda's asynchronous retries write nothing twice, is the \
+                         transaction's 100th item), got {}",
+                        request.messages.len()
+                    ),
+                ));
+            }
+            request.idempotency_key = Some(invocation_idempotency_key(request_id));
+        }
+        if let Some(context) = fallback {
+            request.messages = request
+                .messages
+                .into_iter()
+                .map(|m| m.with_trace_context(context))
+                .collect();
+        }
+        self.enqueue(&request, deadline).await
+    }
+
     /// Checks `request` (the messages, the topic allow-list, DynamoDB's limits), writes it
     /// in one transaction (with its idempotency marker, or a
     /// replay of the first call's response), then sends the commit notification.
@@ -313,6 +360,12 @@ impl EnqueueService {
             ),
         );
         item.insert(attr::IDEMPOTENCY_EXPIRES_AT.into(), schema::n(expires));
+        // The same expiry in epoch seconds, which DynamoDB's time to live reads (it cannot
+        // read ticks): the table removes the marker some time after it expired.
+        item.insert(
+            attr::TIME_TO_LIVE.into(),
+            schema::n(crate::ticks::epoch_seconds_at_or_after(expires)),
+        );
         let marker = Put::builder()
             .table_name(&options.table_name)
             .set_item(Some(item))
@@ -404,6 +457,13 @@ fn response_of(reserved: &[Reserved]) -> EnqueueResponse {
             })
             .collect(),
     }
+}
+
+/// The idempotency key of a call of the enqueue function that gave none: `lambda-request:`
+/// and the invocation's request id (which Lambda keeps across the retries of an
+/// asynchronous invocation).
+pub fn invocation_idempotency_key(request_id: &str) -> String {
+    format!("lambda-request:{request_id}")
 }
 
 #[cfg(test)]

@@ -39,9 +39,37 @@ pub fn ticks_to_duration(ticks: i64) -> Duration {
     Duration::new(t / 10_000_000, ((t % 10_000_000) * 100) as u32)
 }
 
+/// The first whole Unix epoch second at or after UTC `ticks`: the `TimeToLive` of an item
+/// that expires then (rounded up, so DynamoDB's time to live never removes it early).
+pub fn epoch_seconds_at_or_after(ticks: i64) -> i64 {
+    let delta = ticks.saturating_sub(UNIX_EPOCH_TICKS);
+    delta.div_euclid(TICKS_PER_SECOND) + i64::from(delta.rem_euclid(TICKS_PER_SECOND) != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn epoch_seconds_round_up_to_the_next_whole_second() {
+        assert_eq!(epoch_seconds_at_or_after(UNIX_EPOCH_TICKS), 0);
+        assert_eq!(epoch_seconds_at_or_after(UNIX_EPOCH_TICKS + 1), 1);
+        assert_eq!(
+            epoch_seconds_at_or_after(UNIX_EPOCH_TICKS + 1_764_500_000 * TICKS_PER_SECOND),
+            1_764_500_000
+        );
+        assert_eq!(
+            epoch_seconds_at_or_after(
+                UNIX_EPOCH_TICKS + 1_764_500_000 * TICKS_PER_SECOND + 9_999_999
+            ),
+            1_764_500_001
+        );
+        assert_eq!(epoch_seconds_at_or_after(UNIX_EPOCH_TICKS - 1), 0);
+        assert_eq!(
+            epoch_seconds_at_or_after(UNIX_EPOCH_TICKS - TICKS_PER_SECOND),
+            -1
+        );
+    }
 
     #[test]
     fn epoch_and_round_trip() {

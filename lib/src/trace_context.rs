@@ -28,6 +28,9 @@ pub const TRACESTATE: &str = "tracestate";
 pub const MAX_TRACESTATE_LEN: usize = 512;
 /// Most list members in a `tracestate` (W3C's limit).
 pub const MAX_TRACESTATE_MEMBERS: usize = 32;
+/// Most bytes of a rejected input an error or a log line quotes (the caller's input may be
+/// megabytes; its start is enough to find it).
+pub const MAX_QUOTED_BYTES: usize = 64;
 
 /// A validated W3C trace context: the `traceparent` fields and an optional `tracestate`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -63,14 +66,14 @@ impl TraceContext {
         let mut context = parse_traceparent(traceparent).map_err(|rule| {
             Error::message(
                 field,
-                format!("{traceparent:?} is not a W3C traceparent: {rule}"),
+                format!("{} is not a W3C traceparent: {rule}", quote(traceparent)),
             )
         })?;
         if let Some(state) = tracestate {
             check_tracestate(state).map_err(|rule| {
                 Error::message(
                     tracestate_field(field),
-                    format!("{state:?} is not a W3C tracestate: {rule}"),
+                    format!("{} is not a W3C tracestate: {rule}", quote(state)),
                 )
             })?;
             if !state.trim().is_empty() {
@@ -87,6 +90,31 @@ impl TraceContext {
     /// flag is `Sampled=1`. `None` when the header has no valid root or parent (a header
     /// without a parent names no span to link to).
     pub fn from_xray(header: &str) -> Option<Self> {
+        Self::parse_xray(header).ok().flatten()
+    }
+
+    /// [`Self::from_xray`] for the trace header of one invocation: a malformed header
+    /// (no valid `Root`, or a `Parent` that is not 16 hex digits) is dropped with one
+    /// warning that quotes at most [`MAX_QUOTED_BYTES`] of it and names the rule; a valid
+    /// root without a parent is no context and no warning (it names no span to link to).
+    /// Call it once per invocation: it logs each time it meets a malformed header.
+    pub fn from_invocation_xray(header: &str) -> Option<Self> {
+        match Self::parse_xray(header) {
+            Ok(context) => context,
+            Err(rule) => {
+                tracing::warn!(
+                    header = %quote(header),
+                    rule,
+                    "ignored a malformed x-ray trace header"
+                );
+                None
+            }
+        }
+    }
+
+    /// The X-Ray header's context: `Ok(None)` when it has a valid root and no parent,
+    /// `Err(rule)` when it is malformed.
+    fn parse_xray(header: &str) -> std::result::Result<Option<Self>, &'static str> {
         let (mut root, mut parent, mut sampled) = (None, None, false);
         for part in header.split(';') {
             let Some((key, value)) = part.split_once('=') else {
@@ -99,14 +127,27 @@ impl TraceContext {
                 _ => {}
             }
         }
-        let root = root?.strip_prefix("1-")?;
-        let (time, id) = root.split_once('-')?;
+        const ROOT: &str = "Root must be 1-{8 hex}-{24 hex}";
+        let root = root.ok_or("Root is missing")?;
+        let (time, id) = root
+            .strip_prefix("1-")
+            .and_then(|r| r.split_once('-'))
+            .ok_or(ROOT)?;
         if time.len() != 8 || id.len() != 24 {
-            return None;
+            return Err(ROOT);
         }
-        let trace_id = hex_bytes::<16>(&format!("{time}{id}").to_ascii_lowercase())?;
-        let parent_id = hex_bytes::<8>(&parent?.to_ascii_lowercase())?;
+        let trace_id = hex_bytes::<16>(&format!("{time}{id}").to_ascii_lowercase()).ok_or(ROOT)?;
+        if trace_id == [0; 16] {
+            return Err("Root must not be all zeros");
+        }
+        let Some(parent) = parent else {
+            return Ok(None);
+        };
+        let parent_id =
+            hex_bytes::<8>(&parent.to_ascii_lowercase()).ok_or("Parent must be 16 hex digits")?;
         TraceContext::new(trace_id, parent_id, u8::from(sampled))
+            .map(Some)
+            .ok_or("Parent must not be all zeros")
     }
 
     /// The context carried by `headers`: the first `traceparent` header (and the first
@@ -131,7 +172,7 @@ impl TraceContext {
         check_tracestate(tracestate).map_err(|rule| {
             Error::message(
                 TRACESTATE,
-                format!("{tracestate:?} is not a W3C tracestate: {rule}"),
+                format!("{} is not a W3C tracestate: {rule}", quote(tracestate)),
             )
         })?;
         self.tracestate = (!tracestate.trim().is_empty()).then(|| tracestate.to_string());
@@ -259,7 +300,7 @@ fn parse_traceparent(value: &str) -> std::result::Result<TraceContext, String> {
         return Err("must be four fields separated by '-': version-traceid-parentid-flags".into());
     };
     if version != "00" {
-        return Err(format!("version must be 00, got {version:?}"));
+        return Err(format!("version must be 00, got {}", quote(version)));
     }
     let field = |name: &str, text: &str, len: usize| {
         if text.len() != len || !text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
@@ -306,16 +347,32 @@ fn check_tracestate(value: &str) -> std::result::Result<(), String> {
     }
     for member in members {
         let Some((key, val)) = member.split_once('=') else {
-            return Err(format!("member {member:?} must be key=value"));
+            return Err(format!("member {} must be key=value", quote(member)));
         };
         if key.is_empty() || val.is_empty() {
-            return Err(format!("member {member:?} must have a key and a value"));
+            return Err(format!(
+                "member {} must have a key and a value",
+                quote(member)
+            ));
         }
         if !member.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
-            return Err(format!("member {member:?} must be printable ASCII"));
+            return Err(format!("member {} must be printable ASCII", quote(member)));
         }
     }
     Ok(())
+}
+
+/// `text` quoted as `Debug` quotes it, cut to at most [`MAX_QUOTED_BYTES`] bytes at a char
+/// boundary, with how long it was when it was cut: `"00-4bf9..."... (812 bytes)`.
+pub(crate) fn quote(text: &str) -> String {
+    if text.len() <= MAX_QUOTED_BYTES {
+        return format!("{text:?}");
+    }
+    let mut end = MAX_QUOTED_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}... ({} bytes)", &text[..end], text.len())
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -458,5 +515,127 @@ mod tests {
             TraceContext::from_headers(&[Header::null("traceparent")]),
             None
         );
+    }
+
+    #[test]
+    fn errors_quote_at_most_64_bytes_of_the_input() {
+        // a huge traceparent, with a multi-byte character straddling byte 64
+        let huge = format!("{}é{}", "a".repeat(63), "b".repeat(100_000));
+        let text = TraceContext::parse("traceparent", &huge, None)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            text,
+            format!(
+                "traceparent: \"{}\"... (100065 bytes) is not a W3C traceparent: must be four \
+                 fields separated by '-': version-traceid-parentid-flags",
+                "a".repeat(63)
+            )
+        );
+        let long_state = format!("k={}", "v".repeat(10_000));
+        let text = TraceContext::parse("traceparent", PARENT, Some(&long_state))
+            .unwrap_err()
+            .to_string();
+        assert!(text.len() < 300, "{text}");
+        assert!(text.contains("... (10002 bytes)"), "{text}");
+        let member = "x".repeat(400);
+        let text = TraceContext::parse("traceparent", PARENT, Some(&member))
+            .unwrap_err()
+            .to_string();
+        assert!(text.len() < 300 && text.contains("key=value"), "{text}");
+        let version = format!(
+            "{}-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "9".repeat(500)
+        );
+        let text = TraceContext::parse("traceparent", &version, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.len() < 300 && text.contains("version must be 00"),
+            "{text}"
+        );
+        // short inputs are quoted whole
+        assert_eq!(quote("abc"), "\"abc\"");
+        assert_eq!(
+            quote(&"é".repeat(40)),
+            format!("{:?}... (80 bytes)", "é".repeat(32))
+        );
+    }
+
+    /// Runs `f` with a subscriber that writes warnings to a buffer; the buffer's text.
+    fn warnings_of(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buffer.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn a_malformed_invocation_xray_header_is_dropped_with_one_warning() {
+        let good = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+        let logs = warnings_of(|| {
+            assert!(TraceContext::from_invocation_xray(good).is_some());
+            // a root without a parent is no context, and not malformed
+            assert_eq!(
+                TraceContext::from_invocation_xray("Root=1-5759e988-bd862e3fe1be46a994272793"),
+                None
+            );
+        });
+        assert_eq!(logs, "");
+
+        for (header, rule) in [
+            ("", "Root is missing"),
+            ("Parent=53995c3f42cd8ad8", "Root is missing"),
+            (
+                "Root=2-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8",
+                "Root must be 1-{8 hex}-{24 hex}",
+            ),
+            (
+                "Root=1-5759e988-zz862e3fe1be46a994272793;Parent=53995c3f42cd8ad8",
+                "Root must be 1-{8 hex}-{24 hex}",
+            ),
+            (
+                "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f",
+                "Parent must be 16 hex digits",
+            ),
+            (
+                "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=0000000000000000",
+                "Parent must not be all zeros",
+            ),
+        ] {
+            let logs = warnings_of(|| assert_eq!(TraceContext::from_invocation_xray(header), None));
+            assert_eq!(logs.lines().count(), 1, "{header:?}: {logs}");
+            assert!(
+                logs.contains("WARN")
+                    && logs.contains("ignored a malformed x-ray trace header")
+                    && logs.contains(rule)
+                    && logs.contains(&format!("{header:?}")),
+                "{header:?}: {logs}"
+            );
+        }
+
+        // a huge header is quoted to its first 64 bytes
+        let huge = format!("Root={}", "Z".repeat(100_000));
+        let logs = warnings_of(|| assert_eq!(TraceContext::from_invocation_xray(&huge), None));
+        assert_eq!(logs.lines().count(), 1, "{logs}");
+        assert!(logs.len() < 400, "{logs}");
+        assert!(logs.contains("... (100005 bytes)"), "{logs}");
     }
 }

@@ -94,13 +94,15 @@ def topics(bootstrap: str | None = None, timeout: float = 10.0) -> dict[str, int
 
 
 def create_topic(name: str, partitions: int = 1, bootstrap: str | None = None,
-                 replication_factor: int = 1, timeout: float = 30.0) -> dict:
-    """Creates a topic (idempotent) and waits until the broker's metadata shows it with its
-    partitions, so that a producer started right after does not race its creation.
-    Returns {"topic", "partitions", "created"}; "warning" when it existed with another
-    partition count."""
+                 replication_factor: int = 1, timeout: float = 30.0,
+                 configs: dict | None = None) -> dict:
+    """Creates a topic (idempotent) with the topic configs `configs` (none: the broker's
+    defaults) and waits until the broker's metadata shows it with its partitions, so that a
+    producer started right after does not race its creation. Returns {"topic",
+    "partitions", "created"}; "warning" when it existed with another partition count."""
     admin = AdminClient(config(bootstrap))
-    topic = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor,
+                     config=dict(configs or {}))
     futures = admin.create_topics([topic], operation_timeout=timeout)
     try:
         futures[name].result(timeout=timeout)

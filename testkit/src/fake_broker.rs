@@ -35,6 +35,15 @@ pub enum FakeSasl {
     /// client-first message (RFC 5802) with a server-first message, then claims success
     /// with a forged server signature. A client must refuse it.
     ScramSha512ForgedServer,
+    /// SASL/SCRAM-SHA-512 from a broken or hostile broker: it answers the client-first
+    /// message with `server_first`, in which `{nonce}` stands for the client's nonce with
+    /// the server's part appended, and the client-final message with `server_final`.
+    ScramSha512Answers {
+        /// The server-first message (`{nonce}` is replaced).
+        server_first: &'static str,
+        /// The server-final message.
+        server_final: &'static str,
+    },
 }
 
 impl FakeSasl {
@@ -42,7 +51,9 @@ impl FakeSasl {
     pub fn mechanism(self) -> &'static str {
         match self {
             FakeSasl::AcceptOauthBearer | FakeSasl::RefuseOauthBearer => "OAUTHBEARER",
-            FakeSasl::ScramSha512ForgedServer => "SCRAM-SHA-512",
+            FakeSasl::ScramSha512ForgedServer | FakeSasl::ScramSha512Answers { .. } => {
+                "SCRAM-SHA-512"
+            }
         }
     }
 }
@@ -250,6 +261,21 @@ fn authenticate(sasl: FakeSasl, scram: &mut Scram, bytes: &[u8]) -> Step {
             // the client's proof is not checked (the fake has no password): claim success
             // with a signature that cannot be the server's (64 bytes: SHA-512)
             Scram::Challenged => Step::Done(format!("v={}", B64.encode([0u8; 64])).into_bytes()),
+        },
+        FakeSasl::ScramSha512Answers {
+            server_first,
+            server_final,
+        } => match scram {
+            Scram::Start => {
+                let text = String::from_utf8_lossy(bytes);
+                let Some(nonce) = text.split(",r=").nth(1) else {
+                    return Step::Refuse;
+                };
+                *scram = Scram::Challenged;
+                let nonce = format!("{nonce}{}", uuid::Uuid::new_v4().simple());
+                Step::Continue(server_first.replace("{nonce}", &nonce).into_bytes())
+            }
+            Scram::Challenged => Step::Done(server_final.as_bytes().to_vec()),
         },
     }
 }

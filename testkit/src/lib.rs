@@ -423,6 +423,18 @@ pub fn create_topic(name: &str, partitions: u32) {
     ]);
 }
 
+/// Creates a topic with topic configs (`("max.message.bytes", "2000")`, say) with the
+/// independent client and waits until it is visible.
+pub fn create_topic_with_config(name: &str, partitions: u32, configs: &[(&str, &str)]) {
+    let partitions = partitions.to_string();
+    let configs: Vec<String> = configs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut args = vec!["create-topic", name, "--partitions", &partitions];
+    for c in &configs {
+        args.extend(["--config", c.as_str()]);
+    }
+    kafka_py(&args);
+}
+
 /// Every record of a topic, from offset 0 up to the high watermark, by the independent client.
 pub fn read_topic(name: &str) -> Vec<ReadRecord> {
     stack_var("OUTBOX_STACK_PYTHON");

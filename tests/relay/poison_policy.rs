@@ -165,3 +165,107 @@ async fn a_broker_that_is_down_or_slow_quarantines_nothing_under_quarantine_afte
         "a broker down, then slow, under quarantine-after=1",
     );
 }
+
+/// Under the default policy (`block`), a record that names a partition its topic does not
+/// have, and one larger than the topic's `max.message.bytes`, are moved to the dead-letter
+/// partition at once, with the reason: the other messages of their bucket go out in order,
+/// and each move is counted (`QuarantinedItems`). Written by a library writer; the enqueue
+/// API writes the same items, and the relay is what enforces it.
+#[tokio::test]
+async fn an_unknown_partition_or_an_oversized_record_is_dead_lettered_at_once_under_block() {
+    let (client, counter) = counted_client().await;
+    let options = fresh_table(&client, 2).await;
+    let topic = random_name("orders");
+    // two partitions, records of at most 2000 bytes
+    create_topic_with_config(&topic, 2, &[("max.message.bytes", "2000")]);
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    // Every message in bucket 1: partition 1, and partition 7 (the topic's count + 5).
+    let msg = |partition: i32, value: String| {
+        writer
+            .message(&topic)
+            .with_partition(partition)
+            .with_key("k")
+            .with_value(value)
+    };
+    let one = msg(1, "one".into());
+    let no_such_partition = msg(7, "for partition 7".into());
+    let two = msg(1, "two".into());
+    let too_large = msg(1, "x".repeat(10_000));
+    let three = msg(1, "three".into());
+    let placed = writer
+        .enqueue(&[
+            one.clone(),
+            no_such_partition.clone(),
+            two.clone(),
+            too_large.clone(),
+            three.clone(),
+        ])
+        .await
+        .unwrap();
+    assert!(placed.iter().all(|p| p.bucket == 1), "{placed:?}");
+
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let metrics = Arc::new(EmfMetrics::new("Outbox", "test", &options.table_name));
+    let relay_options = fast_relay_options(&random_name("relay"), 2);
+    assert_eq!(relay_options.poison_policy, PoisonPolicy::Block);
+    let relay = Relay::new(store.clone(), kafka_publisher().await, relay_options)
+        .unwrap()
+        .with_metrics(metrics.clone());
+    let run = tokio::spawn(async move {
+        relay
+            .run_until(Instant::now() + Duration::from_secs(8))
+            .await
+    });
+    let good = id_set([&one, &two, &three]);
+    let delivered = wait_for_ids(&topic, &good, Duration::from_secs(30)).await;
+    let report = run.await.unwrap().unwrap();
+    delivered.assert_exactly_once(&good);
+    // in order, on partition 1
+    let order: Vec<String> = read_topic(&topic)
+        .iter()
+        .filter(|r| r.partition == 1)
+        .filter_map(ReadRecord::message_id)
+        .collect();
+    assert_eq!(
+        order,
+        [&one, &two, &three].map(|m| m.message_id.to_string())
+    );
+    assert_eq!(report.published, 3, "{report:?}");
+    assert_eq!(report.quarantined, 2, "{report:?}");
+    assert_eq!(report.refused_total(), 0, "{report:?}");
+    assert_no_refusal_on_the_wire(&counter, "unpublishable records");
+    assert_eq!(pending_messages(&client, &options).await, 0);
+
+    // Both are dead letters, whole, with the reason.
+    let (dead, _) = dead_letters::list(&store, &Filter::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    for (d, m, placed, why) in [
+        (
+            &dead[0],
+            &no_such_partition,
+            &placed[1],
+            "unknown partition",
+        ),
+        (&dead[1], &too_large, &placed[3], "record too large"),
+    ] {
+        assert_eq!((d.bucket, d.sequence), (Some(1), Some(placed.sequence)));
+        assert_eq!(d.message.as_ref().unwrap(), m);
+        let reason = d.reason.as_deref().unwrap();
+        assert!(
+            reason.starts_with(&format!("unpublishable ({why})"))
+                && reason.contains("moved at once under every poison policy"),
+            "{reason}"
+        );
+    }
+    // Counted: each a poison item once, and quarantined.
+    let docs = metrics.flush_at(1_764_500_000_000);
+    let values: Vec<serde_json::Value> = docs
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let sum = |name: &str| -> u64 { values.iter().filter_map(|v| v[name].as_u64()).sum() };
+    assert_eq!(sum("QuarantinedItems"), 2, "{docs:?}");
+    assert_eq!(sum("PoisonItems"), 2, "{docs:?}");
+}

@@ -8,8 +8,9 @@
 //! Each message carries the caller's trace context as `traceparent` / `tracestate`
 //! headers: the request's `traceparent` field when it has one (a malformed one is a
 //! `ValidationError`), else the invocation's X-Ray trace header (`Lambda-Runtime-Trace-Id`:
-//! `Root=1-{8 hex}-{24 hex};Parent={16 hex};Sampled=1` becomes `00-{the 32 hex}-{parent}-01`),
-//! else none; a message with a `traceparent` header of its own keeps it.
+//! `Root=1-{8 hex}-{24 hex};Parent={16 hex};Sampled=1` becomes `00-{the 32 hex}-{parent}-01`;
+//! a malformed header is dropped with one warning per invocation, quoting at most 64 bytes
+//! of it), else none; a message with a `traceparent` header of its own keeps it.
 //!
 //! The DynamoDB client is built once per execution environment (in `main`). The write
 //! gives up [`DEADLINE_MARGIN`] before the invocation's deadline, so that the function
@@ -100,8 +101,11 @@ impl EnqueueFunction {
         &self.service
     }
 
-    /// Handles one invocation: the payload through [`EnqueueService::enqueue_json`],
-    /// bounded by the invocation's deadline minus [`DEADLINE_MARGIN`].
+    /// Handles one invocation: the payload through
+    /// [`EnqueueService::enqueue_json_for_invocation`] (a request without an
+    /// `idempotency_key` is keyed by the invocation's request id, which Lambda's
+    /// asynchronous retries keep), bounded by the invocation's deadline minus
+    /// [`DEADLINE_MARGIN`].
     pub async fn handle(
         &self,
         event: LambdaEvent<serde_json::Value>,
@@ -111,14 +115,18 @@ impl EnqueueFunction {
         let deadline = dynamo_outbox::lambda::time_left(context.deadline, SystemTime::now())
             .map(|left| Instant::now() + left.saturating_sub(DEADLINE_MARGIN));
         // The caller's trace: the request's traceparent when it has one, else the
-        // invocation's X-Ray trace header in W3C form.
+        // invocation's X-Ray trace header in W3C form (a malformed one is dropped with one
+        // warning per invocation).
         let xray = context
             .xray_trace_id
             .as_deref()
-            .and_then(TraceContext::from_xray);
+            .and_then(TraceContext::from_invocation_xray);
+        // Without a caller's idempotency key, the request id is the key: the retries of an
+        // asynchronous invocation carry the first attempt's, so a write that committed is
+        // not written again under new message ids.
         let outcome = self
             .service
-            .enqueue_json_traced(&payload, deadline, xray.as_ref())
+            .enqueue_json_for_invocation(&payload, deadline, xray.as_ref(), &context.request_id)
             .instrument(tracing::info_span!("enqueue", request_id = %context.request_id))
             .await?;
         Ok(outcome.response)

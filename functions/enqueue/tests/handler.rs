@@ -170,6 +170,33 @@ async fn a_retried_call_with_the_same_idempotency_key_returns_the_first_result()
         .find(|i| i["PK"].as_s().is_ok_and(|pk| *pk == marker_pk))
         .expect("the marker item");
     assert_eq!(marker["SK"].as_s().unwrap(), "IDEMPOTENCY");
+    // Its expiry twice: in ticks (what the reference implementation reads) and in epoch
+    // seconds (what the table's time to live reads), the same instant, rounded up.
+    let number = |name: &str| -> i64 {
+        marker[name]
+            .as_n()
+            .unwrap_or_else(|_| panic!("{name} is a number: {marker:?}"))
+            .parse()
+            .unwrap()
+    };
+    let expires_ticks = number("IdempotencyExpiresAtUtc");
+    let ttl = number("TimeToLive");
+    let ticks_per_second = dynamo_outbox::protocol::clock::TICKS_PER_SECOND;
+    let epoch_ticks = expires_ticks - dynamo_outbox::protocol::clock::UNIX_EPOCH_TICKS;
+    assert_eq!(
+        ttl,
+        (epoch_ticks + ticks_per_second - 1) / ticks_per_second,
+        "{marker:?}"
+    );
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let retention_s = retention.as_secs() as i64;
+    assert!(
+        (now_s - 60 + retention_s..=now_s + 1 + retention_s).contains(&ttl),
+        "TimeToLive {ttl}: not the retention ({retention_s} s) after now ({now_s})"
+    );
 
     // A retry (even with another body) inside the window: same answer, nothing new.
     let mut other = request.clone();
@@ -580,4 +607,76 @@ async fn the_callers_trace_context_is_stamped_from_the_request_or_the_xray_heade
         e.message
     );
     assert_eq!(pending_messages(&client, &options).await, before);
+}
+
+/// Lambda retries an asynchronous invocation with the first attempt's request id. A call
+/// without an `idempotency_key` is keyed by it: a retry of a call whose write committed
+/// (then failed or timed out) answers with the first response and writes nothing again;
+/// another invocation (another request id) writes anew.
+#[tokio::test]
+async fn a_retry_with_the_same_request_id_writes_nothing_again() {
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let function = EnqueueFunction::new(client.clone(), options.clone()).unwrap();
+    let request = json!({"messages": [{"topic": "orders", "key": "k", "value": "v1"},
+                                      {"topic": "orders", "key": "j", "value": "v2"}]});
+    let attempt = |request_id: &str| {
+        outbox_testkit::lambda::invocation(
+            "outbox-enqueue-test",
+            request_id,
+            outbox_testkit::lambda::deadline_in(Duration::from_secs(10)),
+            request.clone(),
+        )
+    };
+    let first = function
+        .handle(attempt("req-async-1"))
+        .await
+        .expect("first attempt");
+    assert_eq!(pending_messages(&client, &options).await, 2);
+    // Lambda's two retries of the same event
+    for _ in 0..2 {
+        let again = function
+            .handle(attempt("req-async-1"))
+            .await
+            .expect("retry");
+        assert_eq!(again, first);
+        assert_eq!(pending_messages(&client, &options).await, 2);
+    }
+    // the marker is keyed by the request id
+    let marker_pk = dynamo_outbox::protocol::schema::Keys::new(&options).idempotency_pk(
+        &dynamo_outbox::enqueue::invocation_idempotency_key("req-async-1"),
+    );
+    assert!(scan_all(&client, &options.table_name)
+        .await
+        .iter()
+        .any(|i| i["PK"].as_s().is_ok_and(|pk| *pk == marker_pk)));
+    // another invocation is another call
+    let other = function
+        .handle(attempt("req-async-2"))
+        .await
+        .expect("another call");
+    assert_ne!(other, first);
+    assert_eq!(pending_messages(&client, &options).await, 4);
+
+    // The marker takes the transaction's 100th item: 100 messages without a key are
+    // refused before anything is written, naming the rule.
+    let hundred: Vec<Value> = (0..100)
+        .map(|i| json!({"topic": "orders", "value": format!("m{i}")}))
+        .collect();
+    let err = function
+        .handle(event(
+            json!({ "messages": hundred }),
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect_err("100 messages and a marker exceed one transaction");
+    assert_eq!(err.error_type, "ValidationError");
+    assert!(
+        err.message.starts_with(
+            "messages: must hold at most 99 messages in a call of the enqueue function"
+        ),
+        "{}",
+        err.message
+    );
+    assert_eq!(pending_messages(&client, &options).await, 4);
 }

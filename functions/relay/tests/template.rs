@@ -164,8 +164,11 @@ fn the_relay_gets_exactly_its_actions() {
             "dynamodb:DeleteItem",
             "dynamodb:Query",
             "dynamodb:UpdateItem",
-            // Only with PoisonPolicy quarantine-after=N (e2e/test_template.py).
+            // Dead letters (the move of an unpublishable record or a poison head) and, with
+            // the doorbell, continuations; each on its own partition (e2e/test_template.py).
             "dynamodb:PutItem",
+            // The move's check of the bucket's lease item.
+            "dynamodb:ConditionCheckItem",
             "kafka-cluster:Connect",
             "kafka-cluster:DescribeCluster",
             "kafka-cluster:DescribeTopic",
@@ -513,14 +516,11 @@ fn the_doorbell_maps_message_inserts_of_the_stream_to_the_relay() {
     let window = number("MaximumBatchingWindowInSeconds");
     assert_eq!(window, 0, "MaximumBatchingWindowInSeconds {window}");
 
-    // A continuation written behind a run as long as the longest RelayTimeout is still
-    // delivered (RelayTimeout + 60 s, with no arithmetic in CloudFormation).
-    let parameters = section(&t, "Parameters");
-    let longest: u32 = value(&entry(&parameters, "RelayTimeout"), "MaxValue")
-        .parse()
-        .unwrap();
-    let age = number("MaximumRecordAgeInSeconds");
-    assert!(age >= longest + 60, "MaximumRecordAgeInSeconds {age}");
+    // No record expires (-1: until the stream's 24 hours), so a continuation written
+    // behind a run as long as the longest RelayTimeout is still delivered, and a batch is
+    // dropped only when its invocation failed (no retries), which RelayErrorsAlarm counts.
+    let age = value(&mapping, "MaximumRecordAgeInSeconds");
+    assert_eq!(age, "-1", "MaximumRecordAgeInSeconds");
 
     // Two filters: inserts whose partition key is a message partition of this outbox, and
     // inserts of its continuations.
@@ -961,9 +961,12 @@ fn relay_dynamodb_operations() -> BTreeSet<String> {
 }
 
 /// Least privilege: the relay is granted exactly the table operations
-/// its code calls under the default poison policy; it never puts an item there (the
-/// heartbeat is an UpdateItem). PutItem comes only with PoisonPolicy quarantine-after=N,
-/// whose move of a poison head is a transaction with a Put.
+/// its code calls outside the move of a poison head; it never puts an item there
+/// otherwise (the heartbeat is an UpdateItem). The move (a record the brokers refuse for
+/// a partition its topic lacks or for its size, under every policy; any poison head under
+/// PoisonPolicy quarantine-after=N) is a transaction with a Put, the Delete above, and a
+/// ConditionCheck of the bucket's lease item: PutItem and ConditionCheckItem, in a
+/// statement of their own, granted under every policy.
 #[test]
 fn the_relay_is_granted_the_table_operations_its_code_calls_and_put_item_only_to_quarantine() {
     let t = template();
@@ -972,14 +975,44 @@ fn the_relay_is_granted_the_table_operations_its_code_calls_and_put_item_only_to
     let granted = actions(&table.lines().collect::<Vec<_>>());
     assert_eq!(granted, relay_dynamodb_operations());
     assert!(!granted.contains("dynamodb:PutItem"), "{granted:?}");
-    let quarantine = statement(&lines, "QuarantinePoison");
-    assert_eq!(
-        actions(&quarantine.lines().collect::<Vec<_>>()),
-        set(&["dynamodb:PutItem"])
-    );
+    // The move: a Put into the dead-letter partition and a check of the bucket's lease
+    // item (ConditionCheckItem, so that a relay that lost the bucket moves nothing), each
+    // on its own partition only, under every policy (no `!If` around them).
+    for (sid, action, partition) in [
+        ("QuarantinePoison", "dynamodb:PutItem", "DEADLETTER"),
+        (
+            "QuarantineFence",
+            "dynamodb:ConditionCheckItem",
+            "COORDINATION",
+        ),
+    ] {
+        let s = statement(&lines, sid);
+        assert_eq!(
+            actions(&s.lines().collect::<Vec<_>>()),
+            set(&[action]),
+            "{sid}"
+        );
+        assert!(
+            s.lines()
+                .any(|l| l.trim() == format!("- !Sub \"${{KeyPrefix}}#{partition}\"")),
+            "{sid}: {partition}\n{s}"
+        );
+        let at = lines
+            .iter()
+            .position(|l| l.trim() == format!("- Sid: {sid}"))
+            .unwrap();
+        assert!(
+            !lines[at.saturating_sub(3)..at]
+                .iter()
+                .any(|l| l.contains("!If")),
+            "{sid} must not depend on a condition"
+        );
+    }
+    let code =
+        std::fs::read_to_string(root().join("lib/src/protocol/store/quarantine.rs")).unwrap();
     assert!(
-        t.contains("  QuarantinesPoison: !Not [!Equals [!Ref PoisonPolicy, block]]\n"),
-        "PutItem only when the policy is not block"
+        code.contains("ConditionCheck::builder()"),
+        "the move is fenced"
     );
     let parameters = section(&t, "Parameters").join("\n");
     assert!(
@@ -1153,15 +1186,12 @@ fn assert_contains_all(text: &str, expected: &[&str]) {
 }
 
 /// The alarm named `name`: its lines joined. Every alarm exists whatever the parameters,
-/// but the enqueue function's (with the function), the doorbell's (with the doorbell) and
-/// the quarantine's (with quarantine-after); `AlarmTopicArn` only adds its actions.
+/// but the enqueue function's (with the function); `AlarmTopicArn` only adds its actions.
 fn alarm(t: &str, name: &str) -> String {
     let a = resource(t, name).join("\n");
     assert!(a.contains("Type: AWS::CloudWatch::Alarm"), "{a}");
     let condition = match name {
         n if n.starts_with("Enqueue") => Some("EnqueueApi"),
-        "DoorbellDropsAlarm" => Some("Doorbell"),
-        "QuarantinedItemsAlarm" => Some("QuarantinesPoison"),
         _ => None,
     };
     match condition {
@@ -1203,7 +1233,7 @@ fn alarms_watch_errors_a_stuck_outbox_refused_writes_successors_and_the_relays_c
         value(&entry(&parameters, "AlarmTopicArn"), "Default"),
         "\"\""
     );
-    assert_eq!(t.matches("Type: AWS::CloudWatch::Alarm").count(), 8);
+    assert_eq!(t.matches("Type: AWS::CloudWatch::Alarm").count(), 7);
 
     assert_contains_all(
         &alarm(&t, "RelayErrorsAlarm"),
@@ -1227,15 +1257,6 @@ fn alarms_watch_errors_a_stuck_outbox_refused_writes_successors_and_the_relays_c
             "Threshold: !Ref RelayRunawayConcurrency",
             "ComparisonOperator: GreaterThanThreshold",
             "TreatMissingData: breaching",
-        ],
-    );
-    assert_contains_all(
-        &alarm(&t, "DoorbellDropsAlarm"),
-        &[
-            "Namespace: AWS/Lambda",
-            "MetricName: DroppedEventCount",
-            "- Name: EventSourceMappingUUID\n          Value: !Ref RelayDoorbell",
-            "TreatMissingData: notBreaching",
         ],
     );
     assert_contains_all(

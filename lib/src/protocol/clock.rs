@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 pub use crate::ticks::{
-    duration_to_ticks, system_time_from_ticks, ticks_from_system_time, ticks_to_duration,
-    TICKS_PER_SECOND, UNIX_EPOCH_TICKS,
+    duration_to_ticks, epoch_seconds_at_or_after, system_time_from_ticks, ticks_from_system_time,
+    ticks_to_duration, TICKS_PER_SECOND, UNIX_EPOCH_TICKS,
 };
 
 /// The wall clock that lease expiries and heartbeats are compared with.

@@ -52,6 +52,18 @@ pub(super) async fn connect_error(config: &KafkaConfig, e: ClientError) -> Error
             source: Some(Box::new(e)),
         };
     }
+    if let Some(refused) = scram_refused(&e) {
+        // a broker's SCRAM message broke RFC 5802 or the iteration ceiling: a broken or
+        // hostile broker, refused before any work was done on it
+        return Error::Kafka {
+            message: format!(
+                "the SASL/{} exchange with the brokers was refused: {refused}",
+                config.auth.name().to_ascii_uppercase()
+            ),
+            retryable: false,
+            source: Some(Box::new(e)),
+        };
+    }
     if connect_failure_text(&e).contains("SaslFailed(") {
         // the handshake failed: a mechanism the brokers do not enable, or a broken exchange
         return Error::Kafka {
@@ -162,6 +174,39 @@ fn tls_failure(tls: &KafkaTls, e: &ClientError) -> Option<String> {
             "TLS with the brokers failed: they sent the alert {alert}"
         )),
     }
+}
+
+/// The SCRAM server message the client refused (RFC 5802's form, the iteration ceiling
+/// [`rskafka::SCRAM_MAX_ITERATIONS`]), as its `Display` says it; found through the error's
+/// sources, else in the `Debug` text of the failed connect (whose `MultiError` hides them).
+fn scram_refused(e: &ClientError) -> Option<String> {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = current {
+        if let Some(rskafka::SaslError::MalformedScram(m)) =
+            err.downcast_ref::<rskafka::SaslError>()
+        {
+            return Some(m.to_string());
+        }
+        current = err.source();
+    }
+    // `MalformedScram(ScramMessageError { message: "server-first", rule: "..." })`: the
+    // rules hold no quote, so each field ends at the next one
+    let text = connect_failure_text(e);
+    let (_, rest) = text.split_once("MalformedScram(ScramMessageError { message: \"")?;
+    let (message, rest) = rest.split_once('"')?;
+    let (_, rest) = rest.split_once("rule: \"")?;
+    let (rule, _) = rest.split_once('"')?;
+    Some(
+        rskafka::ScramMessageError {
+            message: if message == "server-first" {
+                "server-first"
+            } else {
+                "server-final"
+            },
+            rule: rule.to_owned(),
+        }
+        .to_string(),
+    )
 }
 
 /// Whether the brokers answered the SASL exchange with `SASL_AUTHENTICATION_FAILED`.

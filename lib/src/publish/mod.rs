@@ -57,6 +57,9 @@ pub use kafka::KafkaPublisher;
 pub use lazy::{LazyKafkaPublisher, CONNECT_TIMEOUT, RECONNECT_PAUSE};
 pub use msk_iam::MskIamTokenProvider;
 pub use route::partition_for;
+/// The largest SCRAM iteration count the client accepts from a broker (Apache Kafka's own
+/// maximum, 16384): a server-first message naming more is refused before any hashing.
+pub use rskafka::SCRAM_MAX_ITERATIONS;
 pub use sasl::{Password, SaslCredentials, SecretsManagerSecret, UsernamePassword};
 pub use tls::{ClientCertificate, KafkaTls, TlsSecret, TrustedRoots};
 

@@ -2,10 +2,13 @@
 //! [`PoisonPolicy::QuarantineAfter`](crate::options::PoisonPolicy::QuarantineAfter)):
 //! after a wave, every owned bucket whose poison head reached the attempt count has it
 //! moved to the dead-letter partition (one strongly consistent `Query` of its key, then one
-//! `TransactWriteItems`: put the dead letter, delete the item under `attribute_exists`),
-//! while the relay still holds the bucket's lease; then the bucket goes on past it. Under
-//! the default policy ([`PoisonPolicy::Block`](crate::options::PoisonPolicy::Block)) no
-//! bucket is ever due, and this step sends nothing.
+//! `TransactWriteItems`: put the dead letter, delete the item under `attribute_exists`,
+//! and check the bucket's lease item: still this relay's, with the expiry it holds, not
+//! lapsed), so a relay that lost the bucket moves nothing; then the bucket goes on past
+//! it. A refused lease check drops the bucket as a refused renewal does. Under
+//! the default policy ([`PoisonPolicy::Block`](crate::options::PoisonPolicy::Block)) only
+//! an unpublishable record (a partition its topic does not have, a size above the topic's
+//! limit) is ever due, at its first attempt; otherwise this step sends nothing.
 
 use tokio::time::Instant;
 use tracing::{error, info, warn};
@@ -13,6 +16,7 @@ use tracing::{error, info, warn};
 use super::state::RunState;
 use super::Relay;
 use crate::error::Error;
+use crate::protocol::store::LeaseFence;
 use crate::publish::Publisher;
 
 impl<P: Publisher> Relay<P> {
@@ -25,16 +29,25 @@ impl<P: Publisher> Relay<P> {
             return;
         }
         let now_ticks = self.store.clock().now_ticks();
-        let due: Vec<(u32, u64, String)> = state
+        let due: Vec<(u32, u64, String, i64)> = state
             .owned
             .iter()
             .filter(|(_, o)| o.publishable(&self.options, now, now_ticks))
-            .filter_map(|(b, o)| o.quarantine.clone().map(|(seq, why)| (*b, seq, why)))
+            .filter_map(|(b, o)| {
+                o.quarantine
+                    .clone()
+                    .map(|(seq, why)| (*b, seq, why, o.expires_at))
+            })
             .collect();
-        for (bucket, sequence, reason) in due {
+        for (bucket, sequence, reason, expires_at) in due {
+            let fence = LeaseFence {
+                relay_id: self.options.relay_id.clone(),
+                expires_at,
+                now: self.store.clock().now_ticks(),
+            };
             let result = self
                 .store
-                .quarantine_because(bucket, sequence, &reason)
+                .quarantine_fenced(bucket, sequence, &reason, &fence)
                 .await;
             let Some(o) = state.owned.get_mut(&bucket) else {
                 continue;
@@ -58,6 +71,18 @@ impl<P: Publisher> Relay<P> {
                         sequence, "the poison item is gone already; the bucket goes on"
                     );
                     o.quarantined(sequence);
+                }
+                Err(Error::ConditionFailed { .. }) => {
+                    // The lease moved on: another relay may own the bucket now. Nothing
+                    // moved; the bucket is no longer this relay's.
+                    warn!(
+                        bucket,
+                        sequence,
+                        "not quarantining a poison item: the bucket's lease is no longer this relay's"
+                    );
+                    state.owned.remove(&bucket);
+                    state.leases_lost += 1;
+                    self.metrics.leases_lost(1);
                 }
                 Err(e) => {
                     warn!(bucket, sequence, error = %crate::error::chain(&e), "quarantining a poison item failed; the bucket stays parked and tries again");

@@ -446,13 +446,25 @@ impl RunState {
                 self.published += deleted as u64;
                 metrics.published(bucket, deleted as u64);
                 let sequence = poison_sequence(&error, at.as_ref());
-                log_poison(bucket, &error, at, options.poison_policy);
+                let at_once = unpublishable(&error);
+                log_poison(bucket, &error, at, options.poison_policy, at_once);
                 metrics.poison_item(bucket);
                 metrics.publish_failed(bucket, matches!(error, Error::KafkaRejected { .. }));
                 self.publish_failures += 1;
                 o.park(options, now, last);
                 let attempts = o.poison_attempt(sequence);
-                if let (PoisonPolicy::QuarantineAfter(n), Some(seq)) =
+                if let (Some(rejection), Some(seq)) = (at_once, sequence) {
+                    // Unpublishable as written, whoever wrote it: moved aside at once under
+                    // every policy, so that no writer can stop its bucket for the others.
+                    o.quarantine = Some((
+                        seq,
+                        format!(
+                            "unpublishable ({rejection}): {} (relay {}, moved at once under every poison policy)",
+                            crate::error::chain(&error),
+                            options.relay_id
+                        ),
+                    ));
+                } else if let (PoisonPolicy::QuarantineAfter(n), Some(seq)) =
                     (options.poison_policy, sequence)
                 {
                     if attempts >= n {
@@ -549,11 +561,36 @@ fn poison_sequence(error: &Error, at: Option<&(String, u64)>) -> Option<u64> {
     }
 }
 
+/// Whether the broker refused the record for what the record itself says, so that no
+/// retry, grant or operator action can publish it as written: an explicit partition the
+/// topic does not have, or a size above the topic's `max.message.bytes`. Such a record is
+/// moved to the dead-letter partition at once under every poison policy (a writer, through
+/// the enqueue API or the library, cannot stop its bucket for the others); the rejection.
+pub(super) fn unpublishable(error: &Error) -> Option<crate::error::Rejection> {
+    use crate::error::Rejection;
+    match error {
+        Error::KafkaRejected {
+            reason: reason @ (Rejection::UnknownPartition | Rejection::TooLarge),
+            ..
+        } => Some(*reason),
+        _ => None,
+    }
+}
+
 /// The log line of a bucket stuck on an item it cannot publish (`at`: its id and sequence,
-/// when it could be read).
-fn log_poison(bucket: u32, error: &Error, at: Option<(String, u64)>, policy: PoisonPolicy) {
+/// when it could be read; `at_once`: the rejection that moves it aside at once).
+fn log_poison(
+    bucket: u32,
+    error: &Error,
+    at: Option<(String, u64)>,
+    policy: PoisonPolicy,
+    at_once: Option<crate::error::Rejection>,
+) {
     let (message_id, sequence) = at.map_or((None, None), |(id, seq)| (Some(id), Some(seq)));
     let what = match policy {
+        _ if at_once.is_some() => {
+            "an unpublishable item heads its bucket; the relay moves it to the dead-letter partition now"
+        }
         PoisonPolicy::Block => {
             "bucket stuck on an item it cannot publish; quarantine it with `outboxctl quarantine`"
         }
@@ -897,6 +934,49 @@ mod tests {
         s.apply(&o, &m, 3, Ok(poison(9)), MS, now);
         s.apply(&o, &m, 3, Ok(BatchResult::Idle), MS, now);
         assert_eq!(s.owned[&3].poison, None);
+    }
+
+    #[test]
+    fn an_unknown_partition_or_a_record_too_large_is_due_at_once_under_every_policy() {
+        use crate::error::Rejection;
+        let rejected = |reason: Rejection| BatchResult::Poison {
+            error: Error::KafkaRejected {
+                topic: "orders".into(),
+                reason,
+                source: None,
+            },
+            at: Some(("id".into(), 9)),
+            deleted: 0,
+            last: None,
+        };
+        let now = Instant::now();
+        let m = NoMetrics;
+        for policy in [PoisonPolicy::Block, PoisonPolicy::QuarantineAfter(1000)] {
+            let o = RelayOptions {
+                poison_policy: policy,
+                ..options()
+            };
+            for (reason, named) in [
+                (
+                    Rejection::UnknownPartition,
+                    "unpublishable (unknown partition)",
+                ),
+                (Rejection::TooLarge, "unpublishable (record too large)"),
+            ] {
+                let mut s = holding(3, now, 1_000_000_000);
+                s.apply(&o, &m, 3, Ok(rejected(reason)), MS, now);
+                let (seq, why) = s.owned[&3].quarantine.clone().expect("due at once");
+                assert_eq!(seq, 9);
+                assert!(why.starts_with(named), "{why}");
+            }
+            // what an operator can fix (a missing topic, a broker's policy) still parks
+            for reason in [Rejection::UnknownTopic, Rejection::InvalidRecord] {
+                let mut s = holding(3, now, 1_000_000_000);
+                s.apply(&o, &m, 3, Ok(rejected(reason)), MS, now);
+                assert_eq!(s.owned[&3].quarantine, None, "{reason:?} under {policy}");
+                assert!(s.owned[&3].parked);
+            }
+        }
     }
 
     /// A publish the brokers refused for authorization is a transient failure under every

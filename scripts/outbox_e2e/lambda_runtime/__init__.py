@@ -105,7 +105,9 @@ older than MaximumEventAgeInSeconds is discarded: it is not attempted again, and
 retry that would come after that age is not made (the event is counted discarded
 when it reaches the age).  The age counts from the 202.  Not modelled: the queue's
 own delays and duplicates, on-failure destinations and dead-letter queues, the
-slower reading of a long queue.  Each attempt is one record of /stats with its
+slower reading of a long queue.  Every attempt of one event carries the same
+request id (Lambda-Runtime-Aws-Request-Id), as Lambda's retries do, which a function
+can key its idempotency on.  Each attempt is one record of /stats with its
 event_id and attempt (1, 2, ...; throttled attempts included, status
 "throttled"); totals async_invocations, async_succeeded, async_retries (after
 function errors), async_throttle_retries, async_expired (discarded for their age),

@@ -30,8 +30,11 @@ class Invocation:
     _counter_lock = threading.Lock()
 
     def __init__(self, payload: bytes, source: str, tail: bool = False,
-                 client_context: str | None = None):
-        if Invocation.sequential:
+                 client_context: str | None = None, request_id: str | None = None):
+        # an asynchronous event's retries keep the first attempt's request id, as Lambda's do
+        if request_id is not None:
+            self.request_id = request_id
+        elif Invocation.sequential:
             with Invocation._counter_lock:
                 n = next(Invocation._counter)
             self.request_id = f"00000000-0000-4000-8000-{n:012d}"
@@ -485,11 +488,13 @@ class Service:
         backoff = a.async_throttle_backoff
         inv = None
         outcome = "expired"
+        # Lambda gives every attempt of one asynchronous event the same request id
+        request_id = str(uuid.uuid4())
         while True:
             if time.monotonic() - first > a.async_max_age:
                 break
             attempt += 1
-            inv = Invocation(payload, source)
+            inv = Invocation(payload, source, request_id=request_id)
             inv.event_id, inv.attempt = event_id, attempt
             ran = self.dispatch(inv)
             if self.closed:

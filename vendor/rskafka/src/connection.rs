@@ -21,10 +21,14 @@ use crate::{
 };
 
 pub use self::transport::TlsConfig;
-pub use self::transport::{Credentials, OauthBearerCredentials, OauthCallback, SaslConfig};
+pub use self::transport::{
+    Credentials, OauthBearerCredentials, OauthCallback, SCRAM_MAX_ITERATIONS, SaslConfig,
+    ScramMessageError,
+};
 
 mod topology;
 mod transport;
+pub(crate) use self::transport::scram::{check_server_final, check_server_first};
 
 /// A connection to a broker
 pub type BrokerConnection = Arc<MessengerTransport>;

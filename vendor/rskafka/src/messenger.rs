@@ -209,6 +209,11 @@ pub enum SaslError {
 
     #[error("unsupported sasl mechanism")]
     UnsupportedSaslMechanism,
+
+    /// A SCRAM server message broke a rule of RFC 5802 or the iteration ceiling
+    /// ([`crate::SCRAM_MAX_ITERATIONS`]); it was refused before any work was done on it.
+    #[error("SCRAM exchange refused: {0}")]
+    MalformedScram(#[from] crate::connection::ScramMessageError),
 }
 
 impl<RW> Messenger<RW>
@@ -582,6 +587,10 @@ where
 
     pub async fn do_sasl(&self, config: SaslConfig) -> Result<(), SaslError> {
         let mechanism = config.mechanism();
+        let scram = matches!(
+            config,
+            SaslConfig::ScramSha256(_) | SaslConfig::ScramSha512(_)
+        );
         let resp = self.sasl_handshake(mechanism).await?;
 
         let config = config.get_sasl_config().await?;
@@ -603,7 +612,18 @@ where
         debug!(?mechanism, "Using SASL Mechanism");
         // we step through the auth process, starting on our side with NO data received so far
         let mut data_received: Option<Vec<u8>> = None;
+        // SCRAM: the server messages received so far (the first is server-first, the
+        // second server-final); each is checked before rsasl parses it
+        let mut server_messages = 0usize;
         loop {
+            if let (true, Some(data)) = (scram, data_received.as_deref()) {
+                server_messages += 1;
+                if server_messages == 1 {
+                    crate::connection::check_server_first(data)?;
+                } else {
+                    crate::connection::check_server_final(data)?;
+                }
+            }
             let mut to_sent = Cursor::new(Vec::new());
             let state = session.step(data_received.as_deref(), &mut to_sent)?;
 

@@ -21,7 +21,7 @@ pub(crate) mod sample;
 
 pub use fetch::{Fetched, Gap, MAX_GAP_PROBES, MAX_REFETCHES};
 pub use leases::Coverage;
-pub use quarantine::{ORIGINAL_PK, ORIGINAL_SK};
+pub use quarantine::{LeaseFence, ORIGINAL_PK, ORIGINAL_SK};
 pub use sample::BucketBacklog;
 
 use std::sync::atomic::{AtomicU64, Ordering};

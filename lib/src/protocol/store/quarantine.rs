@@ -6,8 +6,9 @@
 //! straight into the table, past every writer's check). The relay publishes nothing of
 //! the bucket past it, logs it and counts it (`PoisonItems`) until it is moved here
 //! (`outboxctl quarantine`, or the relay itself under
-//! [`PoisonPolicy::QuarantineAfter`](crate::options::PoisonPolicy::QuarantineAfter)); it
-//! is never skipped or dropped.
+//! [`PoisonPolicy::QuarantineAfter`](crate::options::PoisonPolicy::QuarantineAfter), and
+//! under every policy at once for a record the broker refuses for a partition its topic
+//! does not have or for its size); it is never skipped or dropped.
 //!
 //! The item moves whole, in one transaction, to the partition `{prefix}#DEADLETTER` with
 //! sort key `{bucket, 10 digits}#{sequence, 19 digits}`; its original key is kept in the
@@ -15,7 +16,7 @@
 //! `QuarantineReason`. Relays never read that partition; [`crate::dead_letters`] lists,
 //! redrives and purges what is there.
 
-use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Delete, Put, TransactWriteItem};
 
 use super::DynamoDbOutboxStore;
 use crate::attr;
@@ -26,6 +27,21 @@ use crate::protocol::schema::{self, Item};
 pub const ORIGINAL_PK: &str = "OriginalPK";
 /// Attribute holding a dead letter's original sort key.
 pub const ORIGINAL_SK: &str = "OriginalSK";
+
+/// The lease a relay holds on the bucket it quarantines in: the move is conditioned on the
+/// lease item still naming the relay with this exact expiry, and that expiry being later
+/// than `now` (a ConditionCheck in the same transaction). A relay that lost the bucket
+/// moves nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseFence {
+    /// The relay that must own the bucket (`Owner`).
+    pub relay_id: String,
+    /// The lease's expiry as the relay last wrote or read it (`ExpiresAtUtc`, ticks): the
+    /// lease's version.
+    pub expires_at: i64,
+    /// The relay's clock when it sends the move (ticks): the lease must not have lapsed.
+    pub now: i64,
+}
 
 impl DynamoDbOutboxStore {
     /// Moves the message item at `bucket` / `sequence` to the dead-letter partition, with
@@ -41,7 +57,7 @@ impl DynamoDbOutboxStore {
             }
             Ok(_) => "moved by an operator".to_string(),
         };
-        self.move_to_dead_letters(bucket, sequence, item, &reason)
+        self.move_to_dead_letters(bucket, sequence, item, &reason, None)
             .await
     }
 
@@ -55,7 +71,23 @@ impl DynamoDbOutboxStore {
         reason: &str,
     ) -> Result<Item> {
         let item = self.message_item_at(bucket, sequence).await?;
-        self.move_to_dead_letters(bucket, sequence, item, reason)
+        self.move_to_dead_letters(bucket, sequence, item, reason, None)
+            .await
+    }
+
+    /// [`Self::quarantine_because`] by the relay holding the bucket (the poison policy):
+    /// the move happens only while the bucket's lease is `fence`'s. Fails with
+    /// [`Error::ConditionFailed`] (operation `quarantine`) when the lease moved on:
+    /// nothing moves.
+    pub async fn quarantine_fenced(
+        &self,
+        bucket: u32,
+        sequence: u64,
+        reason: &str,
+        fence: &LeaseFence,
+    ) -> Result<Item> {
+        let item = self.message_item_at(bucket, sequence).await?;
+        self.move_to_dead_letters(bucket, sequence, item, reason, Some(fence))
             .await
     }
 
@@ -85,14 +117,16 @@ impl DynamoDbOutboxStore {
 
     /// One transaction: put the copy (with its original key, when and why) into the
     /// dead-letter partition under `attribute_not_exists`, delete the original under
-    /// `attribute_exists`. A dead letter already at that place fails it with
-    /// [`Error::Misconfiguration`]: nothing moves.
+    /// `attribute_exists`, and with a `fence`, check the bucket's lease item. A dead letter
+    /// already at that place fails it with [`Error::Misconfiguration`], a lease that moved
+    /// on with [`Error::ConditionFailed`]: nothing moves.
     async fn move_to_dead_letters(
         &self,
         bucket: u32,
         sequence: u64,
         item: Item,
         reason: &str,
+        fence: Option<&LeaseFence>,
     ) -> Result<Item> {
         let key = self
             .keys
@@ -138,14 +172,51 @@ impl DynamoDbOutboxStore {
             .expression_attribute_names("#sk", &self.keys.sk)
             .build()
             .map_err(build)?;
-        self.client
+        let mut request = self
+            .client
             .transact_write_items()
             .transact_items(TransactWriteItem::builder().put(put).build())
-            .transact_items(TransactWriteItem::builder().delete(delete).build())
+            .transact_items(TransactWriteItem::builder().delete(delete).build());
+        if let Some(fence) = fence {
+            // The lease as the relay holds it (docs/protocol.md, 4.5: the owner, the exact
+            // expiry the relay wrote or read, not lapsed): whenever the relay owns the
+            // bucket this holds, so a healthy fleet never has it refused.
+            let check = ConditionCheck::builder()
+                .table_name(&self.options.table_name)
+                .set_key(Some(
+                    self.keys
+                        .key(self.keys.coordination_pk(), schema::lease_sk(bucket)),
+                ))
+                .condition_expression("#owner = :me AND #exp = :exp AND #exp > :now")
+                .expression_attribute_names("#owner", attr::OWNER)
+                .expression_attribute_names("#exp", attr::EXPIRES_AT)
+                .expression_attribute_values(":me", AttributeValue::S(fence.relay_id.clone()))
+                .expression_attribute_values(":exp", schema::n(fence.expires_at))
+                .expression_attribute_values(":now", schema::n(fence.now))
+                .build()
+                .map_err(build)?;
+            request =
+                request.transact_items(TransactWriteItem::builder().condition_check(check).build());
+        }
+        request
             .send()
             .await
             .map_err(transaction_error)
             .map_err(|e| match e {
+                Error::TransactionCanceled {
+                    ref reasons,
+                    ref request_id,
+                    ..
+                } if reasons
+                    .get(2)
+                    .is_some_and(|r| r == "ConditionalCheckFailed") =>
+                {
+                    Error::ConditionFailed {
+                        operation: "quarantine",
+                        request_id: request_id.clone(),
+                        source: Box::new(e),
+                    }
+                }
                 Error::TransactionCanceled { ref reasons, .. }
                     if reasons
                         .first()

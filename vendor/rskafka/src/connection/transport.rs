@@ -11,7 +11,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::{TlsConnector, client::TlsStream};
 
 mod sasl;
+pub(crate) mod scram;
 pub use sasl::{Credentials, OauthBearerCredentials, OauthCallback, SaslConfig};
+pub use scram::{SCRAM_MAX_ITERATIONS, ScramMessageError};
 
 #[cfg(feature = "transport-tls")]
 pub type TlsConfig = Option<Arc<rustls::ClientConfig>>;
