@@ -437,14 +437,15 @@ def test_cfn_template_reads_the_mapping_and_the_environment() -> None:
                          timeout=60)
     doc = json.loads(out.stdout) if out.returncode == 0 else {}
     m = doc.get("mapping") or {}
-    pattern = json.loads(m.get("FilterCriteria", {}).get("Filters", [{}])[0].get("Pattern", "{}"))
+    patterns = [json.loads(f.get("Pattern", "{}"))
+                for f in m.get("FilterCriteria", {}).get("Filters", [])]
     check(m.get("LogicalId") == "RelayDoorbell" and m.get("BatchSize") == 100
           and m.get("MaximumBatchingWindowInSeconds") == 0
-          and m.get("MaximumRecordAgeInSeconds") == 60 and m.get("MaximumRetryAttempts") == 0
+          and m.get("MaximumRecordAgeInSeconds") == -1 and m.get("MaximumRetryAttempts") == 0
           and m.get("BisectBatchOnFunctionError") is False
           and m.get("StartingPosition") == "LATEST"
-          and pattern == {"eventName": ["INSERT"], "dynamodb": {"Keys": {"PK": {"S": [
-              {"prefix": "OUTBOX#MESSAGES#"}]}}}},
+          and patterns == [{"eventName": ["INSERT"], "dynamodb": {"Keys": {"PK": {"S": [
+              {"prefix": f"OUTBOX#{kind}#"}]}}}} for kind in ("MESSAGES", "CONTINUATION")],
           "cfn_template.py reads RelayDoorbell's settings and resolves its !Sub filter",
           out.stderr + json.dumps(m))
     eic = doc.get("event_invoke_config") or {}
@@ -481,17 +482,18 @@ def test_poll_with_the_template(rig, lambda_emulator, fake_function) -> None:
               "--param", "KeyPrefix=TPL", "--batch-size", "5")
     st = rig.settings()
     check(st["batch_size"] == 5 and st["source"]["batch_size"] == "flag"
-          and st["max_record_age_s"] == 60 and st["max_retries"] == 0
+          and st["max_record_age_s"] == -1 and st["max_retries"] == 0
           and st["bisect"] is False and st["window_s"] == 0
           and st["starting_position"] == "LATEST"
           and st["source"]["max_record_age"] == "template:RelayDoorbell"
-          and st["filter_patterns"][0]["dynamodb"]["Keys"]["PK"]["S"] == [
-              {"prefix": "TPL#MESSAGES#"}],
+          and [p["dynamodb"]["Keys"]["PK"]["S"] for p in st["filter_patterns"]] == [
+              [{"prefix": "TPL#MESSAGES#"}], [{"prefix": "TPL#CONTINUATION#"}]],
           "poll --template: the template's settings, a flag overriding one of them",
           json.dumps(st))
     rig.put("TPL#MESSAGES#1", "1")
     rig.put("TPL#LEASE#1", "1")
     rig.put("OUTBOX#MESSAGES#1", "1")
+    rig.put("TPL#CONTINUATION#relay-1", "00000000000000000001")
     wait_for(lambda: [r for r in stream_invocations(emu) if r["status"] == "ok"], 10)
     time.sleep(1.0)
     rig.ddb.delete_item(TableName=rig.table,
@@ -499,6 +501,7 @@ def test_poll_with_the_template(rig, lambda_emulator, fake_function) -> None:
     time.sleep(1.0)
     c = rig.stop()
     keys = [k for r in stream_invocations(emu) for k in invocation_keys(r)]
-    check(keys == [("TPL#MESSAGES#1", "1")] and c.get("records_filtered_out") == 3,
-          "the template's filter (KeyPrefix=TPL) keeps only the message INSERT",
+    check(keys == [("TPL#MESSAGES#1", "1"), ("TPL#CONTINUATION#relay-1", "00000000000000000001")]
+          and c.get("records_filtered_out") == 3,
+          "the template's filters (KeyPrefix=TPL) keep only the message and continuation INSERTs",
           f"{keys} {json.dumps(c)[:300]}")

@@ -778,21 +778,26 @@ fn unix_now() -> u64 {
         .as_secs()
 }
 
-/// A run that leaves work (Kafka down) starts its successor through the stream: one
-/// continuation item keyed by its relay id and run start, with a time to live two days
-/// ahead, written again after the answers to the first two attempts were throttles (each
-/// attempt writes the same item, so a retry of a write that landed is never a second
-/// successor); the run still stops by its deadline with its leases
-/// released, and counts no failed successor.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_run_that_leaves_work_writes_one_continuation_through_throttling() {
-    use dynamo_outbox::notification::{StreamSuccessor, CONTINUATION_LIFETIME, SUCCESSOR_LEAD};
+/// A run that leaves work (Kafka down: three messages it cannot publish) with a
+/// [`StreamSuccessor`](dynamo_outbox::notification::StreamSuccessor) on a client with
+/// `fault`, long enough to start one (twice the lead and the stop reserve): the table,
+/// the report and the failed successors counted, checked to have stopped by the deadline.
+async fn run_leaving_work(
+    fault: &Fault,
+    relay_id: &str,
+) -> (
+    aws_sdk_dynamodb::Client,
+    OutboxOptions,
+    dynamo_outbox::RunReport,
+    u32,
+) {
+    use dynamo_outbox::notification::{StreamSuccessor, SUCCESSOR_LEAD};
     let counter = RequestCounter::default();
-    let throttle = Fault::on("PutItem").times(2).throttle();
-    let client = client_with(Some(throttle.clone()), &counter).await;
+    let client = client_with(Some(fault.clone()), &counter).await;
     let options = fresh_table(&client, 2).await;
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
-    enqueue(&writer, &random_name("continue"), &["a", "b", "c"]).await;
+    enqueue(&writer, &random_name(relay_id), &["a", "b", "c"]).await;
+    fault.arm();
     let run =
         SUCCESSOR_LEAD * 2 + dynamo_outbox::relay::DEFAULT_STOP_RESERVE + Duration::from_secs(1);
     let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
@@ -800,24 +805,40 @@ async fn a_run_that_leaves_work_writes_one_continuation_through_throttling() {
     let relay = Relay::new(
         store.clone(),
         Arc::new(KafkaDown),
-        fast_relay_options("leaves-work", 2),
+        fast_relay_options(relay_id, 2),
     )
     .unwrap()
     .with_successor(Arc::new(StreamSuccessor::new(&store)))
     .with_metrics(failures.clone());
-    let before = unix_now();
     let deadline = Instant::now() + run;
     let report = relay.run_until(deadline).await.unwrap();
     assert!(Instant::now() <= deadline, "the run overran its deadline");
+    assert_eq!(report.stop_reason, StopReason::Deadline, "{report:?}");
+    assert!(report.released, "the stop reserve was whole: {report:?}");
+    assert_eq!(report.refused_total(), 0, "{report:?}");
+    let failed = failures.0.load(std::sync::atomic::Ordering::SeqCst);
+    (client, options, report, failed)
+}
+
+/// A run that leaves work (Kafka down) starts its successor through the stream: one
+/// continuation item keyed by its relay id and run start, with a time to live two days
+/// ahead, written again after the answers to the first two attempts were throttles (each
+/// attempt writes the same item, so a retry of a write that landed is never a second
+/// successor); the run still stops by its deadline with its leases released, and counts
+/// no failed successor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_that_leaves_work_writes_one_continuation_through_throttling() {
+    use dynamo_outbox::notification::CONTINUATION_LIFETIME;
+    let throttle = Fault::on("PutItem").times(2).disarmed().throttle();
+    let before = unix_now();
+    let (client, options, report, failed) = run_leaving_work(&throttle, "leaves-work").await;
 
     assert_eq!(throttle.hits(), 2, "both throttles met the continuation");
-    assert_eq!(report.stop_reason, StopReason::Deadline, "{report:?}");
-    assert!(report.released, "{report:?}");
     assert!(
         report.successor_started && !report.successor_failed,
         "{report:?}"
     );
-    assert_eq!(failures.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(failed, 0);
     let found = continuations(&client, &options).await;
     assert_eq!(found.len(), 1, "one continuation a run: {found:?}");
     let (relay_id, sk, ttl) = &found[0];
@@ -833,7 +854,6 @@ async fn a_run_that_leaves_work_writes_one_continuation_through_throttling() {
         (before + lifetime..=unix_now() + lifetime).contains(ttl),
         "{ttl} is not two days ahead"
     );
-    assert_eq!(report.refused_total(), 0, "{report:?}");
 }
 
 /// A continuation that cannot be written (every attempt failing before it is sent) is tried
@@ -842,41 +862,18 @@ async fn a_run_that_leaves_work_writes_one_continuation_through_throttling() {
 /// whole), and counts one failed successor, which the `SuccessorFailures` metric reports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_successor_that_cannot_be_started_is_counted_and_the_run_still_stops_in_time() {
-    use dynamo_outbox::notification::{StreamSuccessor, SUCCESSOR_LEAD};
-    let counter = RequestCounter::default();
-    let throttle = Fault::on("PutItem")
+    let outage = Fault::on("PutItem")
         .disarmed()
         .fail("injected: DynamoDB unavailable");
-    let client = client_with(Some(throttle.clone()), &counter).await;
-    let options = fresh_table(&client, 2).await;
-    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
-    enqueue(&writer, &random_name("no-successor"), &["a", "b", "c"]).await;
-    throttle.arm();
-    let run =
-        SUCCESSOR_LEAD * 2 + dynamo_outbox::relay::DEFAULT_STOP_RESERVE + Duration::from_secs(1);
-    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
-    let failures = Arc::new(SuccessorFailures::default());
-    let relay = Relay::new(
-        store.clone(),
-        Arc::new(KafkaDown),
-        fast_relay_options("cannot-continue", 2),
-    )
-    .unwrap()
-    .with_successor(Arc::new(StreamSuccessor::new(&store)))
-    .with_metrics(failures.clone());
-    let deadline = Instant::now() + run;
-    let report = relay.run_until(deadline).await.unwrap();
-    assert!(Instant::now() <= deadline, "the run overran its deadline");
+    let (client, options, report, failed) = run_leaving_work(&outage, "cannot-continue").await;
 
-    assert!(throttle.hits() >= 2, "attempts: {}", throttle.hits());
-    assert_eq!(report.stop_reason, StopReason::Deadline, "{report:?}");
-    assert!(report.released, "the stop reserve was whole: {report:?}");
+    assert!(outage.hits() >= 2, "attempts: {}", outage.hits());
     assert!(
         !report.successor_started && report.successor_failed,
         "{report:?}"
     );
-    assert_eq!(failures.0.load(std::sync::atomic::Ordering::SeqCst), 1);
-    throttle.disarm();
+    assert_eq!(failed, 1);
+    outage.disarm();
     assert!(continuations(&client, &options).await.is_empty());
 }
 

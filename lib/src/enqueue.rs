@@ -202,15 +202,8 @@ impl EnqueueService {
         deadline: Option<Instant>,
         fallback: Option<&TraceContext>,
     ) -> Result<EnqueueOutcome> {
-        let mut request = parse_request(payload, self.writer.options().bucket_count)?;
-        if let Some(context) = fallback {
-            request.messages = request
-                .messages
-                .into_iter()
-                .map(|m| m.with_trace_context(context))
-                .collect();
-        }
-        self.enqueue(&request, deadline).await
+        let request = parse_request(payload, self.writer.options().bucket_count)?;
+        self.enqueue_traced(request, deadline, fallback).await
     }
 
     /// [`Self::enqueue_json_traced`] for one Lambda invocation whose request id is
@@ -250,6 +243,17 @@ impl EnqueueService {
             }
             request.idempotency_key = Some(invocation_idempotency_key(request_id));
         }
+        self.enqueue_traced(request, deadline, fallback).await
+    }
+
+    /// Enqueues `request`, its messages without a trace context of their own stamped with
+    /// `fallback` (the invocation's).
+    async fn enqueue_traced(
+        &self,
+        mut request: EnqueueRequest,
+        deadline: Option<Instant>,
+        fallback: Option<&TraceContext>,
+    ) -> Result<EnqueueOutcome> {
         if let Some(context) = fallback {
             request.messages = request
                 .messages
