@@ -500,11 +500,12 @@ async fn a_doorbell_whose_coverage_read_fails_joins_and_publishes() {
     let written = enqueue(&writer, &topic, &["a", "b", "c"]).await;
     let (doorbell, _) = doorbell_since(&options, None);
 
-    // Three failed attempts: the coverage read and the SDK's two retries of it (an
-    // interceptor's error may also end it at the first; then the relay's next reads fail
-    // and are retried on its back-off).
+    // Every coverage read the decision makes fails: each is made again after a pause
+    // (`LOOK_ATTEMPTS` reads), and each read is up to three attempts (the SDK's two
+    // retries; an interceptor's error may also end it at the first: then the relay's next
+    // reads fail and are retried on its back-off).
     let failing = Fault::on("Query")
-        .times(3)
+        .times(3 * dynamo_outbox::notification::LOOK_ATTEMPTS)
         .fail("injected: Query unavailable");
     let faulty = faulty_dynamodb(&failing).await;
     let function = RelayHandler::new(faulty, settings(&options, &[])).unwrap();
