@@ -119,13 +119,16 @@ impl Successor for StreamSuccessor {
     }
 }
 
-/// A continuation's key read back: which relay left, and when its run started.
+/// A continuation's key read back: which relay left, and when its run started (what the
+/// Lambda handler reads from a stream record).
+#[cfg(feature = "lambda")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ContinuationKey {
     pub(crate) predecessor: String,
     pub(crate) run_start_ms: u64,
 }
 
+#[cfg(feature = "lambda")]
 impl ContinuationKey {
     /// Reads a stream record's key of the outbox `keys` describes; `None` for any other item
     /// (another prefix, another partition kind, a sort key that is not a run start).
@@ -141,7 +144,7 @@ impl ContinuationKey {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "lambda"))]
 mod tests {
     use super::*;
     use crate::options::OutboxOptions;

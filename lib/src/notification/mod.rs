@@ -34,7 +34,7 @@ mod continuation;
 mod decide;
 mod local;
 mod successor;
-#[cfg(feature = "relay")]
+#[cfg(feature = "lambda")]
 pub(crate) use continuation::ContinuationKey;
 #[cfg(feature = "relay")]
 pub use continuation::{StreamSuccessor, CONTINUATION_LIFETIME};
