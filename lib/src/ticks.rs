@@ -46,6 +46,12 @@ pub fn epoch_seconds_at_or_after(ticks: i64) -> i64 {
     delta.div_euclid(TICKS_PER_SECOND) + i64::from(delta.rem_euclid(TICKS_PER_SECOND) != 0)
 }
 
+/// Whole Unix epoch milliseconds at UTC `ticks` (rounded down; zero before the epoch).
+#[cfg(feature = "relay")]
+pub(crate) fn unix_millis(ticks: i64) -> u64 {
+    (ticks.saturating_sub(UNIX_EPOCH_TICKS) / (TICKS_PER_SECOND / 1000)).max(0) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

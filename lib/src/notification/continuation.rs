@@ -34,7 +34,7 @@ use crate::error::{from_sdk, Result};
 use crate::protocol::clock::Clock;
 use crate::protocol::schema::{self, Keys};
 use crate::protocol::store::DynamoDbOutboxStore;
-use crate::ticks::{TICKS_PER_SECOND, UNIX_EPOCH_TICKS};
+use crate::ticks::unix_millis;
 
 /// How long a continuation item lives before DynamoDB's time to live may remove it: far
 /// longer than the stream keeps its insert (24 hours), so TTL never races the mapping.
@@ -75,8 +75,8 @@ impl StreamSuccessor {
             self.keys.continuation_pk(&handoff.predecessor),
             schema::continuation_sk(handoff.run_start_ms),
         );
-        let now_secs = ((self.clock.now_ticks() - UNIX_EPOCH_TICKS) / TICKS_PER_SECOND).max(0);
-        let expires = now_secs as u64 + CONTINUATION_LIFETIME.as_secs();
+        let now_secs = unix_millis(self.clock.now_ticks()) / 1000;
+        let expires = now_secs + CONTINUATION_LIFETIME.as_secs();
         item.insert(
             attr::TIME_TO_LIVE.into(),
             AttributeValue::N(expires.to_string()),

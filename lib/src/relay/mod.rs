@@ -266,7 +266,7 @@ impl<P: Publisher> Relay<P> {
             ..RunState::default()
         };
         let mut shutdown = Shutdown::new(deadline, signal, grace);
-        let run_start_ms = unix_ms(self.store.clock().now_ticks());
+        let run_start_ms = crate::ticks::unix_millis(self.store.clock().now_ticks());
         state.successor_at = self.successor_due(&shutdown, Instant::now());
         state.successor_last_look = state
             .successor_at
@@ -523,10 +523,4 @@ impl<P: Publisher> Relay<P> {
             .map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0)))
             .collect()
     }
-}
-
-/// Unix milliseconds of a time in UTC ticks (zero before the epoch).
-fn unix_ms(ticks: i64) -> u64 {
-    ((ticks - crate::ticks::UNIX_EPOCH_TICKS) / (crate::ticks::TICKS_PER_SECOND / 1000)).max(0)
-        as u64
 }
