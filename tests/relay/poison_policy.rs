@@ -82,12 +82,7 @@ async fn quarantine_after_n_attempts_moves_the_poison_head_aside_and_the_bucket_
     assert_eq!(pending_messages(&client, &options).await, 0);
 
     // Counted: three poison attempts, one quarantined item.
-    let docs = metrics.flush_at(1_764_500_000_000);
-    let values: Vec<serde_json::Value> = docs
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
-    let sum = |name: &str| -> u64 { values.iter().filter_map(|v| v[name].as_u64()).sum() };
+    let (docs, sum) = flushed_sums(&metrics);
     assert_eq!(sum("QuarantinedItems"), 1, "{docs:?}");
     assert_eq!(sum("PoisonItems"), 3, "{docs:?}");
     assert_eq!(sum("Published"), 2, "{docs:?}");
@@ -260,12 +255,18 @@ async fn an_unknown_partition_or_an_oversized_record_is_dead_lettered_at_once_un
         );
     }
     // Counted: each a poison item once, and quarantined.
+    let (docs, sum) = flushed_sums(&metrics);
+    assert_eq!(sum("QuarantinedItems"), 2, "{docs:?}");
+    assert_eq!(sum("PoisonItems"), 2, "{docs:?}");
+}
+
+/// The EMF documents `metrics` flushes, and a sum of one metric over them.
+fn flushed_sums(metrics: &EmfMetrics) -> (Vec<String>, impl Fn(&str) -> u64) {
     let docs = metrics.flush_at(1_764_500_000_000);
     let values: Vec<serde_json::Value> = docs
         .iter()
         .map(|d| serde_json::from_str(d).unwrap())
         .collect();
-    let sum = |name: &str| -> u64 { values.iter().filter_map(|v| v[name].as_u64()).sum() };
-    assert_eq!(sum("QuarantinedItems"), 2, "{docs:?}");
-    assert_eq!(sum("PoisonItems"), 2, "{docs:?}");
+    let sum = move |name: &str| -> u64 { values.iter().filter_map(|v| v[name].as_u64()).sum() };
+    (docs, sum)
 }
