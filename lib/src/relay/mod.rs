@@ -338,7 +338,7 @@ impl<P: Publisher> Relay<P> {
                 self.sleep_until_wake(&state, &mut shutdown).await;
             }
         };
-        if state.successor_failed && !state.successor_started {
+        if state.successor_failed {
             self.metrics.successor_failed();
         }
         Ok(self
@@ -476,6 +476,7 @@ impl<P: Publisher> Relay<P> {
                 // It may have been accepted: another start could make two successors.
                 state.errors += 1;
                 state.successor_started = true;
+                state.successor_failed = false;
                 warn!("starting the successor timed out: it may have started, not trying again");
             }
         }

@@ -248,7 +248,8 @@ pub(super) struct RunState {
     /// When the run looks for work left once more if it has started no successor (the
     /// end of work minus [`super::SUCCESSOR_LAST_LOOK`]); `None` once done or when none.
     pub(super) successor_last_look: Option<Instant>,
-    /// Whether the last attempt at starting the successor failed.
+    /// Whether the last attempt at starting the successor failed (never with
+    /// `successor_started`: a start that succeeds, or may have, clears it).
     pub(super) successor_failed: bool,
 }
 
@@ -532,7 +533,7 @@ impl RunState {
             stop_reason,
             released,
             successor_started: self.successor_started,
-            successor_failed: self.successor_failed && !self.successor_started,
+            successor_failed: self.successor_failed,
         }
     }
 }
