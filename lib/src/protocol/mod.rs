@@ -19,3 +19,5 @@ pub mod coordination;
 pub mod plan;
 pub mod schema;
 pub mod store;
+#[cfg(feature = "relay")]
+pub mod watermark;
