@@ -20,6 +20,11 @@ use uuid::Uuid;
 /// `offset.metadata.max.bytes`, 4,096 bytes by default, and the rest is headroom.
 pub const MAX_WATERMARK_BYTES: usize = 4000;
 
+/// The most messages an exactly-once batch holds: their watermark fits in
+/// [`MAX_WATERMARK_BYTES`] with room to spare when their sequence numbers have few holes
+/// (about 300 fit without any).
+pub const EXACTLY_ONCE_BATCH_LIMIT: u32 = 250;
+
 /// The start of every transactional id and group id of the outbox (the prefix ACLs and
 /// IAM policies name).
 pub const KAFKA_NAME_PREFIX: &str = "dynamo-outbox";

@@ -13,6 +13,7 @@ use super::sasl::SaslCredentials;
 use super::tls::{ClientCertificate, KafkaTls, TlsSecret, TrustedRoots};
 use crate::error::{Error, Result};
 use crate::options::parse_duration;
+use crate::protocol::watermark::DEFAULT_WATERMARK_TOPIC;
 
 /// The header that carries the message id on every record unless
 /// [`env::MESSAGE_ID_HEADER`] names another ([`KafkaConfig::message_id_header`]).
@@ -55,6 +56,47 @@ impl FromStr for KafkaCompression {
                 format!("{value:?} is not one of none, gzip, snappy, lz4, zstd"),
             )),
         }
+    }
+}
+
+/// How a relay delivers: at least once (the default), or exactly once for `read_committed`
+/// consumers, with one Kafka transaction per batch fenced by the bucket's lease
+/// (`docs/protocol.md`, section 8).
+///
+/// `OUTBOX_DELIVERY` parses into it ([`FromStr`]): `at-least-once` or `exactly-once`, in any
+/// case; [`Display`](fmt::Display) writes that form back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Delivery {
+    /// Every message is published at least once; a failure between the broker's
+    /// acknowledgement and the delete publishes it again.
+    #[default]
+    AtLeastOnce,
+    /// Every message appears once in the committed log of its topic.
+    ExactlyOnce,
+}
+
+impl FromStr for Delivery {
+    type Err = Error;
+
+    fn from_str(value: &str) -> Result<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "at-least-once" | "" => Ok(Delivery::AtLeastOnce),
+            "exactly-once" => Ok(Delivery::ExactlyOnce),
+            _ => Err(Error::option(
+                env::DELIVERY,
+                format!("{value:?} is neither at-least-once nor exactly-once"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Delivery::AtLeastOnce => "at-least-once",
+            Delivery::ExactlyOnce => "exactly-once",
+        })
     }
 }
 
@@ -211,6 +253,12 @@ pub struct KafkaConfig {
     pub credentials: Option<SharedCredentialsProvider>,
     /// Compression of the produce requests ([`KafkaCompression::None`]).
     pub compression: KafkaCompression,
+    /// At least once ([`Delivery::AtLeastOnce`]) or exactly once.
+    pub delivery: Delivery,
+    /// The topic exactly-once watermarks are committed against
+    /// (`dynamo-outbox-watermarks`): it must exist, with one partition; nothing is ever
+    /// produced to it.
+    pub watermark_topic: String,
 }
 
 impl fmt::Debug for KafkaConfig {
@@ -238,6 +286,8 @@ impl fmt::Debug for KafkaConfig {
                 &self.credentials.as_ref().map(|_| "<provided>"),
             )
             .field("compression", &self.compression)
+            .field("delivery", &self.delivery)
+            .field("watermark_topic", &self.watermark_topic)
             .finish()
     }
 }
@@ -262,6 +312,8 @@ impl KafkaConfig {
             metadata_max_age: Duration::from_secs(300),
             credentials: None,
             compression: KafkaCompression::None,
+            delivery: Delivery::AtLeastOnce,
+            watermark_topic: DEFAULT_WATERMARK_TOPIC.into(),
         }
     }
 
@@ -446,6 +498,12 @@ impl KafkaConfig {
         if let Some(v) = lookup(env::COMPRESSION) {
             config.compression = v.parse()?;
         }
+        if let Some(v) = lookup(env::DELIVERY) {
+            config.delivery = v.parse()?;
+        }
+        if let Some(v) = lookup(env::WATERMARK_TOPIC).filter(|v| !v.trim().is_empty()) {
+            config.watermark_topic = v.trim().to_string();
+        }
         config.validate()?;
         Ok(config)
     }
@@ -533,6 +591,8 @@ impl KafkaConfig {
         if self.max_in_flight < 1 {
             return Err(Error::option("max_in_flight", "must be at least 1"));
         }
+        crate::message::validate_topic(&self.watermark_topic)
+            .map_err(|rule| Error::option(env::WATERMARK_TOPIC, rule))?;
         Ok(())
     }
 }

@@ -52,3 +52,8 @@ pub const MESSAGE_ID_HEADER: &str = "OUTBOX_MESSAGE_ID_HEADER";
 /// [`KafkaConfig::compression`](super::KafkaConfig::compression): `none`, `gzip`,
 /// `snappy`, `lz4` or `zstd`.
 pub const COMPRESSION: &str = "KAFKA_COMPRESSION";
+/// [`KafkaConfig::delivery`](super::KafkaConfig::delivery): `at-least-once` or
+/// `exactly-once`.
+pub const DELIVERY: &str = "OUTBOX_DELIVERY";
+/// [`KafkaConfig::watermark_topic`](super::KafkaConfig::watermark_topic).
+pub const WATERMARK_TOPIC: &str = "OUTBOX_WATERMARK_TOPIC";

@@ -37,6 +37,7 @@ use std::sync::Arc;
 
 use crate::error::Error;
 use crate::message::StoredMessage;
+use crate::protocol::watermark::OutboxIdentity;
 
 mod classify;
 pub(crate) mod config;
@@ -52,7 +53,7 @@ mod secret;
 mod span;
 mod tls;
 
-pub use config::{KafkaAuth, KafkaCompression, KafkaConfig, DEFAULT_MESSAGE_ID_HEADER};
+pub use config::{Delivery, KafkaAuth, KafkaCompression, KafkaConfig, DEFAULT_MESSAGE_ID_HEADER};
 pub use kafka::KafkaPublisher;
 pub use lazy::{LazyKafkaPublisher, CONNECT_TIMEOUT, RECONNECT_PAUSE};
 pub use msk_iam::MskIamTokenProvider;
@@ -123,6 +124,27 @@ pub trait Publisher: Send + Sync + 'static {
         let _ = until;
         self.publish(batch)
     }
+
+    /// How this publisher delivers; [`Delivery::AtLeastOnce`] unless it publishes in
+    /// transactions. A relay over an exactly-once publisher binds it to its outbox
+    /// ([`Self::bind_outbox`]) before its first batch, caps its batches to what a watermark
+    /// holds, and reports the deletes it made ([`Self::deleted`]).
+    fn delivery(&self) -> Delivery {
+        Delivery::AtLeastOnce
+    }
+
+    /// Exactly once: the outbox (table and key prefix) the batches come from, which names
+    /// each bucket's transactional id and watermark. The relay calls it at the start of
+    /// each run, before any publish; the default ignores it.
+    fn bind_outbox(&self, identity: &OutboxIdentity) {
+        let _ = identity;
+    }
+
+    /// Exactly once: the relay deleted these messages of `bucket` (published earlier): they
+    /// leave the bucket's in-doubt set. The default ignores it.
+    fn deleted(&self, bucket: u32, sequences: &[u64]) {
+        let _ = (bucket, sequences);
+    }
 }
 
 impl<P: Publisher> Publisher for Arc<P> {
@@ -139,5 +161,17 @@ impl<P: Publisher> Publisher for Arc<P> {
         until: tokio::time::Instant,
     ) -> impl Future<Output = PublishOutcome> + Send + 'a {
         (**self).publish_until(batch, until)
+    }
+
+    fn delivery(&self) -> Delivery {
+        (**self).delivery()
+    }
+
+    fn bind_outbox(&self, identity: &OutboxIdentity) {
+        (**self).bind_outbox(identity)
+    }
+
+    fn deleted(&self, bucket: u32, sequences: &[u64]) {
+        (**self).deleted(bucket, sequences)
     }
 }

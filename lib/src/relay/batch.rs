@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::outcome::{BatchReport, BatchResult, Settled};
 use super::state::{Owned, RunState};
@@ -18,7 +18,8 @@ use crate::message::StoredMessage;
 use crate::options::RelayOptions;
 use crate::protocol::schema::MAX_ITEM_BYTES;
 use crate::protocol::store::Fetched;
-use crate::publish::{PublishOutcome, Publisher};
+use crate::protocol::watermark::{OutboxIdentity, EXACTLY_ONCE_BATCH_LIMIT};
+use crate::publish::{Delivery, PublishOutcome, Publisher};
 
 /// How long past its limit an in-flight request may take to answer before the batch stops
 /// waiting for it (it is bounded by its own limit; this only covers the answer's way back).
@@ -70,6 +71,7 @@ impl<P: Publisher> Relay<P> {
         state: &mut RunState,
         work_until: Option<Instant>,
     ) -> Result<()> {
+        self.bind_outbox().await?;
         let now = Instant::now();
         let now_ticks = self.store.clock().now_ticks();
         let estimate = state.estimate(&self.options);
@@ -129,6 +131,30 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
+    /// Exactly once: tells the publisher which outbox it publishes for (the table's ARN
+    /// and the key prefix name the buckets' transactional ids), once per relay, before its
+    /// first batch. A failed `DescribeTable` fails the wave (retried after the backoff).
+    async fn bind_outbox(&self) -> Result<()> {
+        if self.publisher.delivery() != Delivery::ExactlyOnce {
+            return Ok(());
+        }
+        self.outbox_bound
+            .get_or_try_init(|| async {
+                let arn = self.store.table_arn().await?;
+                let identity = OutboxIdentity::new(&arn, &self.store.options().key_prefix);
+                info!(
+                    table_arn = %arn,
+                    outbox_id = identity.id(),
+                    bucket_0 = %identity.transactional_id(0),
+                    "exactly-once delivery: one transactional id per bucket"
+                );
+                self.publisher.bind_outbox(&identity);
+                Ok::<(), Error>(())
+            })
+            .await?;
+        Ok(())
+    }
+
     /// The share of [`RelayOptions::max_in_flight_bytes`] one batch may fetch: the relay
     /// runs up to the store's `max_concurrency` batches at once.
     ///
@@ -163,7 +189,11 @@ impl<P: Publisher> Relay<P> {
         };
         // A strongly consistent read from the bucket's head: it settles what earlier
         // batches published but could not confirm deleted.
-        let settled = Some(Settled::of(&owned.unconfirmed, &fetched.messages));
+        let settled = Settled::of(&owned.unconfirmed, &fetched.messages);
+        if !settled.gone.is_empty() {
+            self.publisher.deleted(bucket, &settled.gone);
+        }
+        let settled = Some(settled);
         let Some(head) = fetched.messages.first() else {
             return Ok(BatchReport::after_fetch(BatchResult::Idle, settled));
         };
@@ -197,6 +227,9 @@ impl<P: Publisher> Relay<P> {
         let deleted = self
             .delete_published(bucket, &sequences, limits.delete)
             .await;
+        if deleted > 0 {
+            self.publisher.deleted(bucket, &sequences[..deleted]);
+        }
         if let Some(first) = sequences.first() {
             debug!(
                 bucket,
@@ -237,6 +270,9 @@ impl<P: Publisher> Relay<P> {
         // every retry.
         let count = if owned.head_only {
             1
+        } else if self.publisher.delivery() == Delivery::ExactlyOnce {
+            // A transaction's watermark lists every message it publishes.
+            self.options.batch_size.min(EXACTLY_ONCE_BATCH_LIMIT)
         } else {
             self.options.batch_size
         };

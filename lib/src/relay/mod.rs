@@ -73,6 +73,8 @@ pub struct Relay<P: Publisher> {
     successor: Option<Arc<dyn Successor>>,
     successor_at_end: bool,
     stop_reserve: Duration,
+    /// Exactly once: set once the publisher knows the outbox it publishes for.
+    outbox_bound: tokio::sync::OnceCell<()>,
 }
 
 impl<P: Publisher> std::fmt::Debug for Relay<P> {
@@ -138,6 +140,7 @@ impl<P: Publisher> Relay<P> {
             successor: None,
             successor_at_end: true,
             stop_reserve: DEFAULT_STOP_RESERVE,
+            outbox_bound: tokio::sync::OnceCell::new(),
         })
     }
 

@@ -164,6 +164,30 @@ impl DynamoDbOutboxStore {
         &self.keys
     }
 
+    /// The table's ARN (one `DescribeTable`): what names an exactly-once relay's Kafka
+    /// transactional ids and watermarks (`docs/protocol.md`, section 8.1).
+    ///
+    /// # Errors
+    /// [`crate::Error::Dynamo`] when the table cannot be described, or
+    /// [`crate::Error::Misconfiguration`] when DynamoDB gives no ARN.
+    pub async fn table_arn(&self) -> Result<String> {
+        let out = self
+            .client
+            .describe_table()
+            .table_name(&self.options.table_name)
+            .send()
+            .await
+            .map_err(|e| from_sdk("DescribeTable", e))?;
+        out.table
+            .and_then(|t| t.table_arn)
+            .ok_or_else(|| {
+                crate::Error::misconfigured(format!(
+                    "DescribeTable of {} gave no table ARN",
+                    self.options.table_name
+                ))
+            })
+    }
+
     /// The DynamoDB client.
     pub fn client(&self) -> &Client {
         &self.client
