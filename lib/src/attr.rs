@@ -36,6 +36,8 @@ pub const STOPPED_AT: &str = "StoppedAtUtc";
 /// run their next acquisition right after it, so its buckets change hands within a
 /// poll interval instead of a renew interval. Relays that do not know it ignore it.
 pub const STOPS_AT: &str = "StopsAtUtc";
+/// How the relay delivers, on its heartbeat: `exactly-once`, or absent (this project).
+pub const DELIVERY: &str = "Delivery";
 /// When an idempotency marker stops counting, in UTC ticks (N) (this project).
 pub const IDEMPOTENCY_EXPIRES_AT: &str = "IdempotencyExpiresAtUtc";
 /// The enqueue result an idempotency marker returns again (S, JSON) (this project).
@@ -67,6 +69,7 @@ pub const ALL: &[&str] = &[
     LAST_SEEN,
     STOPPED_AT,
     STOPS_AT,
+    DELIVERY,
     IDEMPOTENCY_EXPIRES_AT,
     RESULT,
     TIME_TO_LIVE,

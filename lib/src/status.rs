@@ -692,6 +692,7 @@ mod tests {
             last_seen,
             stopped_at: None,
             stops_at: None,
+            delivery: None,
         };
         let coordination = Coordination {
             leases: vec![lease(0, i64::MIN), lease(1, i64::MAX)],

@@ -502,6 +502,7 @@ fn check_heartbeats(ex: &Example) -> usize {
                 last_seen,
                 stopped_at,
                 stops_at: None,
+                delivery: None,
             },
             yes_no(field("active"), ex),
             yes_no(field("stale"), ex),
@@ -639,6 +640,7 @@ fn check_constant(name: &str, value: &str, ex: &Example) -> bool {
                 last_seen: NOW - ago,
                 stopped_at: None,
                 stops_at: None,
+                delivery: None,
             };
             assert!(silent(factor * lease).is_stale(NOW, lease), "{}", ex.at());
             assert!(

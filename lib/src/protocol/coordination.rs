@@ -21,6 +21,9 @@ pub const ROUND_WINDOW: Duration = Duration::from_secs(1);
 /// see each other's heartbeats; woken hosts spread their second look over it.
 pub const JOIN_DELAY: Duration = Duration::from_millis(300);
 
+/// The heartbeat's `Delivery` of a relay in exactly-once mode.
+pub const DELIVERY_EXACTLY_ONCE: &str = "exactly-once";
+
 /// Delay after a peer's announced stop before the extra acquisition, and between retries.
 pub const HANDOVER_STEP: Duration = Duration::from_millis(300);
 /// How long past a peer's announced stop the relay keeps looking for its released buckets.
@@ -138,6 +141,9 @@ pub struct RelayRecord {
     pub stopped_at: Option<i64>,
     /// When it plans to stop (this project's `StopsAtUtc`), if it runs inside a deadline.
     pub stops_at: Option<i64>,
+    /// How it delivers (this project's `Delivery`): `exactly-once`, or `None` for a relay
+    /// that delivers at least once or does not say (another implementation's).
+    pub delivery: Option<String>,
 }
 
 impl RelayRecord {
@@ -179,6 +185,18 @@ impl Coordination {
         self.relays
             .iter()
             .filter(|r| r.is_active(now, lease_duration_ticks))
+            .map(|r| r.relay_id.clone())
+            .collect()
+    }
+
+    /// The live relays other than `me` whose heartbeat does not say `Delivery =
+    /// exactly-once`: peers an exactly-once relay does not share buckets with
+    /// (protocol.md, section 8.5).
+    pub fn peers_not_exactly_once(&self, me: &str, now: i64, lease_duration_ticks: i64) -> Vec<String> {
+        self.relays
+            .iter()
+            .filter(|r| r.relay_id != me && r.is_active(now, lease_duration_ticks))
+            .filter(|r| r.delivery.as_deref() != Some(DELIVERY_EXACTLY_ONCE))
             .map(|r| r.relay_id.clone())
             .collect()
     }
@@ -517,6 +535,7 @@ mod tests {
             last_seen,
             stopped_at: None,
             stops_at: None,
+            delivery: None,
         }
     }
 
@@ -1015,6 +1034,42 @@ mod tests {
     }
 
     #[test]
+    fn an_exactly_once_relay_finds_the_live_peers_that_do_not_say_so() {
+        let exactly = |id: &str| RelayRecord {
+            delivery: Some(DELIVERY_EXACTLY_ONCE.into()),
+            ..relay(id, NOW - 1)
+        };
+        let other_word = RelayRecord {
+            delivery: Some("at-least-once".into()),
+            ..relay("said-otherwise", NOW - 1)
+        };
+        let stopped = RelayRecord {
+            stopped_at: Some(NOW - 1),
+            ..relay("stopped", NOW - 1)
+        };
+        let c = Coordination {
+            leases: vec![],
+            relays: vec![
+                exactly("me"),
+                exactly("peer"),
+                relay("reference", NOW - 1),
+                other_word,
+                relay("silent", NOW - LEASE),
+                stopped,
+            ],
+        };
+        assert_eq!(
+            c.peers_not_exactly_once("me", NOW, LEASE),
+            vec!["reference".to_string(), "said-otherwise".to_string()]
+        );
+        // Itself is never a peer, whatever its record says.
+        assert_eq!(
+            c.peers_not_exactly_once("reference", NOW, LEASE),
+            vec!["said-otherwise".to_string()]
+        );
+    }
+
+    #[test]
     fn heartbeat_records_without_a_numeric_last_seen_never_count_and_go_stale() {
         let (last_seen, _) = read_ticks(None);
         // Another implementation's stop stamp before its first heartbeat.
@@ -1023,6 +1078,7 @@ mod tests {
             last_seen,
             stopped_at: Some(NOW - LEASE),
             stops_at: None,
+            delivery: None,
         };
         let bare = RelayRecord {
             relay_id: "bare".into(),

@@ -131,6 +131,8 @@ impl<P: Publisher> Relay<P> {
                 store.options().bucket_count
             )));
         }
+        let mut store = store;
+        store.exactly_once = publisher.delivery() == crate::publish::Delivery::ExactlyOnce;
         Ok(Relay {
             store,
             publisher,
@@ -277,6 +279,13 @@ impl<P: Publisher> Relay<P> {
             .and_then(|_| self.work_until(&shutdown, Instant::now()))
             .and_then(|w| w.checked_sub(SUCCESSOR_LAST_LOOK));
         info!(bucket_count = self.options.bucket_count, "relay starting");
+        if self.store.exactly_once {
+            // Before the first heartbeat, so that peers never count a relay that will not
+            // stay; a failed read leaves the check to the first round.
+            if let Ok(coordination) = self.store.read_coordination().await {
+                self.check_one_delivery_mode(&coordination)?;
+            }
+        }
         let reason = loop {
             if shutdown.requested() {
                 break StopReason::Shutdown;

@@ -74,6 +74,27 @@ impl<P: Publisher> Relay<P> {
         Ok(())
     }
 
+    /// Exactly once: [`Error::Misconfiguration`] naming the live peers that do not deliver
+    /// exactly once (protocol.md, section 8.5). The run then stops gracefully, so the
+    /// peers stop counting it and take its buckets.
+    pub(super) fn check_one_delivery_mode(&self, coordination: &Coordination) -> Result<()> {
+        let now = self.store.clock().now_ticks();
+        let peers = coordination.peers_not_exactly_once(
+            &self.options.relay_id,
+            now,
+            duration_to_ticks(self.options.lease_duration),
+        );
+        if peers.is_empty() {
+            return Ok(());
+        }
+        Err(Error::misconfigured(format!(
+            "mixed delivery: live relay(s) {} do not deliver exactly once (no `Delivery = \
+             exactly-once` on their heartbeats); an exactly-once relay shares no bucket with \
+             them and stops. Run every relay of the table with the same OUTBOX_DELIVERY",
+            peers.join(", ")
+        )))
+    }
+
     /// Heartbeat, one read, the plan, then renew / release / claim.
     #[instrument(skip_all, level = "debug")]
     async fn acquire(&self, state: &mut RunState) -> Result<()> {
@@ -82,6 +103,9 @@ impl<P: Publisher> Relay<P> {
         let refused_before = self.refused_snapshot();
         let heartbeat_ok = self.heartbeat(state).await;
         let coordination = self.store.read_coordination().await?;
+        if self.store.exactly_once {
+            self.check_one_delivery_mode(&coordination)?;
+        }
         let mut owned_before: BTreeSet<u32> = state.owned.keys().copied().collect();
         let now = self.store.clock().now_ticks();
         let plan = plan::compute(&PlanInput {

@@ -6,7 +6,7 @@
 //! its most likely cause.
 
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use aws_smithy_runtime_api::http::Response as HttpResponse;
 use tracing::{debug, instrument, warn};
 
@@ -16,7 +16,9 @@ use crate::attr;
 use crate::error::{from_sdk, Error, Result};
 use crate::options::RelayOptions;
 use crate::protocol::clock::duration_to_ticks;
-use crate::protocol::coordination::{self, Coordination, LeaseRecord, ReadExpiry, RelayRecord};
+use crate::protocol::coordination::{
+    self, Coordination, LeaseRecord, ReadExpiry, RelayRecord, DELIVERY_EXACTLY_ONCE as EXACTLY_ONCE,
+};
 use crate::protocol::schema::{self, get_n, get_s};
 
 /// What one read of the coordination partition says of notified buckets.
@@ -120,11 +122,26 @@ impl DynamoDbOutboxStore {
             .expression_attribute_names("#stops", attr::STOPS_AT)
             .expression_attribute_values(":now", schema::n(now))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        // This project's attribute: a relay in exactly-once mode says so; any other
+        // heartbeat has none (section 8.5 of protocol.md).
+        let (set_delivery, remove_delivery) = if self.exactly_once {
+            request = request
+                .expression_attribute_names("#delivery", attr::DELIVERY)
+                .expression_attribute_values(":delivery", AttributeValue::S(EXACTLY_ONCE.into()));
+            (", #delivery = :delivery", "")
+        } else {
+            request = request.expression_attribute_names("#delivery", attr::DELIVERY);
+            ("", ", #delivery")
+        };
         request = match stops_at {
             Some(at) => request
-                .update_expression("SET #seen = :now, #stops = :stops REMOVE #stopped")
+                .update_expression(format!(
+                    "SET #seen = :now, #stops = :stops{set_delivery} REMOVE #stopped{remove_delivery}"
+                ))
                 .expression_attribute_values(":stops", schema::n(at)),
-            None => request.update_expression("SET #seen = :now REMOVE #stopped, #stops"),
+            None => request.update_expression(format!(
+                "SET #seen = :now{set_delivery} REMOVE #stopped, #stops{remove_delivery}"
+            )),
         };
         let result = request.send().await;
         self.update_outcome(WriteKind::Heartbeat, relay_id, None, result, |old| {
@@ -239,6 +256,7 @@ impl DynamoDbOutboxStore {
                         .0,
                         stopped_at: get_n(item, attr::STOPPED_AT),
                         stops_at: get_n(item, attr::STOPS_AT),
+                        delivery: get_s(item, attr::DELIVERY).map(str::to_string),
                     });
                 }
             }

@@ -117,6 +117,9 @@ pub struct DynamoDbOutboxStore {
     pub(crate) keys: Keys,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) refused: Arc<RefusedWrites>,
+    /// Whether heartbeats say `Delivery = exactly-once` (a relay over an exactly-once
+    /// publisher sets it).
+    pub(crate) exactly_once: bool,
 }
 
 impl DynamoDbOutboxStore {
@@ -145,6 +148,7 @@ impl DynamoDbOutboxStore {
             options,
             clock: Arc::new(SystemClock),
             refused: Arc::new(RefusedWrites::default()),
+            exactly_once: false,
         })
     }
 
