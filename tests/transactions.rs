@@ -613,6 +613,42 @@ async fn a_produce_whose_answer_was_lost_is_written_once() {
     assert_eq!(read(&topic, "read_committed", 6)[&0], expected);
 }
 
+/// A produce whose future the caller drops (its own timeout) may or may not have been
+/// written: the transaction can then only abort, and the abort bumps the epoch, after which
+/// the next transaction commits and the dropped batch is never visible.
+#[tokio::test]
+async fn a_produce_dropped_by_a_timeout_leaves_the_transaction_to_abort() {
+    let client = client().await;
+    let topic = random_name("txn-dropped");
+    create_topic(&topic, 1);
+    let mut producer = client
+        .transactional_producer(random_name("txn-id"), TIMEOUT)
+        .await
+        .expect("init");
+    producer.add_partitions(&[(&topic, 0)]).await.unwrap();
+    let dropped = tokio::time::timeout(
+        Duration::from_micros(1),
+        producer.produce(&topic, 0, records("dropped", 3), Compression::NoCompression),
+    )
+    .await;
+    assert!(dropped.is_err(), "the produce outran a 1 µs timeout");
+    let err = producer
+        .commit()
+        .await
+        .expect_err("the transaction must abort");
+    assert!(matches!(err, TransactionError::Abortable(_)), "{err}");
+    let (id, epoch) = producer.producer_id_and_epoch();
+    producer.abort().await.expect("abort");
+    assert_eq!(producer.producer_id_and_epoch(), (id, epoch + 1));
+
+    producer
+        .produce(&topic, 0, records("kept", 2), Compression::NoCompression)
+        .await
+        .unwrap();
+    producer.commit().await.expect("commit");
+    assert_eq!(read(&topic, "read_committed", 2)[&0], values("kept", 2));
+}
+
 /// The transaction timeout: the broker refuses one above `transaction.max.timeout.ms` (15
 /// minutes), the client one of zero; a transaction left open past its timeout is aborted by
 /// the coordinator, which fences its producer for good (an epoch bump is refused too), and a

@@ -104,8 +104,11 @@ pub enum TransactionError {
     /// The producer is fenced: another producer initialised the same transactional id (which
     /// aborted this producer's open transaction), or the transaction coordinator aborted this
     /// producer's transaction because it stayed open longer than its timeout and bumped the
-    /// epoch. Either way this producer can write nothing more, and neither the broker nor this
-    /// client can tell the two causes apart. Every later call fails with this error.
+    /// epoch. Either way this producer can write nothing more, and this client does not tell
+    /// the two causes apart (Apache Kafka 3.9 refuses the producer's epoch bump after either;
+    /// 4.1 would accept one after a timeout). Every later call fails with this error. A caller
+    /// that still owns the transactional id by its own reckoning (a lease, say) initialises a
+    /// new producer, which fences whoever else holds it.
     #[error("producer fenced: {0}")]
     Fenced(#[source] Error),
 
@@ -173,6 +176,16 @@ enum Step<T> {
     Retry(Error),
     /// Stop with this class of error.
     Fail(Class, Error),
+}
+
+impl<T> Step<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Step<U> {
+        match self {
+            Self::Done(v) => Step::Done(f(v)),
+            Self::Retry(e) => Step::Retry(e),
+            Self::Fail(class, e) => Step::Fail(class, e),
+        }
+    }
 }
 
 /// A committed offset and its metadata, as [`Client::fetch_committed_offset`](super::Client::fetch_committed_offset)
@@ -463,20 +476,12 @@ impl Context {
             transactional_id,
             &request,
             |response| {
-                let error = match response.error {
-                    None => return Step::Done((response.producer_id, response.producer_epoch)),
-                    Some(e) => e,
-                };
-                let class = coordinator_error_class(error);
-                let error = server_error(
-                    error,
-                    None,
-                    RequestContext::TransactionalId(transactional_id.to_owned()),
-                );
-                match class {
-                    Some(class) => Step::Fail(class, error),
-                    None => Step::Retry(error),
-                }
+                judge_error(
+                    response.error,
+                    || RequestContext::TransactionalId(transactional_id.to_owned()),
+                    coordinator_error_class,
+                )
+                .map(|()| (response.producer_id, response.producer_epoch))
             },
         )
         .await
@@ -594,6 +599,41 @@ struct State {
 /// batches to one partition go one after the other.
 type SequenceSlot = Arc<tokio::sync::Mutex<i32>>;
 
+/// Marks the open transaction abortable when dropped before [`Unfinished::finished`]: a
+/// request whose future was dropped (by a caller's timeout, say) may or may not have reached
+/// the broker. With `bump`, the partitions' sequence numbers are uncertain too.
+struct Unfinished<'a> {
+    state: &'a Mutex<State>,
+    bump: bool,
+    armed: bool,
+}
+
+impl<'a> Unfinished<'a> {
+    fn new(state: &'a Mutex<State>, bump: bool) -> Self {
+        Self {
+            state,
+            bump,
+            armed: true,
+        }
+    }
+
+    fn finished(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut state = self.state.lock();
+            state.epoch_bump_required |= self.bump;
+            if state.phase == Phase::Ready {
+                state.phase = Phase::Abortable;
+            }
+        }
+    }
+}
+
 /// A transactional producer of one transactional id: made by
 /// [`Client::transactional_producer`](super::Client::transactional_producer).
 ///
@@ -602,6 +642,11 @@ type SequenceSlot = Arc<tokio::sync::Mutex<i32>>;
 /// the same partition are sent one after the other. [`commit`](Self::commit) and
 /// [`abort`](Self::abort) take `&mut self`: no produce can be in flight when the transaction
 /// ends.
+///
+/// A [`produce`](Self::produce) or [`send_offsets`](Self::send_offsets) future dropped before
+/// it finished (a caller's timeout) leaves the transaction to abort: what it sent may or may
+/// not have arrived. A dropped `commit` is like one that failed with
+/// [`Retriable`](TransactionError::Retriable): call `commit` again.
 pub struct TransactionalProducer {
     transactional_id: String,
     transaction_timeout_ms: i32,
@@ -679,7 +724,8 @@ impl TransactionalProducer {
         (state.producer_id, state.producer_epoch)
     }
 
-    /// Whether a transaction is open (a partition or group joined it and it has not ended).
+    /// Whether a transaction is open, or may be: a partition or group was added to it (or a
+    /// request to add one went out), and it has not ended.
     pub fn in_transaction(&self) -> bool {
         self.state.lock().open
     }
@@ -706,6 +752,9 @@ impl TransactionalProducer {
         if missing.is_empty() {
             return Ok(());
         }
+        // From the moment the request may reach the coordinator (even if this call's future
+        // is dropped), the coordinator may have a transaction open.
+        self.state.lock().open = true;
         let request = AddPartitionsToTxnRequest {
             transactional_id: self.transactional_id.clone(),
             producer_id,
@@ -726,34 +775,18 @@ impl TransactionalProducer {
                 &self.transactional_id,
                 &request,
                 |response| {
-                    // The worst error decides: a fencing over a retry over success.
-                    let mut outcome: Option<(Option<Class>, Error)> = None;
-                    for topic in response.results {
-                        for p in topic.results {
-                            let Some(e) = p.error else { continue };
-                            if e == ProtocolError::OperationNotAttempted {
-                                continue;
-                            }
-                            let class = match e {
-                                ProtocolError::UnknownTopicOrPartition => None,
-                                ProtocolError::TopicAuthorizationFailed => Some(Class::Abortable),
-                                e => coordinator_error_class(e),
-                            };
-                            let error = server_error(
-                                e,
-                                None,
-                                RequestContext::Partition(topic.name.clone(), p.partition_index),
-                            );
-                            if outcome.as_ref().is_none_or(|(c, _)| rank(class) > rank(*c)) {
-                                outcome = Some((class, error));
-                            }
-                        }
-                    }
-                    match outcome {
-                        None => Step::Done(()),
-                        Some((None, e)) => Step::Retry(e),
-                        Some((Some(class), e)) => Step::Fail(class, e),
-                    }
+                    judge_partitions(
+                        response.results.into_iter().flat_map(|t| {
+                            t.results
+                                .into_iter()
+                                .map(move |p| (t.name.clone(), p.partition_index, p.error))
+                        }),
+                        |e| match e {
+                            ProtocolError::UnknownTopicOrPartition => None,
+                            ProtocolError::TopicAuthorizationFailed => Some(Class::Abortable),
+                            e => coordinator_error_class(e),
+                        },
+                    )
                 },
             )
             .await;
@@ -765,15 +798,9 @@ impl TransactionalProducer {
                         state.partitions.insert((topic.to_owned(), partition));
                     }
                 }
-                state.open = true;
                 Ok(())
             }
-            // The transaction may have begun on the coordinator.
-            Err((Class::Retriable, e)) => {
-                state.open = true;
-                Err(TransactionError::Retriable(e))
-            }
-            // The coordinator answered: it added nothing.
+            Err((Class::Retriable, e)) => Err(TransactionError::Retriable(e)),
             Err((class, e)) => Err(self.fail(&mut state, class, e)),
         }
     }
@@ -825,6 +852,7 @@ impl TransactionalProducer {
             batch.is_transactional = true;
         }
 
+        let unfinished = Unfinished::new(&self.state, true);
         let request = &request;
         let context = &self.context;
         let result = context
@@ -874,6 +902,7 @@ impl TransactionalProducer {
                 }
             })
             .await;
+        unfinished.finished();
 
         match result {
             Ok(offsets) => {
@@ -903,9 +932,11 @@ impl TransactionalProducer {
     /// `metadata`) become what `OffsetFetch` returns when the transaction commits.
     ///
     /// The producer is not a member of the group (generation -1, no member id), as a producer
-    /// that keeps its own progress in a group's offsets is. The broker limits `metadata` to
-    /// `offset.metadata.max.bytes` (4096 by default) and refuses a longer one
-    /// (`OFFSET_METADATA_TOO_LARGE`, an abortable error).
+    /// that keeps its own progress in a group's offsets is. The offset's topic and partition
+    /// must exist (else `UNKNOWN_TOPIC_OR_PARTITION`, retried). The broker limits `metadata`
+    /// to `offset.metadata.max.bytes` (4096 by default; it compares the length in UTF-16 code
+    /// units, so 4096 ASCII characters fit) and refuses a longer one
+    /// (`OFFSET_METADATA_TOO_LARGE`, an abortable error); it keeps `None` as `""`.
     pub async fn send_offsets(
         &self,
         group_id: &str,
@@ -924,6 +955,7 @@ impl TransactionalProducer {
             )
         };
         if !group_added {
+            self.state.lock().open = true;
             let request = AddOffsetsToTxnRequest {
                 transactional_id: self.transactional_id.clone(),
                 producer_id,
@@ -937,21 +969,15 @@ impl TransactionalProducer {
                     CoordinatorType::Transaction,
                     &self.transactional_id,
                     &request,
-                    |response| match response.error {
-                        None => Step::Done(()),
-                        Some(e) => {
-                            let error =
-                                server_error(e, None, RequestContext::Group(group_id.to_owned()));
-                            match e {
-                                ProtocolError::GroupAuthorizationFailed => {
-                                    Step::Fail(Class::Abortable, error)
-                                }
-                                e => match coordinator_error_class(e) {
-                                    None => Step::Retry(error),
-                                    Some(class) => Step::Fail(class, error),
-                                },
-                            }
-                        }
+                    |response| {
+                        judge_error(
+                            response.error,
+                            || RequestContext::Group(group_id.to_owned()),
+                            |e| match e {
+                                ProtocolError::GroupAuthorizationFailed => Some(Class::Abortable),
+                                e => coordinator_error_class(e),
+                            },
+                        )
                     },
                 )
                 .await;
@@ -959,12 +985,8 @@ impl TransactionalProducer {
             match result {
                 Ok(()) => {
                     state.groups.insert(group_id.to_owned());
-                    state.open = true;
                 }
-                Err((Class::Retriable, e)) => {
-                    state.open = true;
-                    return Err(TransactionError::Retriable(e));
-                }
+                Err((Class::Retriable, e)) => return Err(TransactionError::Retriable(e)),
                 Err((class, e)) => return Err(self.fail(&mut state, class, e)),
             }
         }
@@ -987,6 +1009,7 @@ impl TransactionalProducer {
                 }],
             }],
         };
+        let unfinished = Unfinished::new(&self.state, false);
         let result = self
             .context
             .coordinator_request(
@@ -995,39 +1018,28 @@ impl TransactionalProducer {
                 group_id,
                 &request,
                 |response| {
-                    let mut outcome: Option<(Option<Class>, Error)> = None;
-                    for t in response.topics {
-                        for p in t.partitions {
-                            let Some(e) = p.error else { continue };
-                            let class = match e {
-                                ProtocolError::UnknownTopicOrPartition => None,
-                                ProtocolError::GroupAuthorizationFailed
-                                | ProtocolError::TopicAuthorizationFailed
-                                | ProtocolError::OffsetMetadataTooLarge
-                                | ProtocolError::InvalidCommitOffsetSize
-                                | ProtocolError::IllegalGeneration
-                                | ProtocolError::UnknownMemberId
-                                | ProtocolError::FencedInstanceId => Some(Class::Abortable),
-                                e => coordinator_error_class(e),
-                            };
-                            let error = server_error(
-                                e,
-                                None,
-                                RequestContext::Partition(t.name.clone(), p.partition_index),
-                            );
-                            if outcome.as_ref().is_none_or(|(c, _)| rank(class) > rank(*c)) {
-                                outcome = Some((class, error));
-                            }
-                        }
-                    }
-                    match outcome {
-                        None => Step::Done(()),
-                        Some((None, e)) => Step::Retry(e),
-                        Some((Some(class), e)) => Step::Fail(class, e),
-                    }
+                    judge_partitions(
+                        response.topics.into_iter().flat_map(|t| {
+                            t.partitions
+                                .into_iter()
+                                .map(move |p| (t.name.clone(), p.partition_index, p.error))
+                        }),
+                        |e| match e {
+                            ProtocolError::UnknownTopicOrPartition => None,
+                            ProtocolError::GroupAuthorizationFailed
+                            | ProtocolError::TopicAuthorizationFailed
+                            | ProtocolError::OffsetMetadataTooLarge
+                            | ProtocolError::InvalidCommitOffsetSize
+                            | ProtocolError::IllegalGeneration
+                            | ProtocolError::UnknownMemberId
+                            | ProtocolError::FencedInstanceId => Some(Class::Abortable),
+                            e => coordinator_error_class(e),
+                        },
+                    )
                 },
             )
             .await;
+        unfinished.finished();
         match result {
             Ok(()) => Ok(()),
             Err((Class::Retriable, e)) => Err(TransactionError::Retriable(e)),
@@ -1155,19 +1167,12 @@ impl TransactionalProducer {
                 CoordinatorType::Transaction,
                 transactional_id,
                 &request,
-                |response| match response.error {
-                    None => Step::Done(()),
-                    Some(e) => {
-                        let error = server_error(
-                            e,
-                            None,
-                            RequestContext::TransactionalId(transactional_id.clone()),
-                        );
-                        match coordinator_error_class(e) {
-                            None => Step::Retry(error),
-                            Some(class) => Step::Fail(class, error),
-                        }
-                    }
+                |response| {
+                    judge_error(
+                        response.error,
+                        || RequestContext::TransactionalId(transactional_id.clone()),
+                        coordinator_error_class,
+                    )
                 },
             )
             .await;
@@ -1183,14 +1188,14 @@ impl TransactionalProducer {
             }
             // No partition or group was confirmed in the transaction (only a request whose
             // answer was lost may have begun it), and the coordinator has none open: there is
-            // nothing to abort.
+            // nothing to end.
             Err((
                 _,
                 Error::ServerError {
                     protocol_error: ProtocolError::InvalidTxnState,
                     ..
                 },
-            )) if !committed && !confirmed => {
+            )) if !confirmed => {
                 state.open = false;
                 state.phase = Phase::Ready;
                 Ok(())
@@ -1308,6 +1313,47 @@ fn produce_error_step<T>(e: Error) -> Step<T> {
     }
 }
 
+/// The step after a response's one error code: done without one, else retried or failed as
+/// `class_of` says (`None`: retried).
+fn judge_error(
+    error: Option<ProtocolError>,
+    context: impl FnOnce() -> RequestContext,
+    class_of: impl Fn(ProtocolError) -> Option<Class>,
+) -> Step<()> {
+    match error {
+        None => Step::Done(()),
+        Some(e) => match class_of(e) {
+            None => Step::Retry(server_error(e, None, context())),
+            Some(class) => Step::Fail(class, server_error(e, None, context())),
+        },
+    }
+}
+
+/// The step after a response's error codes by partition (topic, partition, error): the worst
+/// decides, a fencing over a fatal error over an abortable one over a retry.
+/// `OPERATION_NOT_ATTEMPTED`, which comes with the error that stopped the rest, is skipped.
+fn judge_partitions(
+    results: impl Iterator<Item = (String, i32, Option<ProtocolError>)>,
+    class_of: impl Fn(ProtocolError) -> Option<Class>,
+) -> Step<()> {
+    let mut worst: Option<(Option<Class>, Error)> = None;
+    for (topic, partition, error) in results {
+        let Some(e) = error.filter(|e| *e != ProtocolError::OperationNotAttempted) else {
+            continue;
+        };
+        let class = class_of(e);
+        if worst.as_ref().is_none_or(|(c, _)| rank(class) > rank(*c)) {
+            let error = server_error(e, None, RequestContext::Partition(topic, partition));
+            worst = Some((class, error));
+        }
+    }
+    match worst {
+        None => Step::Done(()),
+        Some((None, e)) => Step::Retry(e),
+        Some((Some(class), e)) => Step::Fail(class, e),
+    }
+}
+
 /// How bad a class is, for picking the one error of a response with several.
 fn rank(class: Option<Class>) -> u8 {
     match class {
@@ -1395,6 +1441,29 @@ fn increment_sequence(sequence: i32, n: usize) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unfinished_request_leaves_the_transaction_to_abort() {
+        let state = Mutex::new(State {
+            producer_id: 1,
+            producer_epoch: 0,
+            phase: Phase::Ready,
+            open: true,
+            partitions: HashSet::new(),
+            groups: HashSet::new(),
+            epoch_bump_required: false,
+        });
+        Unfinished::new(&state, true).finished();
+        assert_eq!(state.lock().phase, Phase::Ready);
+        drop(Unfinished::new(&state, false));
+        assert_eq!(state.lock().phase, Phase::Abortable);
+        assert!(!state.lock().epoch_bump_required);
+        drop(Unfinished::new(&state, true));
+        assert!(state.lock().epoch_bump_required);
+        state.lock().phase = Phase::Fenced;
+        drop(Unfinished::new(&state, true));
+        assert_eq!(state.lock().phase, Phase::Fenced);
+    }
 
     #[test]
     fn sequences_wrap_as_the_broker_does() {
