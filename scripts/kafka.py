@@ -12,9 +12,10 @@ Subcommands:
                                 create a topic (idempotent) and wait until the
                                 broker's metadata shows it with its partitions
   topics                        print {"topic": partition_count, ...} as JSON
-  read NAME                     print every record of every partition, from the
+  read NAME [--isolation LEVEL]  print every record of every partition, from the
                                 start up to the fetch high watermark, one JSON
-                                object per line
+                                object per line; with --isolation read_committed
+                                or read_uncommitted, of a topic with transactions
   produce NAME [--key K] [--value V] [--header K=V ...] [--partition P]
                                 produce one record, print where it landed
 
@@ -86,7 +87,7 @@ def cmd_create_topic(args: argparse.Namespace) -> int:
 def cmd_read(args: argparse.Namespace) -> int:
     try:
         records = kafka.read_topic(args.name, args.bootstrap, args.partition, args.value_head,
-                                   args.timeout, args.expect)
+                                   args.timeout, args.expect, args.isolation)
     except kafka.KafkaToolError as e:
         emit(e.records)
         raise
@@ -145,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         metavar="N",
         help="print only the first N bytes of each value, with value_len and value_sha256",
+    )
+    p.add_argument(
+        "--isolation",
+        choices=["read_committed", "read_uncommitted"],
+        help="a topic with transactions: read up to the last stable offset (read_committed) "
+        "or the high watermark (read_uncommitted)",
     )
     p.add_argument("--timeout", type=float, default=30.0)
     p.set_defaults(func=cmd_read)

@@ -21,8 +21,10 @@ process) from the jars scripts/install.sh fetched, started as a plain `java` pro
       test that needs a broker's own lifecycle.
 
   kafka_broker.py grant --bootstrap HOST:PORT --principal User:NAME
-                        (--topic NAME | --all-topics) [--operation OP ...]
-      Creates allow ACLs (default operations: WRITE, DESCRIBE) through the admin listener.
+                        (--topic NAME | --all-topics | --group NAME | --transactional-id NAME)
+                        [--operation OP ...]
+      Creates allow ACLs (default operations: WRITE, DESCRIBE on a topic or transactional id,
+      READ, DESCRIBE on a group) through the admin listener.
 
 The secured broker is configured as a managed cluster is (docs/testing.md, "The
 broker"): listeners PLAINTEXT (the tests' admin and reader, whose anonymous principal is a
@@ -245,11 +247,18 @@ def cmd_grant(args: argparse.Namespace) -> int:
     )
 
     admin = AdminClient({"bootstrap.servers": args.bootstrap, "log_level": 3})
-    topic = "*" if args.all_topics else args.topic
+    if args.group:
+        restype, name, default_ops = ResourceType.GROUP, args.group, ["READ", "DESCRIBE"]
+    elif args.transactional_id:
+        restype, name, default_ops = (ResourceType.TRANSACTIONAL_ID, args.transactional_id,
+                                      ["WRITE", "DESCRIBE"])
+    else:
+        restype, name = ResourceType.TOPIC, "*" if args.all_topics else args.topic
+        default_ops = ["WRITE", "DESCRIBE"]
     bindings = [
-        AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, args.principal,
+        AclBinding(restype, name, ResourcePatternType.LITERAL, args.principal,
                    "*", AclOperation[op.upper()], AclPermissionType.ALLOW)
-        for op in args.operation or ["WRITE", "DESCRIBE"]
+        for op in args.operation or default_ops
     ]
     for future in admin.create_acls(bindings, request_timeout=args.timeout).values():
         future.result()
@@ -297,12 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--proxy-listener", action="append", default=[], metavar="UPSTREAM:ADVERTISED")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("grant", help="allow a principal operations on a topic")
+    p = sub.add_parser("grant", help="allow a principal operations on a topic, group or "
+                       "transactional id")
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--principal", required=True)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--topic")
     g.add_argument("--all-topics", action="store_true")
+    g.add_argument("--group")
+    g.add_argument("--transactional-id")
     p.add_argument("--operation", action="append")
     p.add_argument("--timeout", type=float, default=30.0)
     p.set_defaults(func=cmd_grant)

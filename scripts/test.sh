@@ -27,7 +27,7 @@
 #   3. scripts/stack.sh run again with KAFKA_VERSION set to the 3.x line (3.9.x): the
 #      integration test targets that exercise the Kafka client (COMPAT_TESTS below: the
 #      records and headers, TLS, SASL, authorization, a broker restart, large records,
-#      the pipeline; with --full, every target) and the suite's Kafka setups (pytest -m
+#      the pipeline, transactions; with --full, every target) and the suite's Kafka setups (pytest -m
 #      kafka_lines) against that broker. Should Maven not have served that version, this
 #      step prints NOT RUN with the reason (install.sh wrote it).
 #   4. A table of the steps' times (each of the suite's test files a line of its own),
@@ -69,7 +69,7 @@ e2e_suite() {
 }
 
 # The integration test targets the 3.x run runs (without --full).
-COMPAT_TESTS=(publish tls kafka_auth authorization broker_restart large pipeline)
+COMPAT_TESTS=(publish tls kafka_auth authorization broker_restart large pipeline transactions)
 
 # The 3.x run: the Kafka-facing integration test targets and the Kafka setups against the
 # broker of KAFKA_VERSION (stack.sh started it), after the main run with 4.x.
@@ -81,7 +81,7 @@ if [[ ${1:-} == --inside-stack-compat ]]; then
     e2e_suite -m kafka_lines || setups=$?
     # The test targets whose outcome depends on the broker's version: the client's
     # requests and the broker's answers (records, headers, TLS, SASL, ACLs, a restart,
-    # large records, the writer-to-Kafka pipeline). The relay's own logic is the same on
+    # large records, the writer-to-Kafka pipeline, transactions). The relay's own logic is the same on
     # either line; --full runs every target here too.
     targets=(--test '*')
     if [[ -z ${OUTBOX_TEST_FULL:-} ]]; then

@@ -140,11 +140,18 @@ def wait_partitions(admin, name: str, deadline: float, ready):
 
 def read_topic(name: str, bootstrap: str | None = None, partition: int | None = None,
                value_head: int | None = None, timeout: float = 30.0,
-               expect: int | None = None) -> list[dict]:
+               expect: int | None = None, isolation: str | None = None) -> list[dict]:
     """Every record of every partition (or of `partition`), from offset 0 up to the fetch
     high watermark, sorted by partition and offset.  With `value_head` only the first
     bytes of each value, its length and its SHA-256.  With `expect`, fails unless exactly
-    that many records were read."""
+    that many records were read.
+
+    With `isolation` ("read_committed" or "read_uncommitted", Kafka's isolation.level) the
+    read is of a topic with transactions: a partition is done at its end of partition, which
+    librdkafka reports at the last stable offset (read_committed: no record of an open
+    transaction or any after it, none of an aborted one) or at the high watermark
+    (read_uncommitted: every record). Its transaction markers take offsets, so the last
+    record's offset is no measure of the end."""
     conf = config(bootstrap)
     admin = AdminClient(conf)
     deadline = time.monotonic() + timeout
@@ -167,6 +174,7 @@ def read_topic(name: str, bootstrap: str | None = None, partition: int | None = 
             "auto.offset.reset": "earliest",
             "enable.partition.eof": True,
             "fetch.wait.max.ms": 100,
+            **({"isolation.level": isolation} if isolation else {}),
         }
     )
     records: list[dict] = []
@@ -195,6 +203,9 @@ def read_topic(name: str, bootstrap: str | None = None, partition: int | None = 
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     p = msg.partition()
+                    if isolation:
+                        done.add(p)
+                        continue
                     _low, high = consumer.get_watermark_offsets(
                         TopicPartition(name, p), cached=True
                     )

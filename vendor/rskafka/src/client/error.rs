@@ -13,6 +13,12 @@ pub enum RequestContext {
     /// Error is specific to a partition (indexed via topic name and partition ID).
     Partition(String, i32),
 
+    /// Error is specific to a transactional id (its transaction coordinator's answer).
+    TransactionalId(String),
+
+    /// Error is specific to a consumer group (its group coordinator's answer).
+    Group(String),
+
     /// Error is specific to a fetch request.
     #[non_exhaustive]
     Fetch {

@@ -17,10 +17,15 @@ pub mod error;
 pub(crate) mod metadata_cache;
 pub mod partition;
 pub mod producer;
+pub mod transaction;
 
 use error::{Error, Result};
 
-use self::{controller::ControllerClient, partition::UnknownTopicHandling};
+use self::{
+    controller::ControllerClient,
+    partition::UnknownTopicHandling,
+    transaction::{BrokerPool, CommittedOffset, TransactionError, TransactionalProducer},
+};
 
 pub use crate::connection::{Credentials, OauthBearerCredentials, OauthCallback, SaslConfig};
 
@@ -123,6 +128,7 @@ impl ClientBuilder {
         Ok(Client {
             brokers,
             backoff_config: self.backoff_config,
+            pool: Default::default(),
         })
     }
 }
@@ -143,6 +149,8 @@ impl std::fmt::Debug for ClientBuilder {
 pub struct Client {
     brokers: Arc<BrokerConnector>,
     backoff_config: Arc<BackoffConfig>,
+    /// Connections, leaders and coordinators of the transactional producers and offset fetches.
+    pool: Arc<BrokerPool>,
 }
 
 impl Client {
@@ -169,6 +177,64 @@ impl Client {
             Arc::clone(&self.backoff_config),
         )
         .await
+    }
+
+    /// Returns a transactional producer of `transactional_id` ([`transaction`] says how
+    /// transactions work): finds the id's transaction coordinator and asks it for a producer id
+    /// and epoch (`InitProducerId`).
+    ///
+    /// This fences every earlier producer of the same transactional id, in this process or
+    /// another: the coordinator aborts the earlier producer's open transaction (its records
+    /// are never visible to `read_committed` consumers, its offsets never committed), and that
+    /// producer's next request fails with [`TransactionError::Fenced`]. The coordinator answers
+    /// only once the abort is complete (it says `CONCURRENT_TRANSACTIONS` meanwhile, which is
+    /// retried), so offsets read afterwards are stable.
+    ///
+    /// `transaction_timeout` is how long a transaction of this producer may stay open: past it
+    /// the coordinator aborts it and fences the producer. The broker refuses a timeout above its
+    /// `transaction.max.timeout.ms` (15 minutes by default) with `INVALID_TRANSACTION_TIMEOUT`,
+    /// a [`TransactionError::Fatal`] error.
+    pub async fn transactional_producer(
+        &self,
+        transactional_id: impl Into<String> + Send,
+        transaction_timeout: std::time::Duration,
+    ) -> Result<TransactionalProducer, TransactionError> {
+        TransactionalProducer::new(
+            self.transaction_context(),
+            transactional_id.into(),
+            transaction_timeout,
+        )
+        .await
+    }
+
+    /// The offset (and its metadata) that consumer group `group_id` committed for a partition,
+    /// or `None` if it committed none (`OffsetFetch` to the group's coordinator).
+    ///
+    /// With `require_stable`, an offset that a transaction has sent but not yet committed or
+    /// aborted ([`TransactionalProducer::send_offsets`]) makes the coordinator answer
+    /// `UNSTABLE_OFFSET_COMMIT`: that is retried like a coordinator that moved, at most
+    /// [`transaction::MAX_ATTEMPTS`] times within the backoff's deadline, then returned as
+    /// [`Error::ServerError`] with [`ProtocolError::UnstableOffsetCommit`](error::ProtocolError::UnstableOffsetCommit).
+    /// Without it, the last committed offset is returned even while a transaction holds a
+    /// newer one.
+    pub async fn fetch_committed_offset(
+        &self,
+        group_id: &str,
+        topic: &str,
+        partition: i32,
+        require_stable: bool,
+    ) -> Result<Option<CommittedOffset>> {
+        self.transaction_context()
+            .fetch_committed_offset(group_id, topic, partition, require_stable)
+            .await
+    }
+
+    fn transaction_context(&self) -> transaction::Context {
+        transaction::Context {
+            brokers: Arc::clone(&self.brokers),
+            pool: Arc::clone(&self.pool),
+            backoff_config: Arc::clone(&self.backoff_config),
+        }
     }
 
     /// Returns a list of topics in the cluster

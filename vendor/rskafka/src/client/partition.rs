@@ -643,7 +643,7 @@ where
         .map_err(Error::RetryFailed)?
 }
 
-fn build_produce_request(
+pub(crate) fn build_produce_request(
     partition: i32,
     topic: &str,
     records: Vec<Record>,
@@ -718,7 +718,7 @@ fn build_produce_request(
     }
 }
 
-fn process_produce_response(
+pub(crate) fn process_produce_response(
     partition: i32,
     topic: &str,
     num_records: i64,

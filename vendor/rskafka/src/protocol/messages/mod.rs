@@ -16,6 +16,10 @@ use super::{
     vec_builder::VecBuilder,
 };
 
+mod add_offsets_to_txn;
+pub use add_offsets_to_txn::*;
+mod add_partitions_to_txn;
+pub use add_partitions_to_txn::*;
 mod api_versions;
 pub use api_versions::*;
 mod constants;
@@ -26,20 +30,30 @@ mod delete_records;
 pub use delete_records::*;
 mod delete_topics;
 pub use delete_topics::*;
+mod end_txn;
+pub use end_txn::*;
 mod fetch;
 pub use fetch::*;
+mod find_coordinator;
+pub use find_coordinator::*;
 mod header;
 pub use header::*;
+mod init_producer_id;
+pub use init_producer_id::*;
 mod list_offsets;
 pub use list_offsets::*;
 mod metadata;
 pub use metadata::*;
+mod offset_fetch;
+pub use offset_fetch::*;
 mod produce;
 pub use produce::*;
 mod sasl_msg;
 pub use sasl_msg::*;
 #[cfg(test)]
 mod test_utils;
+mod txn_offset_commit;
+pub use txn_offset_commit::*;
 
 #[derive(Error, Debug)]
 #[non_exhaustive]
