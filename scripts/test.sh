@@ -69,7 +69,7 @@ e2e_suite() {
 }
 
 # The integration test targets the 3.x run runs (without --full).
-COMPAT_TESTS=(publish tls kafka_auth authorization broker_restart large pipeline transactions)
+COMPAT_TESTS=(publish tls kafka_auth authorization broker_restart large pipeline transactions exactly_once)
 
 # The 3.x run: the Kafka-facing integration test targets and the Kafka setups against the
 # broker of KAFKA_VERSION (stack.sh started it), after the main run with 4.x.
@@ -81,7 +81,7 @@ if [[ ${1:-} == --inside-stack-compat ]]; then
     e2e_suite -m kafka_lines || setups=$?
     # The test targets whose outcome depends on the broker's version: the client's
     # requests and the broker's answers (records, headers, TLS, SASL, ACLs, a restart,
-    # large records, the writer-to-Kafka pipeline, transactions). The relay's own logic is the same on
+    # large records, the writer-to-Kafka pipeline, transactions, exactly-once delivery). The relay's own logic is the same on
     # either line; --full runs every target here too.
     targets=(--test '*')
     if [[ -z ${OUTBOX_TEST_FULL:-} ]]; then

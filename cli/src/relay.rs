@@ -48,6 +48,12 @@ pub(crate) struct Args {
     /// duration, its heartbeat not refused, no owned bucket's latest batch failed).
     #[arg(long, value_name = "ADDR", env = "OUTBOX_HEALTH_LISTEN")]
     pub(crate) health_listen: Option<String>,
+    /// How the relay delivers: at-least-once (the default), or exactly-once: one Kafka
+    /// transaction per batch, each bucket's producer fenced when its lease moves, so that
+    /// read_committed consumers see every message once (docs/protocol.md, section 8; the
+    /// watermark topic OUTBOX_WATERMARK_TOPIC must exist). Overrides OUTBOX_DELIVERY.
+    #[arg(long, value_name = "MODE")]
+    pub(crate) delivery: Option<String>,
 }
 
 pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
@@ -59,6 +65,7 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
         emf_interval,
         otlp,
         ref health_listen,
+        ref delivery,
     } = *args;
     let relay_opts = relay_options(&options)?;
     let health = Arc::new(health::Health::new(relay_opts.lease_duration));
@@ -81,7 +88,11 @@ pub(crate) async fn run(cli: &Cli, args: &Args) -> Result<(), Failure> {
         }
         None => store,
     };
-    let mut host = RelayHost::with_store(store, relay_opts, KafkaConfig::from_env()?)?;
+    let mut kafka = KafkaConfig::from_env()?;
+    if let Some(mode) = delivery {
+        kafka.delivery = mode.parse()?;
+    }
+    let mut host = RelayHost::with_store(store, relay_opts, kafka)?;
     if emf {
         host = host.with_emf(
             EmfExport::new(EmfMetrics::from_env(&options.table_name)).with_interval(emf_interval),

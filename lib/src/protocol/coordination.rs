@@ -192,7 +192,12 @@ impl Coordination {
     /// The live relays other than `me` whose heartbeat does not say `Delivery =
     /// exactly-once`: peers an exactly-once relay does not share buckets with
     /// (protocol.md, section 8.5).
-    pub fn peers_not_exactly_once(&self, me: &str, now: i64, lease_duration_ticks: i64) -> Vec<String> {
+    pub fn peers_not_exactly_once(
+        &self,
+        me: &str,
+        now: i64,
+        lease_duration_ticks: i64,
+    ) -> Vec<String> {
         self.relays
             .iter()
             .filter(|r| r.relay_id != me && r.is_active(now, lease_duration_ticks))

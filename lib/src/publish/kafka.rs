@@ -35,8 +35,9 @@ use tracing::{debug, info, warn};
 use super::classify::{
     client_error, not_authorized, produce_error, protocol_error, verdict, Verdict,
 };
-use super::config::{KafkaAuth, KafkaCompression, KafkaConfig};
+use super::config::{Delivery, KafkaAuth, KafkaCompression, KafkaConfig};
 use super::diagnose::connect_error;
+use super::exactly_once::ExactlyOnce;
 use super::msk_iam::MskIamTokenProvider;
 use super::record::{estimated_size, to_record};
 use super::route::{acknowledged_prefix, chunks, plan, TopicRoute, Unroutable};
@@ -45,6 +46,7 @@ use super::tls::KafkaTls;
 use super::{PublishOutcome, Publisher};
 use crate::error::{BoxError, Error, Rejection, Result};
 use crate::message::StoredMessage;
+use crate::protocol::watermark::OutboxIdentity;
 
 /// Publishes outbox batches to Kafka with rskafka. Cheap to clone (one shared client).
 #[derive(Clone)]
@@ -65,6 +67,8 @@ struct Inner {
     sticky: AtomicU32,
     /// Produce requests sent (every attempt), for [`KafkaPublisher::produce_requests`].
     produce_requests: AtomicU64,
+    /// The transactional producers and watermarks, with `OUTBOX_DELIVERY=exactly-once`.
+    exactly_once: Option<ExactlyOnce>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -169,6 +173,7 @@ impl KafkaPublisher {
             principal = %principal,
             "connected to kafka"
         );
+        let config_delivery = config.delivery;
         Ok(KafkaPublisher {
             inner: Arc::new(Inner {
                 client,
@@ -178,6 +183,7 @@ impl KafkaPublisher {
                 partitions: Mutex::new(HashMap::new()),
                 sticky: AtomicU32::new(rand::random()),
                 produce_requests: AtomicU64::new(0),
+                exactly_once: (config_delivery == Delivery::ExactlyOnce).then(ExactlyOnce::default),
             }),
         })
     }
@@ -254,6 +260,24 @@ impl KafkaPublisher {
             .map(|m| m.partition_count))
     }
 
+    /// The rskafka client (exactly once: the transactional producers and offset fetches).
+    pub(super) fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// Counts one produce request in [`Self::produce_requests`].
+    pub(super) fn count_produce_request(&self) {
+        self.inner.produce_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The keyless records' partition of each topic for one batch.
+    pub(super) fn sticky_partitions<'t>(&self, topics: &[&'t str]) -> HashMap<&'t str, u32> {
+        topics
+            .iter()
+            .map(|&t| (t, self.inner.sticky.fetch_add(1, Ordering::Relaxed)))
+            .collect()
+    }
+
     /// Reads every topic's partition count into the cache (replacing it).
     async fn refresh_metadata(&self) -> Result<()> {
         let listed = self
@@ -282,7 +306,7 @@ impl KafkaPublisher {
     /// Partition counts of `wanted`, reading metadata when one is missing or stale. A topic
     /// missing from fresh metadata maps to a rejection; a failed read keeps stale counts and
     /// maps the others to the read's error.
-    async fn topic_counts(
+    pub(super) async fn topic_counts(
         &self,
         wanted: &[&str],
         deadline: Instant,
@@ -579,6 +603,9 @@ impl KafkaPublisher {
         if batch.is_empty() {
             return PublishOutcome::complete(0);
         }
+        if let Some(eo) = &self.inner.exactly_once {
+            return self.publish_exactly_once(eo, batch, until).await;
+        }
         let deadline = until.min(Instant::now() + self.inner.config.publish_timeout);
         let mut wanted: Vec<&str> = Vec::new();
         for m in batch {
@@ -587,10 +614,7 @@ impl KafkaPublisher {
             }
         }
         let mut counts = self.topic_counts(&wanted, deadline).await;
-        let sticky: HashMap<&str, u32> = wanted
-            .iter()
-            .map(|&t| (t, self.inner.sticky.fetch_add(1, Ordering::Relaxed)))
-            .collect();
+        let sticky = self.sticky_partitions(&wanted);
         let plan = plan(batch.iter().map(|m| &m.message), |t| match counts.get(t) {
             Some(Ok(n)) => Some(TopicRoute {
                 partition_count: *n,
@@ -671,10 +695,20 @@ impl Publisher for KafkaPublisher {
     ) -> impl std::future::Future<Output = PublishOutcome> + Send + 'a {
         self.publish_batch_until(batch, until)
     }
+
+    fn delivery(&self) -> Delivery {
+        self.inner.config.delivery
+    }
+
+    fn bind_outbox(&self, identity: &OutboxIdentity, lease_duration: Duration) {
+        if let Some(eo) = &self.inner.exactly_once {
+            eo.bind(identity, lease_duration);
+        }
+    }
 }
 
 /// rskafka's codec for `compression` (the workspace enables all four of its codecs).
-fn codec(compression: KafkaCompression) -> Compression {
+pub(super) fn codec(compression: KafkaCompression) -> Compression {
     match compression {
         KafkaCompression::None => Compression::NoCompression,
         KafkaCompression::Gzip => Compression::Gzip,
@@ -684,7 +718,7 @@ fn codec(compression: KafkaCompression) -> Compression {
     }
 }
 
-fn now_millis() -> DateTime<Utc> {
+pub(super) fn now_millis() -> DateTime<Utc> {
     let ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);

@@ -9,9 +9,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::{KafkaConfig, KafkaPublisher, PublishOutcome, Publisher};
+use super::{Delivery, KafkaConfig, KafkaPublisher, PublishOutcome, Publisher};
 use crate::error::{Error, Result};
 use crate::message::StoredMessage;
+use crate::protocol::watermark::OutboxIdentity;
 
 /// Longest time one connection attempt may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -27,6 +28,8 @@ pub const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 pub struct LazyKafkaPublisher {
     config: KafkaConfig,
     slot: tokio::sync::Mutex<Slot>,
+    /// Exactly once: the outbox the relay bound, given to every connection made.
+    binding: std::sync::Mutex<Option<(OutboxIdentity, Duration)>>,
 }
 
 #[derive(Debug, Default)]
@@ -53,6 +56,7 @@ impl LazyKafkaPublisher {
         LazyKafkaPublisher {
             config,
             slot: tokio::sync::Mutex::new(Slot::default()),
+            binding: std::sync::Mutex::new(None),
         }
     }
 
@@ -118,7 +122,17 @@ impl LazyKafkaPublisher {
             return PublishOutcome::complete(0);
         }
         match self.connect(until).await {
-            Ok(p) => p.publish_batch_until(batch, until).await,
+            Ok(p) => {
+                let binding = self
+                    .binding
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                if let Some((identity, lease_duration)) = binding {
+                    p.bind_outbox(&identity, lease_duration);
+                }
+                p.publish_batch_until(batch, until).await
+            }
             Err(e) => PublishOutcome::failed(e),
         }
     }
@@ -132,5 +146,15 @@ impl Publisher for LazyKafkaPublisher {
 
     async fn publish_until(&self, batch: &[StoredMessage], until: Instant) -> PublishOutcome {
         self.publish_by(batch, until).await
+    }
+
+    fn delivery(&self) -> Delivery {
+        self.config.delivery
+    }
+
+    fn bind_outbox(&self, identity: &OutboxIdentity, lease_duration: Duration) {
+        // Given to the connection at each publish: a connection made later gets it too.
+        *self.binding.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((identity.clone(), lease_duration));
     }
 }

@@ -34,6 +34,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::Error;
 use crate::message::StoredMessage;
@@ -43,6 +44,7 @@ mod classify;
 pub(crate) mod config;
 mod diagnose;
 pub mod env;
+pub(crate) mod exactly_once;
 pub(crate) mod kafka;
 mod lazy;
 pub(crate) mod msk_iam;
@@ -127,23 +129,19 @@ pub trait Publisher: Send + Sync + 'static {
 
     /// How this publisher delivers; [`Delivery::AtLeastOnce`] unless it publishes in
     /// transactions. A relay over an exactly-once publisher binds it to its outbox
-    /// ([`Self::bind_outbox`]) before its first batch, caps its batches to what a watermark
-    /// holds, and reports the deletes it made ([`Self::deleted`]).
+    /// ([`Self::bind_outbox`]) before its first batch and caps its batches to what a
+    /// watermark holds; each batch it hands over is a strongly consistent read of
+    /// everything its bucket holds after the last message the relay removed.
     fn delivery(&self) -> Delivery {
         Delivery::AtLeastOnce
     }
 
     /// Exactly once: the outbox (table and key prefix) the batches come from, which names
-    /// each bucket's transactional id and watermark. The relay calls it at the start of
-    /// each run, before any publish; the default ignores it.
-    fn bind_outbox(&self, identity: &OutboxIdentity) {
-        let _ = identity;
-    }
-
-    /// Exactly once: the relay deleted these messages of `bucket` (published earlier): they
-    /// leave the bucket's in-doubt set. The default ignores it.
-    fn deleted(&self, bucket: u32, sequences: &[u64]) {
-        let _ = (bucket, sequences);
+    /// each bucket's transactional id and watermark, and the lease duration (the
+    /// transactions' timeout). The relay calls it before its first batch; the default
+    /// ignores it.
+    fn bind_outbox(&self, identity: &OutboxIdentity, lease_duration: Duration) {
+        let _ = (identity, lease_duration);
     }
 }
 
@@ -167,11 +165,7 @@ impl<P: Publisher> Publisher for Arc<P> {
         (**self).delivery()
     }
 
-    fn bind_outbox(&self, identity: &OutboxIdentity) {
-        (**self).bind_outbox(identity)
-    }
-
-    fn deleted(&self, bucket: u32, sequences: &[u64]) {
-        (**self).deleted(bucket, sequences)
+    fn bind_outbox(&self, identity: &OutboxIdentity, lease_duration: Duration) {
+        (**self).bind_outbox(identity, lease_duration)
     }
 }

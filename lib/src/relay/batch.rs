@@ -148,7 +148,8 @@ impl<P: Publisher> Relay<P> {
                     bucket_0 = %identity.transactional_id(0),
                     "exactly-once delivery: one transactional id per bucket"
                 );
-                self.publisher.bind_outbox(&identity);
+                self.publisher
+                    .bind_outbox(&identity, self.options.lease_duration);
                 Ok::<(), Error>(())
             })
             .await?;
@@ -189,11 +190,7 @@ impl<P: Publisher> Relay<P> {
         };
         // A strongly consistent read from the bucket's head: it settles what earlier
         // batches published but could not confirm deleted.
-        let settled = Settled::of(&owned.unconfirmed, &fetched.messages);
-        if !settled.gone.is_empty() {
-            self.publisher.deleted(bucket, &settled.gone);
-        }
-        let settled = Some(settled);
+        let settled = Some(Settled::of(&owned.unconfirmed, &fetched.messages));
         let Some(head) = fetched.messages.first() else {
             return Ok(BatchReport::after_fetch(BatchResult::Idle, settled));
         };
@@ -227,9 +224,6 @@ impl<P: Publisher> Relay<P> {
         let deleted = self
             .delete_published(bucket, &sequences, limits.delete)
             .await;
-        if deleted > 0 {
-            self.publisher.deleted(bucket, &sequences[..deleted]);
-        }
         if let Some(first) = sequences.first() {
             debug!(
                 bucket,

@@ -182,14 +182,12 @@ impl DynamoDbOutboxStore {
             .send()
             .await
             .map_err(|e| from_sdk("DescribeTable", e))?;
-        out.table
-            .and_then(|t| t.table_arn)
-            .ok_or_else(|| {
-                crate::Error::misconfigured(format!(
-                    "DescribeTable of {} gave no table ARN",
-                    self.options.table_name
-                ))
-            })
+        out.table.and_then(|t| t.table_arn).ok_or_else(|| {
+            crate::Error::misconfigured(format!(
+                "DescribeTable of {} gave no table ARN",
+                self.options.table_name
+            ))
+        })
     }
 
     /// The DynamoDB client.
