@@ -5,13 +5,16 @@ Conditions evaluated, what they leave out removed), and checked for what the use
 see in the deployed stack:
 
   - the relay's grants: kafka-cluster only with MskClusterArn, on that cluster and its
-    KafkaTopics topics; secretsmanager:GetSecretValue on exactly the named Kafka secrets;
+    KafkaTopics topics, and with Delivery=exactly-once also on the outbox's transactional
+    ids and groups and the watermark topic; dynamodb:DescribeTable with exactly-once only;
+    secretsmanager:GetSecretValue on exactly the named Kafka secrets;
     their KMS key only with a secret; every DynamoDB item grant of the stack (relay,
     enqueue function, OutboxWriterPolicy) limited to dynamodb:LeadingKeys {KeyPrefix}#*;
     the table key through DynamoDB only with TableKmsKeyArn;
   - VpcConfig and the VPC execution policy together, only with SubnetIds;
   - the functions' Kafka and table variables, the relay's poison policy (PutItem only
-    with quarantine-after) and memory;
+    with quarantine-after), delivery mode (OUTBOX_DELIVERY and OUTBOX_WATERMARK_TOPIC with
+    exactly-once only) and memory;
   - the table: created or not, its stream, SSE with the customer managed key, PITR;
   - the alarms: always there (the enqueue function's with it), actions only with
     AlarmTopicArn;
@@ -108,6 +111,33 @@ SETUPS: dict[str, dict] = {
     "enqueue-callers-in-other-accounts": {**VPC, "MskClusterArn": MSK,
                                           "EnqueueCallerAccountIds": "111122223333,444455556666",
                                           "KafkaBootstrapServers": "b-1:9098"},
+    # Delivery=exactly-once: with MSK IAM the transactional grants on the cluster's ids,
+    # groups and watermark topic; without MskClusterArn (SCRAM, mutual TLS, another Kafka:
+    # ACLs authorize) DescribeTable alone.
+    "exactly-once-msk-iam": {**VPC, "MskClusterArn": MSK, "Delivery": "exactly-once",
+                             "KafkaBootstrapServers": "b-1:9098"},
+    "exactly-once-msk-iam-existing-table": {**VPC, "MskClusterArn": MSK, "Delivery": "exactly-once",
+                                            "WatermarkTopic": "orders.outbox-watermarks",
+                                            "UseExistingTable": "true", "TableName": "shared-table",
+                                            "KeyPrefix": "orders.v1", "WakeOn": "schedule",
+                                            "KafkaBootstrapServers": "b-1:9098"},
+    "exactly-once-msk-serverless-iam": {**VPC, "MskClusterArn": MSK_SERVERLESS,
+                                        "Delivery": "exactly-once",
+                                        "KafkaBootstrapServers":
+                                            "boot-abc.c1.kafka-serverless.eu-west-1.amazonaws.com:9098"},
+    "exactly-once-msk-scram-without-cluster-arn": {**VPC, "KafkaAuth": "scram-sha-512",
+                                                   "Delivery": "exactly-once",
+                                                   "KafkaSaslSecretArn": SASL,
+                                                   "KafkaSecretsKmsKeyArn": KEY,
+                                                   "KafkaBootstrapServers": "b-1:9096"},
+    "exactly-once-self-managed-mtls": {**VPC, "KafkaAuth": "mtls", "Delivery": "exactly-once",
+                                       "KafkaTlsCaSecretArn": CA, "KafkaTlsClientSecretArn": CLIENT,
+                                       "KafkaBootstrapServers": "kafka-1.internal:9093"},
+    # A watermark topic given with at-least-once is ignored: no variable, no grant.
+    "at-least-once-with-a-watermark-topic": {**VPC, "MskClusterArn": MSK,
+                                             "Delivery": "at-least-once",
+                                             "WatermarkTopic": "orders.outbox-watermarks",
+                                             "KafkaBootstrapServers": "b-1:9098"},
 }
 
 # Combinations the Rules refuse, with a word of the message the user gets.
@@ -134,6 +164,9 @@ REFUSED: dict[str, tuple[dict, str]] = {
                                         "give SubnetIds too"),
     "an empty topic entry": ({"MskClusterArn": MSK, "KafkaTopics": "orders,",
                               "KafkaBootstrapServers": "b:9098"}, "none empty"),
+    "a watermark topic named '..'": ({"MskClusterArn": MSK, "Delivery": "exactly-once",
+                                      "WatermarkTopic": "..", "KafkaBootstrapServers": "b:9098"},
+                                     "cannot be"),
 }
 
 # The alarms every deployment has; the enqueue function's with the function.
@@ -153,6 +186,20 @@ ITEM_ACTIONS = {"dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "
                 "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem",
                 "dynamodb:ConditionCheckItem"}
 VPC_POLICY = "arn:aws:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"
+# The relay's kafka-cluster actions and the resource kind each is granted on: with
+# MskClusterArn, and (EXACTLY_ONCE_KAFKA) with Delivery=exactly-once too.
+MSK_KAFKA = {"kafka-cluster:Connect": "cluster", "kafka-cluster:DescribeCluster": "cluster",
+             "kafka-cluster:DescribeTopic": "topics", "kafka-cluster:WriteData": "topics"}
+EXACTLY_ONCE_KAFKA = {"kafka-cluster:DescribeTransactionalId": "transactional-ids",
+                      "kafka-cluster:AlterTransactionalId": "transactional-ids",
+                      "kafka-cluster:DescribeGroup": "groups",
+                      "kafka-cluster:AlterGroup": "groups",
+                      # The watermark topic: DescribeTopic here too (a statement of its own).
+                      "kafka-cluster:ReadData": "watermark-topic"}
+# Transactional ids and groups: dynamo-outbox.{table name}.{16 hex digits}.{bucket}
+# (dynamo_outbox::protocol::watermark).
+KAFKA_NAME_PREFIX = "dynamo-outbox"
+DEFAULT_WATERMARK_TOPIC = "dynamo-outbox-watermarks"
 
 
 def check(cond, what):
@@ -226,12 +273,15 @@ def check_setup(name: str, p: dict, t: dict) -> None:
     relay_role = res["RelayFunctionRole"]
     relay = statements(relay_role)
 
-    # kafka-cluster: only with MskClusterArn, on that cluster and its topics.
+    # kafka-cluster: only with MskClusterArn, on that cluster and its topics; with
+    # Delivery=exactly-once also on the outbox's transactional ids, groups and watermark
+    # topic (check_exactly_once).
     kafka = granted(relay, "kafka-cluster:")
+    exactly_once = get("Delivery", "at-least-once") == "exactly-once"
     if msk:
-        eq(sorted(a for s in kafka for a in actions(s)),
-           ["kafka-cluster:Connect", "kafka-cluster:DescribeCluster",
-            "kafka-cluster:DescribeTopic", "kafka-cluster:WriteData"], "kafka-cluster actions")
+        want_actions = sorted(list(MSK_KAFKA) + (list(EXACTLY_ONCE_KAFKA) + ["kafka-cluster:DescribeTopic"]
+                                                 if exactly_once else []))
+        eq(sorted(a for s in kafka for a in actions(s)), want_actions, "kafka-cluster actions")
         cluster = [s for s in kafka if "kafka-cluster:Connect" in actions(s)][0]
         eq(cluster["Resource"], msk, "the cluster")
         topics = [s for s in kafka if "kafka-cluster:WriteData" in actions(s)][0]
@@ -240,6 +290,7 @@ def check_setup(name: str, p: dict, t: dict) -> None:
            "one topic ARN per KafkaTopics entry")
     else:
         eq(kafka, [], "no kafka-cluster permission without MskClusterArn")
+    check_exactly_once(p, relay, created)
 
     # Secrets: exactly the named ones; their key via Secrets Manager only with one.
     named = [get(k) for k in ("KafkaSaslSecretArn", "KafkaTlsCaSecretArn",
@@ -281,6 +332,11 @@ def check_setup(name: str, p: dict, t: dict) -> None:
             eq(s["Resource"], table_arn, f"{who}: on the table")
         for s in granted(stmts, "dynamodb:"):
             check(not (actions(s) & {"dynamodb:Scan", "dynamodb:*"}), f"{who}: no Scan")
+            if actions(s) == {"dynamodb:DescribeTable"}:
+                # A table action (no item key): the relay's, with exactly-once only
+                # (check_exactly_once).
+                check(who == "relay" and exactly_once, f"{who}: DescribeTable")
+                continue
             if not actions(s) & ITEM_ACTIONS:
                 check(stream and all(a.startswith("dynamodb:") and "Stream" in a
                                      or a in ("dynamodb:GetRecords", "dynamodb:GetShardIterator")
@@ -322,6 +378,12 @@ def check_setup(name: str, p: dict, t: dict) -> None:
                        ("KAFKA_TLS_CLIENT_SECRET_ARN", "KafkaTlsClientSecretArn")):
         eq(env.get(var), get(param) or None, var)
     eq(env["OUTBOX_KEY_PREFIX"], prefix, "OUTBOX_KEY_PREFIX")
+    # The delivery mode: set with exactly-once only (the relay's default is at-least-once),
+    # the watermark topic with it.
+    eq(env.get("OUTBOX_DELIVERY"), "exactly-once" if exactly_once else None, "OUTBOX_DELIVERY")
+    eq(env.get("OUTBOX_WATERMARK_TOPIC"),
+       get("WatermarkTopic", DEFAULT_WATERMARK_TOPIC) if exactly_once else None,
+       "OUTBOX_WATERMARK_TOPIC")
     # The poison policy; PutItem of dead letters under every policy (an unpublishable
     # record is moved aside under block too), of continuations with the doorbell.
     policy = get("PoisonPolicy", "block")
@@ -343,6 +405,8 @@ def check_setup(name: str, p: dict, t: dict) -> None:
     if enqueue:
         envq = res["EnqueueFunction"]["Properties"]["Environment"]["Variables"]
         check(not any(k.startswith("KAFKA_") for k in envq), "the enqueue function has no Kafka")
+        check(not {"OUTBOX_DELIVERY", "OUTBOX_WATERMARK_TOPIC"} & set(envq),
+              "the delivery mode is the relay's only")
 
     # The table.
     if created:
@@ -412,6 +476,50 @@ def check_setup(name: str, p: dict, t: dict) -> None:
     eq(set(out), want, "outputs")
     for k, o in out.items():
         eq(o["Export"]["Name"], f"{STACK}-{k}", f"{k} exported")
+
+
+def check_exactly_once(p: dict, relay: list[dict], created: bool) -> None:
+    """Delivery=exactly-once and only it: OUTBOX_DELIVERY and OUTBOX_WATERMARK_TOPIC in the
+    relay's environment (is_set_in check_setup), DescribeTable on the table, and with
+    MskClusterArn each transactional action on its own resource, in the cluster's
+    partition, region and account: the transactional ids and groups of this stack's
+    table (dynamo-outbox.{table}.*), and the watermark topic. Nothing of it otherwise."""
+    get = lambda k, d="": p.get(k, d)  # noqa: E731
+    exactly_once = get("Delivery", "at-least-once") == "exactly-once"
+    msk = get("MskClusterArn")
+    describe = [s for s in relay if "dynamodb:DescribeTable" in actions(s)]
+    transactional = [s for s in relay if actions(s) & set(EXACTLY_ONCE_KAFKA)]
+    if not exactly_once:
+        eq(describe, [], "no DescribeTable without exactly-once")
+        eq(transactional, [], "no transactional, group or ReadData grant without exactly-once")
+        return
+    table_arn = ({"Fn::GetAtt": ["OutboxTable", "Arn"]} if created else
+                 f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{get('TableName')}")
+    eq([(actions(s), s["Resource"], s.get("Condition")) for s in describe],
+       [({"dynamodb:DescribeTable"}, table_arn, None)], "DescribeTable on the table only")
+    if not msk:
+        eq(transactional, [], "no kafka-cluster grant of transactions without MskClusterArn")
+        return
+    table = "${OutboxTable}" if created else get("TableName")
+
+    def arn(kind: str, name: str):
+        text = f"{msk.replace(':cluster/', f':{kind}/')}/{name}"
+        # A created table's name is known at deploy time only: a kept Fn::Sub.
+        return {"Fn::Sub": text} if "${" in text else text
+
+    want = {
+        "transactional-ids": arn("transactional-id", f"{KAFKA_NAME_PREFIX}.{table}.*"),
+        "groups": arn("group", f"{KAFKA_NAME_PREFIX}.{table}.*"),
+        "watermark-topic": arn("topic", get("WatermarkTopic", DEFAULT_WATERMARK_TOPIC)),
+    }
+    for action, kind in EXACTLY_ONCE_KAFKA.items():
+        where = [s["Resource"] for s in relay if action in actions(s)]
+        eq(where, [want[kind]], f"{action} on the {kind} only")
+    watermark = [s for s in relay if "kafka-cluster:ReadData" in actions(s)]
+    eq(actions(watermark[0]), {"kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"},
+       "DescribeTopic and ReadData on the watermark topic")
+    check("kafka-cluster:WriteDataIdempotently" not in json.dumps(relay),
+          "no WriteDataIdempotently (a transactional producer is authorized on its id)")
 
 
 def check_rules(name: str, params: dict, tpl: cfn_template.Template) -> None:
@@ -621,6 +729,64 @@ def test_secret_arns_must_be_full(param):
                 SECRET + "AmazonMSK_orders-*", SECRET + "AmazonMSK_orders-AbCdEf ",
                 "AmazonMSK_orders-AbCdEf", f"arn:aws:kms:{REGION}:{ACCOUNT}:key/x-AbCdEf"):
         check(not allowed(param, bad), f"{param}: {bad!r} refused")
+
+
+def test_watermark_topic_is_a_kafka_topic_name():
+    """WatermarkTopic: Kafka's topic names (1 to 249 letters, digits, '.', '_', '-'; not '.'
+    or '..', which the rule WatermarkTopicIsAKafkaName refuses), and no IAM wildcard: the
+    name is the relay's topic ARN as is."""
+    for ok in ("dynamo-outbox-watermarks", "orders.outbox_watermarks-2", "a", "x" * 249, "..."):
+        check(allowed("WatermarkTopic", ok), f"{ok!r} accepted")
+    for bad in ("", "x" * 250, "orders/watermarks", "watermarks*", "water?marks", "a b", "é"):
+        check(not allowed("WatermarkTopic", bad), f"{bad!r} refused")
+    for name in (".", ".."):
+        check_refused(f"WatermarkTopic {name!r}", {"MskClusterArn": MSK, "WatermarkTopic": name,
+                                                   "KafkaBootstrapServers": "b:9098"}, "cannot be")
+
+
+EXACTLY_ONCE_SIDS = {"ExactlyOnceTableArn", "MskTransactionalIds", "MskWatermarkGroups",
+                     "MskWatermarkTopic"}
+
+
+@pytest.mark.parametrize("label,params", [
+    ("msk-iam", {**VPC, "MskClusterArn": MSK, "KafkaBootstrapServers": "b-1:9098"}),
+    ("scram-without-cluster-arn", {"KafkaAuth": "scram-sha-512", "KafkaSaslSecretArn": SASL,
+                                   "KafkaBootstrapServers": "b-1:9096"}),
+])
+def test_exactly_once_adds_its_grants_and_variables_and_nothing_else(label, params):
+    """The same deployment in both modes: exactly-once's relay role is at-least-once's plus
+    exactly its own statements (DescribeTable; with MskClusterArn the transactional ids,
+    groups and watermark topic), its environment plus OUTBOX_DELIVERY and
+    OUTBOX_WATERMARK_TOPIC, and every other resource is the same. The default (Delivery
+    unset) is at-least-once to the byte."""
+    default, _ = deployed({**BASE, **params})
+    at_least_once, _ = deployed({**BASE, **params, "Delivery": "at-least-once"})
+    exactly_once, _ = deployed({**BASE, **params, "Delivery": "exactly-once"})
+    eq(json.dumps(at_least_once, sort_keys=True), json.dumps(default, sort_keys=True),
+       "Delivery=at-least-once is the default deployment")
+    relay_default = statements(default["Resources"]["RelayFunctionRole"])
+    relay_eo = statements(exactly_once["Resources"]["RelayFunctionRole"])
+    added = [s for s in relay_eo if s.get("Sid") in EXACTLY_ONCE_SIDS]
+    eq({s["Sid"] for s in added},
+       EXACTLY_ONCE_SIDS if params.get("MskClusterArn") else {"ExactlyOnceTableArn"},
+       "exactly-once's statements")
+    eq([s for s in relay_eo if s.get("Sid") not in EXACTLY_ONCE_SIDS], relay_default,
+       "every other statement as in at-least-once")
+    check(not [s for s in relay_default if s.get("Sid") in EXACTLY_ONCE_SIDS],
+          "at-least-once has none of them")
+    env_default = default["Resources"]["RelayFunction"]["Properties"]["Environment"]["Variables"]
+    env_eo = exactly_once["Resources"]["RelayFunction"]["Properties"]["Environment"]["Variables"]
+    eq(env_eo, {**env_default, "OUTBOX_DELIVERY": "exactly-once",
+                "OUTBOX_WATERMARK_TOPIC": DEFAULT_WATERMARK_TOPIC}, "the relay's environment")
+    for name in set(default["Resources"]) | set(exactly_once["Resources"]):
+        if name in ("RelayFunctionRole", "RelayFunction"):
+            continue
+        eq(exactly_once["Resources"].get(name), default["Resources"].get(name), name)
+    fn_default = {k: v for k, v in default["Resources"]["RelayFunction"]["Properties"].items()
+                  if k != "Environment"}
+    fn_eo = {k: v for k, v in exactly_once["Resources"]["RelayFunction"]["Properties"].items()
+             if k != "Environment"}
+    eq(fn_eo, fn_default, "the relay function apart from its environment")
 
 
 def test_alarm_topic_must_be_a_standard_topic():

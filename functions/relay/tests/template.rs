@@ -185,6 +185,14 @@ fn the_relay_gets_exactly_its_actions() {
             "dynamodb:GetRecords",
             "dynamodb:GetShardIterator",
             "dynamodb:ListStreams",
+            // Only with Delivery=exactly-once: the table's ARN, and with MskClusterArn the
+            // transactional ids, groups and watermark topic (see below).
+            "dynamodb:DescribeTable",
+            "kafka-cluster:DescribeTransactionalId",
+            "kafka-cluster:AlterTransactionalId",
+            "kafka-cluster:DescribeGroup",
+            "kafka-cluster:AlterGroup",
+            "kafka-cluster:ReadData",
         ])
     );
 }
@@ -1784,4 +1792,242 @@ fn direct_writers_get_a_managed_policy_with_the_writers_actions() {
         assert!(pk.starts_with(&format!("{}#", keys.prefix)), "{pk}");
     }
     assert!(t.contains("\n  OutboxWriterPolicyArn:\n"));
+}
+
+/// The statement `sid` of the relay's role: its `!If` condition (the line after `- !If`),
+/// its actions, and its text.
+fn relay_statement(t: &str, sid: &str) -> (String, BTreeSet<String>, String) {
+    let role = resource(t, "RelayFunctionRole");
+    let text = conditional_policy(&role, sid);
+    let condition = text
+        .lines()
+        .nth(1)
+        .map(|l| l.trim().trim_start_matches("- ").to_owned())
+        .unwrap_or_default();
+    let statement = statement(&role, sid);
+    let actions = actions(&statement.lines().collect::<Vec<_>>());
+    (condition, actions, statement)
+}
+
+/// Exactly-once delivery is opt-in (`Delivery`, default at-least-once, the library's own
+/// default and spelling) and brings its grants with it and only with it: the relay's
+/// environment gets OUTBOX_DELIVERY and OUTBOX_WATERMARK_TOPIC (the library's variables)
+/// under `ExactlyOnce` only; `dynamodb:DescribeTable` (which the store calls for the table's
+/// ARN) under `ExactlyOnce`; the transactional ids, groups and watermark topic under
+/// `ExactlyOnceOnMsk` (exactly-once with MskClusterArn) only, their names the library's
+/// (`dynamo-outbox.{table}.{id}.{bucket}`, matched by the grant of this stack's table and
+/// not another's). e2e/test_template.py checks each deployed setup.
+#[test]
+fn exactly_once_is_opt_in_and_brings_its_grants_only_with_it() {
+    use dynamo_outbox::protocol::watermark::{
+        OutboxIdentity, DEFAULT_WATERMARK_TOPIC, KAFKA_NAME_PREFIX,
+    };
+    use dynamo_outbox::publish::{env, Delivery};
+    let t = template();
+    let parameters = section(&t, "Parameters");
+
+    // Delivery: the library's two modes, spelled as it parses and prints them; the default
+    // is the library's default.
+    let delivery = entry(&parameters, "Delivery");
+    assert_eq!(value(&delivery, "Default"), Delivery::default().to_string());
+    assert_eq!(
+        value(&delivery, "AllowedValues"),
+        format!("[{}, {}]", Delivery::AtLeastOnce, Delivery::ExactlyOnce)
+    );
+    for mode in [Delivery::AtLeastOnce, Delivery::ExactlyOnce] {
+        assert_eq!(mode.to_string().parse::<Delivery>().unwrap(), mode);
+    }
+
+    // WatermarkTopic: the library's default, and an AllowedPattern that agrees with the
+    // library's topic rule (but '.' and '..', which the rule WatermarkTopicIsAKafkaName
+    // refuses) and admits no IAM wildcard.
+    let watermark = entry(&parameters, "WatermarkTopic");
+    assert_eq!(value(&watermark, "Default"), DEFAULT_WATERMARK_TOPIC);
+    let pattern = unquote(value(&watermark, "AllowedPattern"));
+    assert_eq!(pattern, "^[a-zA-Z0-9._-]{1,249}$");
+    let allowed = regex_lite_match(&pattern);
+    let long = "w".repeat(249);
+    let too_long = "w".repeat(250);
+    for name in [
+        DEFAULT_WATERMARK_TOPIC,
+        "orders.wm_2-x",
+        "...",
+        long.as_str(),
+        too_long.as_str(),
+        "",
+        "a*",
+        "a?",
+        "a/b",
+        "a b",
+        "é",
+    ] {
+        assert_eq!(
+            allowed(name),
+            dynamo_outbox::message::validate_topic(name).is_ok(),
+            "{name:?}"
+        );
+    }
+    let rule = entry(&section(&t, "Rules"), "WatermarkTopicIsAKafkaName");
+    for name in [".", ".."] {
+        assert!(allowed(name) && dynamo_outbox::message::validate_topic(name).is_err());
+        assert!(
+            rule.contains(&format!("!Equals [!Ref WatermarkTopic, \"{name}\"]")),
+            "{rule}"
+        );
+    }
+    assert!(
+        !rule.contains("RuleCondition"),
+        "the rule applies in both modes: {rule}"
+    );
+
+    // The conditions.
+    let conditions = section(&t, "Conditions");
+    assert_eq!(
+        entry(&conditions, "ExactlyOnce"),
+        format!("!Equals [!Ref Delivery, {}]", Delivery::ExactlyOnce)
+    );
+    assert_eq!(
+        entry(&conditions, "ExactlyOnceOnMsk"),
+        "!And\n- !Condition ExactlyOnce\n- !Condition HasMskCluster"
+    );
+
+    // The relay's environment: both variables with exactly-once only (at-least-once is the
+    // relay's default), the library's names; the Globals (the enqueue function's) have
+    // neither.
+    let relay = resource(&t, "RelayFunction").join("\n");
+    assert_eq!(
+        value(&relay, env::DELIVERY),
+        format!(
+            "!If [ExactlyOnce, {}, !Ref AWS::NoValue]",
+            Delivery::ExactlyOnce
+        )
+    );
+    assert_eq!(
+        value(&relay, env::WATERMARK_TOPIC),
+        "!If [ExactlyOnce, !Ref WatermarkTopic, !Ref AWS::NoValue]"
+    );
+    for var in [env::DELIVERY, env::WATERMARK_TOPIC] {
+        assert_eq!(t.matches(&format!("{var}:")).count(), 1, "{var}");
+    }
+
+    // DescribeTable: exactly-once only, on the table only; the store calls it (once per
+    // process, for the table's ARN).
+    let (condition, granted, text) = relay_statement(&t, "ExactlyOnceTableArn");
+    assert_eq!(condition, "ExactlyOnce");
+    assert_eq!(granted, set(&["dynamodb:DescribeTable"]));
+    assert_contains_all(
+        &text,
+        &[
+            "- !GetAtt OutboxTable.Arn",
+            "- !Sub \"arn:${AWS::Partition}:dynamodb:${AWS::Region}:${AWS::AccountId}:table/${TableName}\"",
+        ],
+    );
+    assert!(
+        !text.contains('*') && !text.contains("Condition:"),
+        "{text}"
+    );
+    let store = std::fs::read_to_string(root().join("lib/src/protocol/store/mod.rs")).unwrap();
+    assert!(
+        store.contains(".describe_table()"),
+        "the store reads the table's ARN"
+    );
+
+    // The Kafka grants of transactions: exactly-once with MskClusterArn only, each on its
+    // resource, built from MskClusterArn as the topic ARNs are.
+    let prefix = format!("{KAFKA_NAME_PREFIX}.");
+    for (sid, kind, actions_wanted, names) in [
+        (
+            "MskTransactionalIds",
+            "transactional-id",
+            &[
+                "kafka-cluster:DescribeTransactionalId",
+                "kafka-cluster:AlterTransactionalId",
+            ][..],
+            &["TransactionalIds"][..],
+        ),
+        (
+            "MskWatermarkGroups",
+            "group",
+            &["kafka-cluster:DescribeGroup", "kafka-cluster:AlterGroup"][..],
+            &["Groups"][..],
+        ),
+        (
+            "MskWatermarkTopic",
+            "topic",
+            &["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"][..],
+            &["Topics"][..],
+        ),
+    ] {
+        let (condition, granted, text) = relay_statement(&t, sid);
+        assert_eq!(condition, "ExactlyOnceOnMsk", "{sid}");
+        assert_eq!(granted, set(actions_wanted), "{sid}");
+        assert!(
+            !text.contains("AWS::Region") && !text.contains("AWS::AccountId"),
+            "{text}"
+        );
+        let var = names[0];
+        let base =
+            format!("{var}: !Join [\":{kind}/\", !Split [\":cluster/\", !Ref MskClusterArn]]");
+        if kind == "topic" {
+            assert_eq!(text.matches(&base).count(), 1, "{text}");
+            assert!(text.contains("- \"${Topics}/${WatermarkTopic}\""), "{text}");
+        } else {
+            // This stack's table: its created name, or TableName.
+            assert_eq!(text.matches(&base).count(), 2, "{text}");
+            assert_contains_all(
+                &text,
+                &[
+                    "- CreateTable",
+                    &format!("- \"${{{var}}}/{prefix}${{OutboxTable}}.*\""),
+                    &format!("- \"${{{var}}}/{prefix}${{TableName}}.*\""),
+                ],
+            );
+        }
+    }
+    // No other kafka-cluster grant depends on the mode, and no WriteDataIdempotently: a
+    // transactional producer is authorized on its transactional id.
+    assert!(
+        !actions(&t.lines().collect::<Vec<_>>()).contains("kafka-cluster:WriteDataIdempotently")
+    );
+    for sid in ["MskCluster", "MskTopics"] {
+        let (condition, _, _) = relay_statement(&t, sid);
+        assert_eq!(condition, "HasMskCluster", "{sid}");
+    }
+
+    // The grant's names match the library's transactional ids and groups of this table,
+    // every bucket, and not those of another table (nor the bare prefix).
+    let cluster = "arn:aws-cn:kafka:cn-north-1:111122223333:cluster/orders/abcd-1";
+    let table_arn = "arn:aws-cn:dynamodb:cn-north-1:111122223333:table/orders-outbox";
+    let identity = OutboxIdentity::new(table_arn, "OUTBOX");
+    let granted_pattern = |kind: &str| {
+        format!(
+            "{}/{prefix}orders-outbox.",
+            cluster
+                .split(":cluster/")
+                .collect::<Vec<_>>()
+                .join(&format!(":{kind}/"))
+        )
+    };
+    for bucket in [0, 7, 9_999_998] {
+        for (kind, name) in [
+            ("transactional-id", identity.transactional_id(bucket)),
+            ("group", identity.group_id(bucket)),
+        ] {
+            let arn = format!(
+                "{}/{name}",
+                cluster
+                    .split(":cluster/")
+                    .collect::<Vec<_>>()
+                    .join(&format!(":{kind}/"))
+            );
+            assert!(arn.starts_with(&granted_pattern(kind)), "{arn}");
+        }
+    }
+    let other = OutboxIdentity::new(
+        "arn:aws-cn:dynamodb:cn-north-1:111122223333:table/orders-outbox2",
+        "OUTBOX",
+    );
+    assert!(!other
+        .transactional_id(0)
+        .starts_with(&format!("{prefix}orders-outbox.")));
 }
