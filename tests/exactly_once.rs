@@ -141,6 +141,14 @@ async fn die_between_commit_and_delete(delivery: Delivery) -> (usize, usize, u64
     .await
     .expect("second relay");
     assert_eq!(second.published, 40, "{second:?}");
+    if let Some(counts) = second_publisher.transaction_counts() {
+        // Both buckets taken, every message covered by a watermark, nothing committed.
+        assert_eq!(
+            (counts.takes, counts.covered, counts.commits),
+            (2, 40, 0),
+            "{counts:?}"
+        );
+    }
     assert_eq!(pending_messages(&dynamodb().await, &options).await, 0);
     let records = read(&topic, COMMITTED);
     let deliveries = Deliveries::of(&records);
@@ -225,6 +233,12 @@ async fn a_new_producer_fences_the_old_and_covers_what_it_committed() {
         new.produce_requests() <= 2,
         "only 6-8 go out: {} requests",
         new.produce_requests()
+    );
+    let counts = new.transaction_counts().unwrap();
+    assert_eq!(
+        (counts.takes, counts.covered, counts.commits),
+        (1, 5, 1),
+        "{counts:?}"
     );
 
     // The old producer is fenced: its next transaction fails and commits nothing...

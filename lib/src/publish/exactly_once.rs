@@ -40,6 +40,36 @@ const MAX_TRANSACTIONS_PER_BATCH: usize = 3;
 pub(crate) struct ExactlyOnce {
     binding: Mutex<Option<Binding>>,
     buckets: Mutex<HashMap<u32, Arc<tokio::sync::Mutex<BucketTxn>>>>,
+    counts: Counters,
+}
+
+/// What an exactly-once publisher did, for benchmarks and tests
+/// ([`KafkaPublisher::transaction_counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TransactionCounts {
+    /// Buckets taken: `FindCoordinator` and `InitProducerId` for the transactional id,
+    /// `FindCoordinator` and `OffsetFetch` for the group (connections cached aside).
+    pub takes: u64,
+    /// Transactions committed: each sent `AddPartitionsToTxn`, its produce requests,
+    /// `AddOffsetsToTxn`, `TxnOffsetCommit` and `EndTxn`.
+    pub commits: u64,
+    /// Transactions aborted or abandoned (the bucket then taken again).
+    pub aborts: u64,
+    /// Messages counted as published because a watermark covered them (not sent).
+    pub covered: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    takes: std::sync::atomic::AtomicU64,
+    commits: std::sync::atomic::AtomicU64,
+    aborts: std::sync::atomic::AtomicU64,
+    covered: std::sync::atomic::AtomicU64,
+}
+
+fn bump(counter: &std::sync::atomic::AtomicU64, n: u64) {
+    counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[derive(Debug, Clone)]
@@ -90,6 +120,16 @@ impl ExactlyOnce {
                 .entry(bucket)
                 .or_default(),
         )
+    }
+
+    pub(crate) fn counts(&self) -> TransactionCounts {
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        TransactionCounts {
+            takes: get(&self.counts.takes),
+            commits: get(&self.counts.commits),
+            aborts: get(&self.counts.aborts),
+            covered: get(&self.counts.covered),
+        }
     }
 
     fn binding(&self) -> Option<Binding> {
@@ -189,6 +229,7 @@ impl KafkaPublisher {
         let mut slot = slot.lock().await;
         let deadline = until.min(Instant::now() + self.config().publish_timeout);
         if slot.taken.is_none() {
+            bump(&eo.counts.takes, 1);
             match tokio::time::timeout_at(deadline, self.take(&binding, bucket)).await {
                 Ok(Ok(taken)) => slot.taken = Some(taken),
                 Ok(Err(e)) => return PublishOutcome::failed(e),
@@ -203,6 +244,8 @@ impl KafkaPublisher {
             return PublishOutcome::failed(Error::DeadlineExceeded("taking a bucket"));
         };
         let split = reconcile(&mut taken.watermark, batch);
+        let covered = (batch.len() - split.to_publish.len()) as u64;
+        bump(&eo.counts.covered, covered);
         if split.to_publish.is_empty() {
             debug!(
                 bucket,
@@ -250,9 +293,13 @@ impl KafkaPublisher {
                 }),
             };
             let f = match result {
-                Ok(()) => return PublishOutcome::new(end, limit_error),
+                Ok(()) => {
+                    bump(&eo.counts.commits, 1);
+                    return PublishOutcome::new(end, limit_error);
+                }
                 Err(f) => f,
             };
+            bump(&eo.counts.aborts, 1);
             if f.retake {
                 slot.taken = None;
                 return PublishOutcome::new(split.leading_covered, Some(f.error));

@@ -260,6 +260,12 @@ impl KafkaPublisher {
             .map(|m| m.partition_count))
     }
 
+    /// Exactly once: what the transactional producers did so far; `None` in at-least-once
+    /// mode.
+    pub fn transaction_counts(&self) -> Option<super::TransactionCounts> {
+        self.inner.exactly_once.as_ref().map(ExactlyOnce::counts)
+    }
+
     /// The rskafka client (exactly once: the transactional producers and offset fetches).
     pub(super) fn client(&self) -> &Client {
         &self.inner.client

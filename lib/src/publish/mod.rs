@@ -56,6 +56,7 @@ mod span;
 mod tls;
 
 pub use config::{Delivery, KafkaAuth, KafkaCompression, KafkaConfig, DEFAULT_MESSAGE_ID_HEADER};
+pub use exactly_once::TransactionCounts;
 pub use kafka::KafkaPublisher;
 pub use lazy::{LazyKafkaPublisher, CONNECT_TIMEOUT, RECONNECT_PAUSE};
 pub use msk_iam::MskIamTokenProvider;
