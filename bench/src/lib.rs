@@ -17,10 +17,13 @@
 //! - [`footprint`]: binary sizes, peak RSS and CPU per 10,000 messages of a relay process.
 //! - [`enqueue`]: enqueue throughput from concurrent writers.
 //! - [`compression`]: produce-request bytes and publisher CPU per `KAFKA_COMPRESSION` codec.
+//! - [`delivery`]: exactly once against at least once: throughput, requests per message,
+//!   a fresh relay's first messages.
 
 pub mod accounting;
 pub mod classify;
 pub mod compression;
+pub mod delivery;
 pub mod drain;
 pub mod enqueue;
 pub mod footprint;

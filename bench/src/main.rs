@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use outbox_bench::support::Result;
-use outbox_bench::{accounting, compression, drain, enqueue, footprint, latency, scale};
+use outbox_bench::{accounting, compression, delivery, drain, enqueue, footprint, latency, scale};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -52,6 +52,28 @@ enum Command {
         /// Raw/relay pairs, alternating (2: raw, relay, relay, raw).
         #[arg(long, default_value_t = 4)]
         pairs: usize,
+    },
+    /// Exactly once against at least once: drain throughput, requests per message, a
+    /// fresh relay's first messages.
+    Delivery {
+        /// Messages in each backlog (20,000; small: 2,000).
+        #[arg(long)]
+        messages: Option<u64>,
+        /// Bytes per message value.
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        /// Buckets.
+        #[arg(long, default_value_t = 8)]
+        buckets: u32,
+        /// Partitions of the topic.
+        #[arg(long, default_value_t = 8)]
+        partitions: i32,
+        /// Pairs of runs, alternating.
+        #[arg(long, default_value_t = 3)]
+        pairs: usize,
+        /// Fresh relays timed per mode.
+        #[arg(long, default_value_t = 5)]
+        fresh: usize,
     },
     /// Request accounting: steady drain, enqueue, idle relay against the formula.
     Accounting {
@@ -228,6 +250,18 @@ async fn main() -> Result<()> {
                 )
                 .await,
             );
+            report(
+                "delivery",
+                delivery::run(&delivery::DeliveryArgs {
+                    messages: pick(None, s, 20_000, 2_000),
+                    size: 1024,
+                    buckets: 8,
+                    partitions: 8,
+                    pairs: pick(None, s, 3, 1),
+                    fresh: pick(None, s, 5, 2),
+                })
+                .await,
+            );
         }
         Command::Drain {
             messages,
@@ -250,6 +284,24 @@ async fn main() -> Result<()> {
                 pairs,
             };
             drain::run(&args).await?;
+        }
+        Command::Delivery {
+            messages,
+            size,
+            buckets,
+            partitions,
+            pairs,
+            fresh,
+        } => {
+            let args = delivery::DeliveryArgs {
+                messages: pick(messages, s, 20_000, 2_000),
+                size,
+                buckets,
+                partitions,
+                pairs,
+                fresh,
+            };
+            delivery::run(&args).await?;
         }
         Command::Accounting {
             messages,
