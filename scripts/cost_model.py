@@ -18,6 +18,9 @@ Modes (the template's, with WakeOn and RelayIdleStop):
      from template.yaml (BatchSize 100 unless --stream-batch-size, window 0 s unless --stream-window, record age
      60 s, no retries, its filter) invoking the function synchronously (WakeOn=stream,
      the template's default)
+--delivery exactly-once runs the relay with OUTBOX_DELIVERY=exactly-once (and a watermark
+topic made for the run).
+
 Every mode: relay timeout 70 s, 256 MB, max concurrency 5 (ReservedConcurrentExecutions),
 OUTBOX_MAX_RUN_TIME=900s and OUTBOX_SHUTDOWN_MARGIN=3s (the template's), the schedule's
 payload {"source":"dynamo-outbox.schedule"} as an asynchronous invocation with the
@@ -445,7 +448,10 @@ class Emulator:
                "--env", f"OUTBOX_BUCKET_COUNT={BUCKETS}",
                "--env", f"OUTBOX_IDLE_STOP={mode['idle_stop']}",
                "--env", "OUTBOX_MAX_RUN_TIME=900s",
-               "--env", "OUTBOX_SHUTDOWN_MARGIN=3s"]
+               "--env", "OUTBOX_SHUTDOWN_MARGIN=3s",
+               *(["--env", "OUTBOX_DELIVERY=exactly-once",
+                  "--env", f"OUTBOX_WATERMARK_TOPIC={args.watermark_topic}"]
+                 if args.delivery == "exactly-once" else [])]
         self.started = time.time()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.stderr,
                                      start_new_session=True)
@@ -1457,6 +1463,10 @@ def main() -> int:
     p.add_argument("--stationary-loads", default="steady",
                    help="loads that run from the warm-up until the window's invocations have "
                         "ended (default: steady; empty: none)")
+    p.add_argument("--delivery", choices=("at-least-once", "exactly-once"),
+                   default="at-least-once",
+                   help="the relay's OUTBOX_DELIVERY (exactly-once: a watermark topic is "
+                   "created for the run)")
     p.add_argument("--writers", type=int, default=8)
     p.add_argument("--keys", type=int, default=32)
     p.add_argument("--partitions", type=int, default=8)
@@ -1507,6 +1517,10 @@ def main() -> int:
     for x in loads:
         if x not in ("idle", "trickle", "steady"):
             p.error(f"unknown load {x}")
+    args.watermark_topic = None
+    if args.delivery == "exactly-once":
+        args.watermark_topic = f"cost-watermarks-{uuid.uuid4().hex[:8]}"
+        create_topic(args.watermark_topic, 1)
     workdir = args.workdir or tempfile.mkdtemp(prefix="cost-model-")
     os.makedirs(workdir, exist_ok=True)
     run_id = uuid.uuid4().hex[:6]
@@ -1523,7 +1537,8 @@ def main() -> int:
     result = {
         "run_id": run_id, "commit": commit,
         "started_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "argv": sys.argv[1:], "prices_usd": PRICES, "prices_read": PRICES_READ,
+        "argv": sys.argv[1:], "delivery": args.delivery,
+        "prices_usd": PRICES, "prices_read": PRICES_READ,
         "hours_per_month": HOURS_PER_MONTH,
         "load_average_start": os.getloadavg(), "cells": [],
     }
