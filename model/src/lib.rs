@@ -19,11 +19,17 @@
 //!   after a stall past the lease: the checker must find it when stalls are enabled);
 //! - every message is eventually published while a relay lives (checked on the paths
 //!   the bounded run explores to their end).
+//!
+//! [`exactly_once`] models the exactly-once design of `docs/protocol.md`, section 8, on
+//! the same rounds: Kafka's transactional producers and the watermark, and the relays'
+//! transactions, with the properties of that mode.
 
 use std::collections::BTreeSet;
 
 use dynamo_outbox::protocol::plan::{compute, LeaseView, PlanInput};
 use stateright::{Model, Property};
+
+pub mod exactly_once;
 
 /// Lease duration in ticks (one tick = one renew interval).
 pub const LEASE: u8 = 3;
