@@ -1176,7 +1176,7 @@ impl Model for ExactlyOnceModel {
                 |_, s: &EoState| s.did(Event::Resent),
             ));
         }
-        if self.late {
+        if self.late && self.messages >= 2 {
             properties.push(Property::sometimes(
                 "a late message is committed after a higher sequence number",
                 |_, s: &EoState| s.did(Event::Inverted),
