@@ -19,11 +19,17 @@
 //!   after a stall past the lease: the checker must find it when stalls are enabled);
 //! - every message is eventually published while a relay lives (checked on the paths
 //!   the bounded run explores to their end).
+//!
+//! [`exactly_once`] models the exactly-once design of `docs/protocol.md`, section 8, on
+//! the same rounds: Kafka's transactional producers and the watermark, and the relays'
+//! transactions, with the properties of that mode.
 
 use std::collections::BTreeSet;
 
 use dynamo_outbox::protocol::plan::{compute, LeaseView, PlanInput};
 use stateright::{Model, Property};
+
+pub mod exactly_once;
 
 /// Lease duration in ticks (one tick = one renew interval).
 pub const LEASE: u8 = 3;
@@ -157,15 +163,161 @@ pub enum Action {
     Crash(u8),
 }
 
-impl LeaseModel {
-    fn clock(&self, r: u8, t: u8) -> i16 {
-        i16::from(t) + i16::from(self.skew[r as usize])
+/// The lease half of a relay's round (heartbeat, read and plan, the planned writes), on the
+/// coordination items alone, so that both models run the same rounds.
+pub(crate) mod round {
+    use super::{compute, BTreeSet, LeaseView, Phase, PlanInput, Write, LEASE};
+
+    /// A lease item: owner and expiry (by the writer's clock).
+    pub(crate) type LeaseItem = (Option<u8>, i16);
+
+    /// The relay's clock at global time `t`.
+    pub(crate) fn clock(skew: &[i8], r: u8, t: u8) -> i16 {
+        i16::from(t) + i16::from(skew[r as usize])
     }
 
     fn id(r: u8) -> String {
         format!("r{r}")
     }
 
+    /// Relay `r` writes its heartbeat at global time `t`.
+    pub(crate) fn heartbeat(skew: &[i8], beats: &mut [Option<i16>], r: u8, t: u8) {
+        let now = clock(skew, r, t);
+        let beat = &mut beats[r as usize];
+        if beat.is_none_or(|seen| seen < now) {
+            *beat = Some(now);
+        }
+    }
+
+    /// Relay `r` reads the coordination items and plans at global time `t`: forgets the
+    /// buckets the read says it lost, and returns the phase with the planned writes.
+    pub(crate) fn plan(
+        relays: u8,
+        skew: &[i8],
+        leases: &[LeaseItem],
+        beats: &[Option<i16>],
+        owned: &mut [Option<u8>],
+        r: u8,
+        t: u8,
+    ) -> Phase {
+        let buckets = leases.len() as u8;
+        let now = clock(skew, r, t);
+        let active: Vec<String> = (0..relays)
+            .filter(|&p| beats[p as usize].is_some_and(|seen| now - seen < i16::from(LEASE)))
+            .map(id)
+            .collect();
+        let views: Vec<LeaseView> = leases
+            .iter()
+            .enumerate()
+            .filter(|(_, (owner, _))| owner.is_some())
+            .map(|(b, (owner, exp))| LeaseView {
+                bucket: b as u32,
+                owner: owner.map(id),
+                lapsed: *exp <= now,
+            })
+            .collect();
+        let me = id(r);
+        let plan = compute(&PlanInput {
+            bucket_count: u32::from(buckets),
+            me: &me,
+            active_relays: &active,
+            leases: &views,
+        });
+        let new = now + i16::from(LEASE);
+        // Buckets it believed it held but the read says otherwise: lost.
+        let planned: BTreeSet<u32> = plan.keep.iter().chain(&plan.release).copied().collect();
+        for b in 0..buckets {
+            if !planned.contains(&u32::from(b)) {
+                owned[b as usize] = None;
+            }
+        }
+        let mut writes = Vec::new();
+        for &b in &plan.keep {
+            let read = leases[b as usize].1;
+            if new > read {
+                writes.push(Write::Renew {
+                    bucket: b as u8,
+                    read,
+                    new,
+                });
+            }
+        }
+        for &b in &plan.release {
+            owned[b as usize] = None;
+            writes.push(Write::Release {
+                bucket: b as u8,
+                read: leases[b as usize].1,
+            });
+        }
+        for &b in &plan.claim {
+            writes.push(Write::Claim {
+                bucket: b as u8,
+                now,
+                new,
+            });
+        }
+        if writes.is_empty() {
+            Phase::Done
+        } else {
+            Phase::Writing { writes, sent: t }
+        }
+    }
+
+    /// Relay `r`'s next planned write lands (`lost`: its response never arrives). Returns
+    /// the relay's next phase; `None` when it has no write to send.
+    pub(crate) fn write(
+        phase: &Phase,
+        leases: &mut [LeaseItem],
+        owned: &mut [Option<u8>],
+        r: u8,
+        lost: bool,
+    ) -> Option<Phase> {
+        let Phase::Writing { writes, sent } = phase else {
+            return None;
+        };
+        let (write, rest) = writes.split_first()?;
+        let me = Some(r);
+        let valid_until = sent + LEASE;
+        match *write {
+            Write::Renew { bucket, read, new } => {
+                let lease = &mut leases[bucket as usize];
+                let ok = lease.0 == me && lease.1 == read;
+                if ok {
+                    lease.1 = new;
+                }
+                if !lost {
+                    owned[bucket as usize] = ok.then_some(valid_until);
+                }
+            }
+            Write::Release { bucket, read } => {
+                let lease = &mut leases[bucket as usize];
+                if lease.0 == me && lease.1 == read {
+                    lease.0 = None;
+                }
+            }
+            Write::Claim { bucket, now, new } => {
+                let lease = &mut leases[bucket as usize];
+                let ok = lease.0.is_none() || lease.1 <= now;
+                if ok {
+                    *lease = (me, new);
+                }
+                if !lost && ok {
+                    owned[bucket as usize] = Some(valid_until);
+                }
+            }
+        }
+        Some(if rest.is_empty() {
+            Phase::Done
+        } else {
+            Phase::Writing {
+                writes: rest.to_vec(),
+                sent: *sent,
+            }
+        })
+    }
+}
+
+impl LeaseModel {
     /// Whether the relay may publish bucket `b` now: the lease is valid for more than one
     /// renew interval by the monotonic clock, and the message is waiting.
     fn publishable(&self, s: &State, r: u8, b: u8) -> bool {
@@ -267,129 +419,25 @@ impl Model for LeaseModel {
                 }
             }
             Action::Heartbeat(r) => {
-                let now = self.clock(r, s.t);
-                let beat = &mut n.beats[r as usize];
-                if beat.is_none_or(|seen| seen < now) {
-                    *beat = Some(now);
-                }
+                round::heartbeat(&self.skew, &mut n.beats, r, s.t);
                 n.relays[r as usize].phase = Phase::Plan;
             }
             Action::Plan(r) => {
-                let now = self.clock(r, s.t);
-                let active: Vec<String> = (0..self.relays)
-                    .filter(|&p| {
-                        s.beats[p as usize].is_some_and(|seen| now - seen < i16::from(LEASE))
-                    })
-                    .map(Self::id)
-                    .collect();
-                let leases: Vec<LeaseView> = s
-                    .leases
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (owner, _))| owner.is_some())
-                    .map(|(b, (owner, exp))| LeaseView {
-                        bucket: b as u32,
-                        owner: owner.map(Self::id),
-                        lapsed: *exp <= now,
-                    })
-                    .collect();
-                let me = Self::id(r);
-                let plan = compute(&PlanInput {
-                    bucket_count: u32::from(self.buckets),
-                    me: &me,
-                    active_relays: &active,
-                    leases: &leases,
-                });
-                let new = now + i16::from(LEASE);
                 let relay = &mut n.relays[r as usize];
-                // Buckets it believed it held but the read says otherwise: lost.
-                let planned: BTreeSet<u32> =
-                    plan.keep.iter().chain(&plan.release).copied().collect();
-                for b in 0..self.buckets {
-                    if !planned.contains(&u32::from(b)) {
-                        relay.owned[b as usize] = None;
-                    }
-                }
-                let mut writes = Vec::new();
-                for &b in &plan.keep {
-                    let read = s.leases[b as usize].1;
-                    if new > read {
-                        writes.push(Write::Renew {
-                            bucket: b as u8,
-                            read,
-                            new,
-                        });
-                    }
-                }
-                for &b in &plan.release {
-                    relay.owned[b as usize] = None;
-                    writes.push(Write::Release {
-                        bucket: b as u8,
-                        read: s.leases[b as usize].1,
-                    });
-                }
-                for &b in &plan.claim {
-                    writes.push(Write::Claim {
-                        bucket: b as u8,
-                        now,
-                        new,
-                    });
-                }
-                relay.phase = if writes.is_empty() {
-                    Phase::Done
-                } else {
-                    Phase::Writing { writes, sent: s.t }
-                };
+                relay.phase = round::plan(
+                    self.relays,
+                    &self.skew,
+                    &s.leases,
+                    &s.beats,
+                    &mut relay.owned,
+                    r,
+                    s.t,
+                );
             }
             Action::Write(r, lost) => {
-                let Phase::Writing { writes, sent } = &s.relays[r as usize].phase else {
-                    return None;
-                };
                 n.lost_response |= lost;
-                let (write, rest) = writes.split_first()?;
-                let me = Some(r);
-                let valid_until = sent + LEASE;
-                let ok = match *write {
-                    Write::Renew { bucket, read, new } => {
-                        let lease = &mut n.leases[bucket as usize];
-                        let ok = lease.0 == me && lease.1 == read;
-                        if ok {
-                            lease.1 = new;
-                        }
-                        if !lost {
-                            n.relays[r as usize].owned[bucket as usize] = ok.then_some(valid_until);
-                        }
-                        ok
-                    }
-                    Write::Release { bucket, read } => {
-                        let lease = &mut n.leases[bucket as usize];
-                        let ok = lease.0 == me && lease.1 == read;
-                        if ok {
-                            lease.0 = None;
-                        }
-                        ok
-                    }
-                    Write::Claim { bucket, now, new } => {
-                        let lease = &mut n.leases[bucket as usize];
-                        let ok = lease.0.is_none() || lease.1 <= now;
-                        if ok {
-                            *lease = (me, new);
-                        }
-                        if !lost && ok {
-                            n.relays[r as usize].owned[bucket as usize] = Some(valid_until);
-                        }
-                        ok
-                    }
-                };
-                let _ = ok;
-                n.relays[r as usize].phase = if rest.is_empty() {
-                    Phase::Done
-                } else {
-                    Phase::Writing {
-                        writes: rest.to_vec(),
-                        sent: *sent,
-                    }
-                };
+                let relay = &mut n.relays[r as usize];
+                relay.phase = round::write(&relay.phase, &mut n.leases, &mut relay.owned, r, lost)?;
             }
             Action::StartPublish(r, b) => {
                 if s.relays.iter().any(|p| p.alive && p.publishing == Some(b)) {
