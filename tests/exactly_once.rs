@@ -407,3 +407,62 @@ async fn a_rejected_record_aborts_its_transaction_and_only_uncommitted_readers_s
     let ids: BTreeSet<Option<String>> = uncommitted.iter().map(|r| r.message_id()).collect();
     assert_eq!(ids.len(), 1, "both copies are the small message");
 }
+
+/// A writer whose sequence counter was reset puts a new message under the key of a
+/// published one that a relay already deleted; the first relay's delete of the old
+/// message lands late. Exactly once deletes on the message id: the new message stays (a
+/// delete by key alone, as at least once makes it, would remove it unpublished).
+#[tokio::test]
+async fn a_late_delete_leaves_a_new_message_under_a_reused_key() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use dynamo_outbox::protocol::schema::{self, Keys};
+
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 1).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let keys = Keys::new(&options);
+    let old = writer
+        .message("t")
+        .with_key("k")
+        .with_value("old".to_string());
+    let placed = writer.enqueue(std::slice::from_ref(&old)).await.unwrap();
+    assert_eq!(placed[0].sequence, 1);
+    let late = Instant::now() + Duration::from_secs(10);
+    // Published, and deleted by the next owner's reconcile.
+    assert_eq!(store.delete_messages(0, &[1], late).await.unwrap(), 1);
+    // The counter reset by mistake: the next message takes sequence number 1 again.
+    client
+        .update_item()
+        .table_name(&options.table_name)
+        .set_key(Some(
+            keys.key(keys.sequence_pk(0), schema::SEQUENCE_SK.to_string()),
+        ))
+        .update_expression("SET #s = :zero")
+        .expression_attribute_names("#s", "Sequence")
+        .expression_attribute_values(":zero", AttributeValue::N("0".into()))
+        .send()
+        .await
+        .unwrap();
+    let new = writer
+        .message("t")
+        .with_key("k")
+        .with_value("new".to_string());
+    assert_eq!(
+        writer.enqueue(std::slice::from_ref(&new)).await.unwrap()[0].sequence,
+        1
+    );
+
+    // The first relay's late delete of the old message, on its id: the new one stays.
+    let gone = store
+        .delete_messages_if_same(0, &[(1, old.message_id)], late)
+        .await
+        .unwrap();
+    assert_eq!(gone, 1, "the old message is gone either way");
+    let left = store.fetch(0, None, 10).await.unwrap().messages;
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].message.message_id, new.message_id);
+    // A delete by key alone (at least once's) would have removed it, unpublished.
+    assert_eq!(store.delete_messages(0, &[1], late).await.unwrap(), 1);
+    assert!(store.fetch(0, None, 10).await.unwrap().messages.is_empty());
+}

@@ -221,9 +221,17 @@ impl<P: Publisher> Relay<P> {
         let acked = outcome.acknowledged.min(publishable.len());
         self.report_commit_to_ack(bucket, &publishable[..acked]);
         let sequences: Vec<u64> = publishable[..acked].iter().map(|m| m.sequence).collect();
-        let deleted = self
-            .delete_published(bucket, &sequences, limits.delete)
-            .await;
+        let deleted = if self.publisher.delivery() == Delivery::ExactlyOnce {
+            let messages: Vec<(u64, uuid::Uuid)> = publishable[..acked]
+                .iter()
+                .map(|m| (m.sequence, m.message.message_id))
+                .collect();
+            self.delete_published_if_same(bucket, &messages, limits.delete)
+                .await
+        } else {
+            self.delete_published(bucket, &sequences, limits.delete)
+                .await
+        };
         if let Some(first) = sequences.first() {
             debug!(
                 bucket,
@@ -381,6 +389,33 @@ impl<P: Publisher> Relay<P> {
             .unwrap_or_else(|_| {
                 PublishOutcome::failed(Error::DeadlineExceeded("publishing a batch"))
             })
+    }
+
+    /// Step five in exactly-once mode: each delete conditional on the message id
+    /// ([`DynamoDbOutboxStore::delete_messages_if_same`]), so that a late delete never
+    /// removes a new message under a reused key.
+    ///
+    /// [`DynamoDbOutboxStore::delete_messages_if_same`]: crate::DynamoDbOutboxStore::delete_messages_if_same
+    async fn delete_published_if_same(
+        &self,
+        bucket: u32,
+        messages: &[(u64, uuid::Uuid)],
+        deadline: Instant,
+    ) -> usize {
+        if messages.is_empty() {
+            return 0;
+        }
+        match self
+            .store
+            .delete_messages_if_same(bucket, messages, deadline)
+            .await
+        {
+            Ok(n) => n,
+            Err(e) => {
+                warn!(bucket, error = %crate::error::chain(&e), "deleting published messages failed; a watermark covers them");
+                0
+            }
+        }
     }
 
     /// Step five, the delete of the acknowledged `sequences`: how many leading ones are

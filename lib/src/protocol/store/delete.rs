@@ -4,11 +4,15 @@
 
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::{DeleteRequest, WriteRequest};
+use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
+use futures::future::join_all;
 use tokio::time::Instant;
 use tracing::warn;
+use uuid::Uuid;
 
 use super::DynamoDbOutboxStore;
+use crate::attr;
 use crate::error::{from_sdk, Error, Result};
 use crate::protocol::schema;
 
@@ -177,6 +181,104 @@ impl DynamoDbOutboxStore {
                 pause = (pause * 2).min(Duration::from_secs(1));
             }
             deleted += chunk.len();
+        }
+        Ok(deleted)
+    }
+
+    /// Deletes the messages `messages` (ascending sequences of `bucket`, each with its
+    /// message id) one `DeleteItem` each, conditional on the item holding that message or
+    /// none (`attribute_not_exists(PK) OR MessageId = :id`): a delete that lands late, after
+    /// a writer with a reset sequence counter put a new message under the same key, leaves
+    /// the new message instead of deleting it unpublished. Exactly-once delivery deletes so
+    /// (`docs/protocol.md`, section 8.4). A refused condition counts the message as gone
+    /// (it is: another message holds its key) and is logged as a warning. Returns how many leading ones
+    /// are known gone, with the deadline and attempts of [`Self::delete_messages`]: up to
+    /// [`CHUNK`] requests at once, failed ones retried.
+    pub async fn delete_messages_if_same(
+        &self,
+        bucket: u32,
+        messages: &[(u64, Uuid)],
+        deadline: Instant,
+    ) -> Result<usize> {
+        let mut deleted = 0;
+        for chunk in messages.chunks(CHUNK) {
+            if Instant::now() >= deadline && deleted > 0 {
+                return Ok(deleted);
+            }
+            // Per message: gone (deleted, absent or replaced) or not yet.
+            let mut gone = vec![false; chunk.len()];
+            let mut last_error = None;
+            let mut pause = Duration::from_millis(25);
+            for attempt in 1..=MAX_ATTEMPTS {
+                let requests = chunk
+                    .iter()
+                    .zip(&gone)
+                    .enumerate()
+                    .filter(|(_, (_, done))| !**done)
+                    .map(|(i, ((seq, id), _))| async move {
+                        let request = self
+                            .client
+                            .delete_item()
+                            .table_name(&self.options.table_name)
+                            .set_key(Some(
+                                self.keys
+                                    .key(self.keys.message_pk(bucket), schema::message_sk(*seq)),
+                            ))
+                            .condition_expression("attribute_not_exists(#pk) OR #id = :id")
+                            .expression_attribute_names("#pk", &self.keys.pk)
+                            .expression_attribute_names("#id", attr::MESSAGE_ID)
+                            .expression_attribute_values(
+                                ":id",
+                                AttributeValue::S(id.hyphenated().to_string()),
+                            )
+                            .send();
+                        (i, tokio::time::timeout_at(deadline, request).await)
+                    });
+                for (i, result) in join_all(requests).await {
+                    match result {
+                        Ok(Ok(_)) => gone[i] = true,
+                        Ok(Err(e))
+                            if matches!(
+                                e.as_service_error(),
+                                Some(DeleteItemError::ConditionalCheckFailedException(_))
+                            ) =>
+                        {
+                            warn!(
+                                bucket,
+                                sequence = chunk[i].0,
+                                "another message holds the key of a published one (a reset \
+                                 sequence counter?): it is left in place, not deleted"
+                            );
+                            gone[i] = true;
+                        }
+                        Ok(Err(e)) => last_error = Some(from_sdk("DeleteItem", e)),
+                        Err(_) => {
+                            last_error =
+                                Some(Error::DeadlineExceeded("deleting published messages"))
+                        }
+                    }
+                }
+                if gone.iter().all(|g| *g)
+                    || attempt == MAX_ATTEMPTS
+                    || Instant::now() + pause > deadline
+                {
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            let prefix = gone.iter().take_while(|g| **g).count();
+            deleted += prefix;
+            if prefix < chunk.len() {
+                warn!(
+                    bucket,
+                    deleted, "giving up on deletes; the rest is published again"
+                );
+                return match (deleted, last_error) {
+                    (0, Some(e)) => Err(e),
+                    _ => Ok(deleted),
+                };
+            }
         }
         Ok(deleted)
     }
