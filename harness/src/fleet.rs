@@ -421,6 +421,14 @@ impl Fleet {
             .collect()
     }
 
+    /// Lines of every relay's log that contain `text`.
+    pub fn count_log_lines(&self, text: &str) -> usize {
+        self.relays
+            .iter()
+            .map(|r| read(&r.log).lines().filter(|l| l.contains(text)).count())
+            .sum()
+    }
+
     /// Lines of the relays' logs at ERROR level, or panics (for the report).
     pub fn errors(&self) -> Vec<String> {
         let mut out = Vec::new();
