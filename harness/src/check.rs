@@ -581,8 +581,22 @@ impl RestoreFigures {
     }
 }
 
-/// A restore's figures, and the ground truth: the acknowledged messages without those the
-/// restore rolled back (acknowledged before it, in neither the snapshot nor Kafka then).
+/// The ground truth of a restore: the acknowledged messages without those it rolled back
+/// (acknowledged before it, in neither the snapshot nor Kafka then).
+pub fn restore_truth(acks: &[Ack], r: &RestoreRecord) -> Vec<Ack> {
+    let before: std::collections::HashSet<&str> = r
+        .published_before
+        .iter()
+        .filter_map(|d| d.message_id.as_deref())
+        .chain(r.snapshot.iter().map(|m| m.message_id.as_str()))
+        .collect();
+    acks.iter()
+        .filter(|a| a.acked_at_us >= r.restore_us.1 || before.contains(a.message_id.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// A restore's figures, and the ground truth ([`restore_truth`]).
 pub fn check_restore(h: &History, r: &RestoreRecord) -> (Vec<Ack>, RestoreFigures) {
     let mut first_ts: HashMap<&str, i64> = HashMap::new();
     for d in &r.published_before {
@@ -606,7 +620,6 @@ pub fn check_restore(h: &History, r: &RestoreRecord) -> (Vec<Ack>, RestoreFigure
         unreadable_watermarks: r.unreadable_watermarks.clone(),
         ..RestoreFigures::default()
     };
-    let mut truth = Vec::new();
     for a in &h.acks {
         let id = a.message_id.as_str();
         if a.acked_at_us >= r.restore_us.1 {
@@ -615,11 +628,10 @@ pub fn check_restore(h: &History, r: &RestoreRecord) -> (Vec<Ack>, RestoreFigure
             f.acked_before_restore += 1;
             if !in_snapshot.contains_key(id) && !first_ts.contains_key(id) {
                 f.rolled_back += 1;
-                continue;
             }
         }
-        truth.push(a.clone());
     }
+    let truth = restore_truth(&h.acks, r);
     let mut copies: HashMap<&str, usize> = HashMap::new();
     for d in &h.deliveries {
         if let Some(id) = d.message_id.as_deref() {

@@ -139,7 +139,10 @@ pub enum Fault {
     /// after `snapshot_after`, every item of the table is read (a consistent scan while the
     /// writers and relays go on, the sequence counters read again last, so that no counter
     /// is below a message it holds: a point-in-time backup's consistency for what the
-    /// check needs). After `restore_after`, the application stops writing (a table being
+    /// check needs). The writers of the odd buckets stop just before it and stay quiet
+    /// until the restore, so that their buckets' last transactions, which the watermarks
+    /// list at the restore, are likely to have published messages of the snapshot; the
+    /// even buckets' writers go on. After `restore_after`, the application stops writing (a table being
     /// restored in place does not exist for a while), the relays stop gracefully, the
     /// committed records of the topics and each bucket's watermark are read, the table is
     /// deleted, created again under its name (so under the same ARN) and the snapshot put
@@ -897,6 +900,8 @@ struct WriterKey {
     key: String,
     topic: String,
     late: bool,
+    /// Its bucket goes quiet from the snapshot to the restore ([`Fault::Restore`]).
+    quiet: bool,
 }
 
 /// What the writer tasks share with the scenario: stop for good, or pause (a table being
@@ -907,9 +912,22 @@ struct WriteControl {
     stop: AtomicBool,
     paused: AtomicBool,
     in_flight: AtomicUsize,
+    /// The quiet buckets' writers hold off too ([`WriterKey::quiet`]).
+    quiet: AtomicBool,
+    /// Enqueues of the quiet buckets' writers under way.
+    quiet_in_flight: AtomicUsize,
 }
 
 impl WriteControl {
+    /// Pauses the quiet buckets' writers and waits until none of their enqueues is under
+    /// way.
+    async fn quieten(&self) {
+        self.quiet.store(true, Ordering::SeqCst);
+        while self.quiet_in_flight.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Pauses the writers and waits until no enqueue is under way.
     async fn pause(&self) {
         self.paused.store(true, Ordering::SeqCst);
@@ -919,6 +937,7 @@ impl WriteControl {
     }
 
     fn resume(&self) {
+        self.quiet.store(false, Ordering::SeqCst);
         self.paused.store(false, Ordering::SeqCst);
     }
 }
@@ -943,13 +962,29 @@ async fn write(
         let acks = acks.clone();
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_add(i as u64));
         tokio::spawn(async move {
-            let WriterKey { key, topic, late } = wk;
+            let WriterKey {
+                key,
+                topic,
+                late,
+                quiet,
+            } = wk;
             let mut failed = 0u64;
             let mut counter = 0u64;
+            let done_with = |control: &WriteControl| {
+                control.in_flight.fetch_sub(1, Ordering::SeqCst);
+                if quiet {
+                    control.quiet_in_flight.fetch_sub(1, Ordering::SeqCst);
+                }
+            };
             while !control.stop.load(Ordering::SeqCst) {
                 control.in_flight.fetch_add(1, Ordering::SeqCst);
-                if control.paused.load(Ordering::SeqCst) {
-                    control.in_flight.fetch_sub(1, Ordering::SeqCst);
+                if quiet {
+                    control.quiet_in_flight.fetch_add(1, Ordering::SeqCst);
+                }
+                if control.paused.load(Ordering::SeqCst)
+                    || (quiet && control.quiet.load(Ordering::SeqCst))
+                {
+                    done_with(&control);
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }
@@ -976,7 +1011,7 @@ async fn write(
                         .await
                         .map(|one| vec![one]),
                 };
-                control.in_flight.fetch_sub(1, Ordering::SeqCst);
+                done_with(&control);
                 match done {
                     Ok(done) => {
                         let at = now_us();
@@ -1198,6 +1233,7 @@ async fn set_up(config: &Config, s: &Scenario, seed: u64) -> Result<Setup, Strin
                 key,
                 topic: topics[i % topics.len()].clone(),
                 late: s.load.late_commit_ms.is_some() && per_bucket[bucket as usize] == 2,
+                quiet: matches!(s.fault, Fault::Restore { .. }) && bucket % 2 == 1,
             }
         })
         .collect();
@@ -1374,6 +1410,10 @@ async fn restore_mid_run(
     let (client, options) = (&setup.client, &setup.options);
     let arn_before = table_arn(client, options).await?;
     tokio::time::sleep_until(t0 + snapshot_after).await;
+    // Half the buckets go quiet until the restore: their writers stop (what they had under
+    // way lands first), so that the last transaction of each, the one its watermark lists
+    // at the restore, is likely to publish messages of the snapshot.
+    control.quieten().await;
     let snapshot_started_us = now_us();
     let items = snapshot(client, options).await?;
     let snapshot_ended_us = now_us();
@@ -2139,7 +2179,12 @@ async fn finish(
     let mut deliveries = read_topics(&setup.topics, bootstrap, s.load.value_bytes, isolation)?;
     if exactly_once {
         let read_by = tokio::time::Instant::now() + Duration::from_secs(20);
-        while !every_ack_read(&acks, &deliveries, &left_in_table)
+        // A restore's rolled-back messages are in no topic: they are not waited for.
+        let expected = match &restore {
+            Some(r) => check::restore_truth(&acks, r),
+            None => acks.clone(),
+        };
+        while !every_ack_read(&expected, &deliveries, &left_in_table)
             && tokio::time::Instant::now() < read_by
         {
             eprintln!(
