@@ -676,6 +676,8 @@ pub struct Outcome {
     /// Answers in which DynamoDB refused a condition of a relay's write, counted at the
     /// proxy every relay reaches DynamoDB through (apart from what the relays count).
     pub wire_refused: u64,
+    /// Of those, by operation (`UpdateItem`, `DeleteItem`, ...).
+    pub wire_refused_by_operation: BTreeMap<String, u64>,
     /// Relays that stopped cleanly whose final log event or exit summary counts other
     /// refused writes than their log's refusal events, or lacks the count
     /// ([`fleet::Fleet::refusal_disagreements`]).
@@ -2249,6 +2251,11 @@ async fn finish(
         holds_releases: matches!(s.fault, Fault::Stops { .. }),
         summary_refused: fleet.summary_refused(),
         wire_refused: stats.condition_refused.load(Ordering::Relaxed),
+        wire_refused_by_operation: stats
+            .condition_refused_by_operation
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default(),
         refusal_disagreements: fleet.refusal_disagreements(),
         write_seconds,
         seconds: started.elapsed().as_secs_f64(),
@@ -2499,8 +2506,18 @@ pub fn markdown_table(outcomes: &[Outcome]) -> String {
     );
     for o in outcomes {
         let f = &o.figures;
+        let wire = if o.wire_refused_by_operation.is_empty() {
+            o.wire_refused.to_string()
+        } else {
+            let ops: Vec<String> = o
+                .wire_refused_by_operation
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            format!("{}: {}", o.wire_refused, ops.join(", "))
+        };
         let refused = if f.refused.values().all(|v| *v == 0) {
-            format!("0 (wire {})", o.wire_refused)
+            format!("0 (wire {wire})")
         } else {
             f.refused
                 .iter()
@@ -2508,10 +2525,7 @@ pub fn markdown_table(outcomes: &[Outcome]) -> String {
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect::<Vec<_>>()
                 .join(", ")
-                + &format!(
-                    " ({} after startup; wire {})",
-                    f.refused_during_writes, o.wire_refused
-                )
+                + &format!(" ({} after startup; wire {wire})", f.refused_during_writes)
         };
         let missed = o.missed();
         s.push_str(&format!(
