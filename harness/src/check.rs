@@ -25,6 +25,11 @@ pub struct Ack {
     pub sequence: u64,
     /// When the writer saw the acknowledgement.
     pub acked_at_us: i64,
+    /// Committed late: its sequence number was reserved (the counter's `ADD`) and its item
+    /// put in a transaction of its own a moment later, so that for that moment it was a
+    /// hole the relays could step over.
+    #[serde(default)]
+    pub late: bool,
 }
 
 /// One record read back from Kafka.
@@ -89,6 +94,9 @@ pub struct History {
     pub relays: Vec<RelayHistory>,
     /// Message ids of the message items left in the table after the final drain.
     pub left_in_table: Vec<String>,
+    /// Records read by a `read_uncommitted` consumer (exactly-once delivery: the committed
+    /// records above plus the copies of aborted transactions), when the scenario read them.
+    pub uncommitted_records: Option<usize>,
     /// From the writers' start to the end of the final drain.
     pub window_us: (i64, i64),
     /// The size of every value written, when the scenario padded them (large items): then
@@ -127,6 +135,15 @@ pub struct Figures {
     pub order_inversions: usize,
     /// Message items left after the final drain.
     pub never_drained: usize,
+    /// Acknowledged messages committed late (a reservation, then the put a moment later).
+    pub late_commits: usize,
+    /// Of those, messages whose first record came more than [`HOLE_MARGIN_MS`] after the
+    /// first record of a message with a higher sequence number of the same bucket: holes
+    /// the relays stepped over and published once they filled.
+    pub holes_stepped_over: usize,
+    /// Records a `read_uncommitted` consumer read, when read (see
+    /// [`History::uncommitted_records`]).
+    pub uncommitted_records: Option<usize>,
     /// Refused conditional writes by kind, over every relay.
     pub refused: BTreeMap<String, u64>,
     /// Sum of `refused`.
@@ -172,6 +189,11 @@ pub struct Interval {
 
 /// How long before a `disowns` a release log of the same bucket marks it as a release.
 const RELEASE_LOG_WINDOW_US: i64 = 100_000;
+
+/// How much later (record timestamps, milliseconds) a late commit's first record must
+/// come than a higher sequence number's to count as a hole stepped over: the records of
+/// one batch to several partitions may differ by a millisecond or two.
+pub const HOLE_MARGIN_MS: i64 = 50;
 
 /// Ownership intervals per bucket.
 pub fn ownership_intervals(h: &History) -> BTreeMap<u32, Vec<Interval>> {
@@ -361,6 +383,35 @@ pub fn check(h: &History) -> Figures {
     f.latency_p99_ms = percentile(&latencies, 0.99);
     f.latency_max_ms = latencies.last().copied().unwrap_or(0.0);
 
+    // Late commits, and the holes stepped over: a higher sequence number of the bucket
+    // reached Kafka first (record timestamps: the relays' publish times).
+    let mut first_at: BTreeMap<u32, Vec<(u64, i64)>> = BTreeMap::new();
+    for a in &h.acks {
+        if let Some(ts) = first
+            .get(a.message_id.as_str())
+            .and_then(|d| d.timestamp_ms)
+        {
+            first_at.entry(a.bucket).or_default().push((a.sequence, ts));
+        }
+    }
+    for a in h.acks.iter().filter(|a| a.late) {
+        f.late_commits += 1;
+        let Some(ts) = first
+            .get(a.message_id.as_str())
+            .and_then(|d| d.timestamp_ms)
+        else {
+            continue;
+        };
+        let stepped_over = first_at.get(&a.bucket).is_some_and(|v| {
+            v.iter()
+                .any(|&(seq, t)| seq > a.sequence && t + HOLE_MARGIN_MS < ts)
+        });
+        if stepped_over {
+            f.holes_stepped_over += 1;
+        }
+    }
+    f.uncommitted_records = h.uncommitted_records;
+
     let intervals = ownership_intervals(h);
     for (bucket, p) in pending {
         let owned = merge(
@@ -414,6 +465,228 @@ pub fn check(h: &History) -> Figures {
     f
 }
 
+/// A message item of a restore's snapshot.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotMessage {
+    /// Message id.
+    pub message_id: String,
+    /// Bucket.
+    pub bucket: u32,
+    /// Sequence number.
+    pub sequence: u64,
+    /// The bucket's watermark read at the restore covers it (same sequence number, same
+    /// message-id fingerprint): the relay that takes the bucket deletes it unpublished.
+    pub covered_at_restore: bool,
+}
+
+/// What the restore of a table from a snapshot saw (scenario 20).
+#[derive(Debug, Clone, Default)]
+pub struct RestoreRecord {
+    /// Items of the snapshot (messages, counters, leases, heartbeats, business items).
+    pub snapshot_items: usize,
+    /// Its message items.
+    pub snapshot: Vec<SnapshotMessage>,
+    /// When the snapshot's scan began and ended.
+    pub snapshot_us: (i64, i64),
+    /// When the restore began (the writers paused) and ended (the relays started again,
+    /// just before the writers resumed).
+    pub restore_us: (i64, i64),
+    /// The committed records of the topics once the relays had stopped, before the table
+    /// was deleted.
+    pub published_before: Vec<Delivery>,
+    /// The table created again has the old one's ARN (so the watermarks carry over).
+    pub same_arn: bool,
+    /// Watermarks read at the restore that do not decode: the bucket, the text, why.
+    pub unreadable_watermarks: Vec<String>,
+}
+
+/// The figures of a restore (scenario 20).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RestoreFigures {
+    /// Items of the snapshot.
+    pub snapshot_items: usize,
+    /// Its message items.
+    pub snapshot_messages: usize,
+    /// Acknowledged before the restore.
+    pub acked_before_restore: usize,
+    /// Of those, in neither the snapshot nor Kafka at the restore: rolled back with the
+    /// table (their business writes too); not in the ground truth.
+    pub rolled_back: usize,
+    /// Acknowledged after the restore.
+    pub acked_after_restore: usize,
+    /// Snapshot messages with a committed record before the restore.
+    pub snapshot_published: usize,
+    /// Of those, first published before the snapshot's scan began (published, not yet
+    /// deleted when it was taken), during it, after it ended.
+    pub published_before_snapshot: usize,
+    /// See `published_before_snapshot`.
+    pub published_during_snapshot: usize,
+    /// See `published_before_snapshot`.
+    pub published_after_snapshot: usize,
+    /// Snapshot messages the watermarks at the restore covered.
+    pub covered_by_watermark: usize,
+    /// Of those, messages without a committed record before the restore: a watermark that
+    /// would have them deleted unpublished, a loss. Must be 0.
+    pub covered_not_published: usize,
+    /// Snapshot messages published before the restore and not covered: the design
+    /// publishes them again (a restore replays the table).
+    pub expected_duplicates: usize,
+    /// Messages read committed more than once.
+    pub duplicates: usize,
+    /// Of those, not among the expected ones. Must be 0.
+    pub unexpected_duplicates: usize,
+    /// Expected duplicates read once only. Must be 0.
+    pub expected_not_duplicated: usize,
+    /// A few ids of either kind.
+    pub examples: Vec<String>,
+    /// The table created again has the old one's ARN.
+    pub same_arn: bool,
+    /// Watermarks read at the restore that do not decode (see [`RestoreRecord`]).
+    pub unreadable_watermarks: Vec<String>,
+}
+
+impl RestoreFigures {
+    /// What the restore must show, in words (empty: all shown).
+    pub fn missed(&self) -> Vec<String> {
+        let mut m = Vec::new();
+        for w in &self.unreadable_watermarks {
+            m.push(format!(
+                "a watermark read at the restore does not decode: {w}"
+            ));
+        }
+        if !self.same_arn {
+            m.push(
+                "the table created again has another ARN: the watermarks did not carry over".into(),
+            );
+        }
+        if self.covered_not_published > 0 {
+            m.push(format!(
+                "{} snapshot messages covered by a watermark without a committed record: deleted unpublished, lost",
+                self.covered_not_published
+            ));
+        }
+        if self.expected_duplicates == 0 {
+            m.push(
+                "no snapshot message had been published before the restore: nothing was replayed"
+                    .into(),
+            );
+        }
+        if self.unexpected_duplicates > 0 || self.expected_not_duplicated > 0 {
+            m.push(format!(
+                "duplicates other than the replay: {} unexpected, {} expected but read once ({:?})",
+                self.unexpected_duplicates, self.expected_not_duplicated, self.examples
+            ));
+        }
+        m
+    }
+}
+
+/// The ground truth of a restore: the acknowledged messages without those it rolled back
+/// (acknowledged before it, in neither the snapshot nor Kafka then).
+pub fn restore_truth(acks: &[Ack], r: &RestoreRecord) -> Vec<Ack> {
+    let before: std::collections::HashSet<&str> = r
+        .published_before
+        .iter()
+        .filter_map(|d| d.message_id.as_deref())
+        .chain(r.snapshot.iter().map(|m| m.message_id.as_str()))
+        .collect();
+    acks.iter()
+        .filter(|a| a.acked_at_us >= r.restore_us.1 || before.contains(a.message_id.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// A restore's figures, and the ground truth ([`restore_truth`]).
+pub fn check_restore(h: &History, r: &RestoreRecord) -> (Vec<Ack>, RestoreFigures) {
+    let mut first_ts: HashMap<&str, i64> = HashMap::new();
+    for d in &r.published_before {
+        if let Some(id) = d.message_id.as_deref() {
+            let ts = d.timestamp_ms.unwrap_or(i64::MAX);
+            first_ts
+                .entry(id)
+                .and_modify(|t| *t = (*t).min(ts))
+                .or_insert(ts);
+        }
+    }
+    let in_snapshot: HashMap<&str, &SnapshotMessage> = r
+        .snapshot
+        .iter()
+        .map(|m| (m.message_id.as_str(), m))
+        .collect();
+    let mut f = RestoreFigures {
+        snapshot_items: r.snapshot_items,
+        snapshot_messages: r.snapshot.len(),
+        same_arn: r.same_arn,
+        unreadable_watermarks: r.unreadable_watermarks.clone(),
+        ..RestoreFigures::default()
+    };
+    for a in &h.acks {
+        let id = a.message_id.as_str();
+        if a.acked_at_us >= r.restore_us.1 {
+            f.acked_after_restore += 1;
+        } else {
+            f.acked_before_restore += 1;
+            if !in_snapshot.contains_key(id) && !first_ts.contains_key(id) {
+                f.rolled_back += 1;
+            }
+        }
+    }
+    let truth = restore_truth(&h.acks, r);
+    let mut copies: HashMap<&str, usize> = HashMap::new();
+    for d in &h.deliveries {
+        if let Some(id) = d.message_id.as_deref() {
+            *copies.entry(id).or_default() += 1;
+        }
+    }
+    let mut expected = std::collections::HashSet::new();
+    for m in &r.snapshot {
+        let id = m.message_id.as_str();
+        let published = first_ts.get(id);
+        if m.covered_at_restore {
+            f.covered_by_watermark += 1;
+            if published.is_none() {
+                f.covered_not_published += 1;
+            }
+        }
+        let Some(&ts) = published else {
+            continue;
+        };
+        f.snapshot_published += 1;
+        let us = ts.saturating_mul(1000);
+        if us < r.snapshot_us.0 {
+            f.published_before_snapshot += 1;
+        } else if us > r.snapshot_us.1 {
+            f.published_after_snapshot += 1;
+        } else {
+            f.published_during_snapshot += 1;
+        }
+        if !m.covered_at_restore {
+            expected.insert(id);
+        }
+    }
+    f.expected_duplicates = expected.len();
+    for (id, n) in &copies {
+        if *n > 1 {
+            f.duplicates += 1;
+            if !expected.contains(id) {
+                f.unexpected_duplicates += 1;
+                if f.examples.len() < 5 {
+                    f.examples.push(format!("unexpected {id} ({n} copies)"));
+                }
+            }
+        }
+    }
+    for id in &expected {
+        if copies.get(id).copied().unwrap_or(0) < 2 {
+            f.expected_not_duplicated += 1;
+            if f.examples.len() < 5 {
+                f.examples.push(format!("expected {id}"));
+            }
+        }
+    }
+    (truth, f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,6 +700,7 @@ mod tests {
             bucket: 0,
             sequence: counter,
             acked_at_us: at,
+            late: false,
         }
     }
 
@@ -543,6 +817,133 @@ mod tests {
         assert_eq!(f.overlaps, 0);
         assert_eq!(f.release_log_overlaps, 1);
         assert_eq!(f.release_log_overlap_max_ms, 0.3);
+    }
+
+    #[test]
+    fn a_late_commit_published_after_a_higher_number_is_a_hole_stepped_over() {
+        let mut late = ack("late", "k1", 0, 0);
+        late.sequence = 1;
+        late.late = true;
+        let mut on_time = ack("on-time", "k2", 0, 0);
+        on_time.sequence = 2;
+        let mut late_in_order = ack("late-2", "k1", 1, 0);
+        late_in_order.sequence = 3;
+        late_in_order.late = true;
+        let h = History {
+            bucket_count: 1,
+            acks: vec![late, on_time, late_in_order],
+            // 2 went out 200 ms before the hole at 1 filled; 3 in the same batch as 1.
+            deliveries: vec![
+                rec("on-time", 0, 1_000),
+                rec("late", 1, 1_200),
+                rec("late-2", 2, 1_201),
+            ],
+            window_us: (0, 10_000_000),
+            ..History::default()
+        };
+        let f = check(&h);
+        assert_eq!((f.late_commits, f.holes_stepped_over), (2, 1));
+        assert_eq!(f.order_inversions, 0, "the keys differ");
+    }
+
+    fn snap(id: &str, covered: bool) -> SnapshotMessage {
+        SnapshotMessage {
+            message_id: id.into(),
+            bucket: 0,
+            sequence: 0,
+            covered_at_restore: covered,
+        }
+    }
+
+    /// A restore: `a` published before the snapshot, `b` after it, `c` covered by the
+    /// watermark (deleted unpublished after the restore), `d` in the snapshot unpublished,
+    /// `e` acknowledged after the snapshot and never published (rolled back), `f` after
+    /// the restore.
+    fn restore_history() -> (History, RestoreRecord) {
+        let acks = vec![
+            ack("a", "k", 0, 100),
+            ack("b", "k", 1, 200),
+            ack("c", "k", 2, 300),
+            ack("d", "k", 3, 400),
+            ack("e", "k", 4, 2_000),
+            ack("f", "k", 5, 9_000),
+        ];
+        let before = vec![rec("a", 0, 0), rec("b", 1, 3), rec("c", 2, 3)];
+        let r = RestoreRecord {
+            snapshot_items: 10,
+            snapshot: vec![
+                snap("a", false),
+                snap("b", false),
+                snap("c", true),
+                snap("d", false),
+            ],
+            snapshot_us: (1_000, 2_000),
+            restore_us: (5_000, 8_000),
+            published_before: before.clone(),
+            same_arn: true,
+            unreadable_watermarks: Vec::new(),
+        };
+        let mut deliveries = before;
+        deliveries.extend([
+            rec("a", 3, 9),
+            rec("b", 4, 9),
+            rec("d", 5, 9),
+            rec("f", 6, 10),
+        ]);
+        let h = History {
+            bucket_count: 1,
+            acks,
+            deliveries,
+            window_us: (0, 10_000),
+            ..History::default()
+        };
+        (h, r)
+    }
+
+    #[test]
+    fn a_restore_replays_exactly_the_published_snapshot_messages_the_watermark_does_not_cover() {
+        let (h, r) = restore_history();
+        let (truth, f) = check_restore(&h, &r);
+        let ids: Vec<&str> = truth.iter().map(|a| a.message_id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c", "d", "f"], "e was rolled back");
+        assert_eq!(
+            (f.rolled_back, f.acked_before_restore, f.acked_after_restore),
+            (1, 5, 1)
+        );
+        assert_eq!(f.snapshot_published, 3);
+        assert_eq!(
+            (
+                f.published_before_snapshot,
+                f.published_during_snapshot,
+                f.published_after_snapshot
+            ),
+            (1, 0, 2)
+        );
+        assert_eq!((f.covered_by_watermark, f.covered_not_published), (1, 0));
+        assert_eq!((f.expected_duplicates, f.duplicates), (2, 2));
+        assert!(f.missed().is_empty(), "{:?}", f.missed());
+        let mut g = h.clone();
+        g.acks = truth;
+        let figures = check(&g);
+        assert_eq!(
+            (figures.lost, figures.duplicates, figures.unacked_records),
+            (0, 2, 0)
+        );
+    }
+
+    #[test]
+    fn a_restore_check_finds_stray_and_missing_duplicates_and_a_covering_without_a_record() {
+        let (mut h, mut r) = restore_history();
+        // d read twice (it had not been published before the restore), b once only.
+        h.deliveries
+            .retain(|d| !(d.message_id.as_deref() == Some("b") && d.offset == 4));
+        h.deliveries.push(rec("d", 7, 10));
+        // A watermark covering d, which had no record: it would be deleted unpublished.
+        r.snapshot[3].covered_at_restore = true;
+        let (_, f) = check_restore(&h, &r);
+        assert_eq!((f.unexpected_duplicates, f.expected_not_duplicated), (1, 1));
+        assert_eq!(f.covered_not_published, 1);
+        assert_eq!(f.missed().len(), 2, "{:?}", f.missed());
     }
 
     #[test]

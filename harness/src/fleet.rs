@@ -71,6 +71,8 @@ pub struct Fleet {
     /// More relay settings (variables), set after the harness's own, so they override
     /// them.
     pub extra_env: Vec<(String, String)>,
+    /// More arguments of `outboxctl relay` (`--delivery exactly-once`).
+    pub extra_args: Vec<String>,
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -96,7 +98,13 @@ impl Fleet {
             kafka_bootstrap: None,
             relays: Vec::new(),
             extra_env: Vec::new(),
+            extra_args: Vec::new(),
         }
+    }
+
+    /// Where the relays' logs go.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Starts one relay; its stderr (the log) and stdout (the exit summary) go to files.
@@ -138,6 +146,7 @@ impl Fleet {
             .stdout(File::create(&out)?)
             .stderr(File::create(&log)?);
         cmd.envs(self.extra_env.iter().map(|(k, v)| (k, v)));
+        cmd.args(&self.extra_args);
         if let Some(d) = run_for {
             cmd.arg("--for").arg(format!("{}ms", d.as_millis()));
         }
@@ -412,6 +421,14 @@ impl Fleet {
             .collect()
     }
 
+    /// Lines of every relay's log that contain `text`.
+    pub fn count_log_lines(&self, text: &str) -> usize {
+        self.relays
+            .iter()
+            .map(|r| read(&r.log).lines().filter(|l| l.contains(text)).count())
+            .sum()
+    }
+
     /// Lines of the relays' logs at ERROR level, or panics (for the report).
     pub fn errors(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -472,7 +489,7 @@ fn strip_ansi(line: &str) -> String {
 /// events of each batch (what it fetched, what Kafka acknowledged at which offsets, what
 /// it deleted), so that a lost message can be traced ([`trace_message`]).
 pub const DEFAULT_RELAY_LOG: &str =
-    "info,aws=warn,rskafka=warn,dynamo_outbox::relay::batch=debug,dynamo_outbox::publish::kafka=debug";
+    "info,aws=warn,rskafka=warn,dynamo_outbox::relay::batch=debug,dynamo_outbox::publish::kafka=debug,dynamo_outbox::publish::exactly_once=debug";
 
 /// What a relay log says.
 #[derive(Debug, Default, PartialEq)]

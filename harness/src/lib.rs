@@ -10,6 +10,12 @@
 //! ([`check::check`]) turns that history into the figures; [`Outcome::missed`] compares
 //! them with the scenario's [`Targets`].
 //!
+//! Scenario 19 runs one chaos (kills, a stall past the lease, a broker restart, late
+//! commits behind holes) once per delivery mode; in exactly-once mode the topics are read
+//! as a `read_committed` consumer reads them, and [`delivery_table`] shows both runs side
+//! by side. Scenario 20 restores the table from a snapshot mid-run
+//! ([`Fault::Restore`], [`check::check_restore`]).
+//!
 //! # Layout
 //! - [`check`]: the history and the checker (pure).
 //! - [`fleet`]: relay processes, faults (SIGKILL, SIGSTOP/SIGCONT, SIGTERM), log parsing.
@@ -22,22 +28,25 @@ pub mod check;
 pub mod fleet;
 pub mod proxy;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dynamo_outbox::publish::Delivery;
 use dynamo_outbox::{DynamoDbOutboxWriter, OutboxMessage};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use check::{Ack, Delivery, Figures, History};
+use check::{Ack, Figures, History};
 use fleet::{now_us, Fleet};
+use outbox_testkit::kafka::PrivateKafka;
 
 /// How long each scenario runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Profile {
-    /// A few seconds of writes per scenario: the test suite's run (about 4 to 5 minutes).
+    /// A few seconds of writes per scenario: the test suite's run (about 6 minutes).
     Short,
     /// About 45 s of writes per scenario, more faults: the documented figures.
     Long,
@@ -114,6 +123,39 @@ pub enum Fault {
         /// The proxy's faults while the writers run.
         mix: proxy::FaultMix,
     },
+    /// The chaos of scenario 19, on a broker of the scenario's own
+    /// ([`outbox_testkit::kafka::PrivateKafka`]): a relay killed with SIGKILL every 1 to
+    /// 2 s and replaced 0 to 0.5 s later, all along; once (after 1 s), a relay that owns
+    /// buckets stopped (SIGSTOP) for `stop_for`, past its lease, then resumed (SIGCONT);
+    /// then (0.5 s after the resume) the broker killed with SIGKILL and started again on
+    /// its data, the kills going on meanwhile. The writes go on for half the profile's
+    /// time after the broker answers again (at least the profile's time in all). The
+    /// schedule goes to `faults.log` in the scenario's directory.
+    Chaos {
+        /// How long the stalled relay stays stopped.
+        stop_for: Duration,
+    },
+    /// A table restored from a backup (scenario 20). DynamoDB Local has no backups, so:
+    /// after `snapshot_after`, every item of the table is read (a consistent scan while the
+    /// writers and relays go on, the sequence counters read again last, so that no counter
+    /// is below a message it holds: a point-in-time backup's consistency for what the
+    /// check needs). The writers of the odd buckets stop just before it and stay quiet
+    /// until the restore, so that their buckets' last transactions, which the watermarks
+    /// list at the restore, are likely to have published messages of the snapshot; the
+    /// even buckets' writers go on. After `restore_after`, the application stops writing (a table being
+    /// restored in place does not exist for a while), the relays stop gracefully, the
+    /// committed records of the topics and each bucket's watermark are read, the table is
+    /// deleted, created again under its name (so under the same ARN) and the snapshot put
+    /// back, counters, leases and heartbeats included; then the relays start again and
+    /// the writers resume for `writes_after`.
+    Restore {
+        /// When the snapshot is taken, from the writes' start.
+        snapshot_after: Duration,
+        /// When the restore begins, from the writes' start.
+        restore_after: Duration,
+        /// Writes after the restore.
+        writes_after: Duration,
+    },
     /// After `after`, a graceful restart of relay `index` (among the initial relays).
     RestartOne {
         /// When.
@@ -151,6 +193,12 @@ pub struct Load {
     /// Per key, the first messages are enqueued without a pause: a backlog written as fast
     /// as DynamoDB takes it.
     pub burst: u64,
+    /// The second key of each bucket commits late: each of its messages reserves its
+    /// sequence number (the counter's `ADD`, `transact_write_item`), waits a random time
+    /// in this range (milliseconds), then commits its item with a business write in a
+    /// `TransactWriteItems` of its own (docs/protocol.md, section 1.3). Meanwhile its number
+    /// is a hole the relays step over.
+    pub late_commit_ms: Option<(u64, u64)>,
 }
 
 /// Two keys per bucket, one enqueue every 60 ms per key, small values.
@@ -159,6 +207,14 @@ const SMALL_VALUES: Load = Load {
     pace: Duration::from_millis(60),
     value_bytes: 0,
     burst: 0,
+    late_commit_ms: None,
+};
+
+/// [`SMALL_VALUES`] with the second key of each bucket committing 100 to 600 ms after its
+/// reservation.
+const LATE_COMMITS: Load = Load {
+    late_commit_ms: Some((100, 600)),
+    ..SMALL_VALUES
 };
 
 /// The size of the large items' values: 300 KB (DynamoDB's item limit is 400 KB).
@@ -173,6 +229,8 @@ pub struct Targets {
     pub inversions_allowed: bool,
     /// No refused conditional write at all.
     pub zero_refused: bool,
+    /// No acknowledged message read twice (exactly-once delivery, read committed).
+    pub zero_duplicates: bool,
 }
 
 /// One scenario.
@@ -198,6 +256,23 @@ pub struct Scenario {
     pub load: Load,
     /// Relay settings of this scenario, over the harness's ([`fleet::Fleet::start`]).
     pub relay_env: &'static [(&'static str, &'static str)],
+    /// How the relays deliver (`outboxctl relay --delivery`): in exactly-once mode the
+    /// scenario creates its own watermark topic (`OUTBOX_WATERMARK_TOPIC`) and reads its
+    /// topics as a `read_committed` consumer (and a `read_uncommitted` one, for the count
+    /// of aborted copies).
+    pub delivery: Delivery,
+    /// Seconds of writes in the short profile, when not the profile's (the long profile
+    /// always writes for its own time).
+    pub short_writes: Option<Duration>,
+}
+
+impl Scenario {
+    fn writes_for(&self, profile: Profile) -> Duration {
+        match (profile, self.short_writes) {
+            (Profile::Short, Some(d)) => d,
+            _ => profile.writes_for(),
+        }
+    }
 }
 
 /// Pause between starting relays where a scenario is not about a simultaneous start (three
@@ -212,16 +287,32 @@ const STRICT: Targets = Targets {
     overlap_allowed: false,
     inversions_allowed: false,
     zero_refused: true,
+    zero_duplicates: false,
 };
 const MEASURED_REFUSALS: Targets = Targets {
     overlap_allowed: false,
     inversions_allowed: false,
     zero_refused: false,
+    zero_duplicates: false,
 };
 const SPEC_ACCEPTS_OVERLAP: Targets = Targets {
     overlap_allowed: true,
     inversions_allowed: true,
     zero_refused: false,
+    zero_duplicates: false,
+};
+/// The chaos of scenario 19 at least once: a stall past the lease makes overlapping
+/// ownership (measured); no loss, per-key order kept.
+const CHAOS_AT_LEAST_ONCE: Targets = Targets {
+    overlap_allowed: true,
+    inversions_allowed: false,
+    zero_refused: false,
+    zero_duplicates: false,
+};
+/// The same chaos exactly once: no duplicate either.
+const CHAOS_EXACTLY_ONCE: Targets = Targets {
+    zero_duplicates: true,
+    ..CHAOS_AT_LEAST_ONCE
 };
 
 /// Every scenario of a profile, in run order.
@@ -239,6 +330,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             targets: STRICT,
             load: SMALL_VALUES,
             relay_env: &[],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
         },
         Scenario {
             name: "baseline-3",
@@ -251,6 +344,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             targets: STRICT,
             load: SMALL_VALUES,
             relay_env: &[],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
         },
         Scenario {
             name: "kill-9",
@@ -263,6 +358,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             targets: MEASURED_REFUSALS,
             load: SMALL_VALUES,
             relay_env: &[],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
         },
         Scenario {
             name: "sigstop",
@@ -282,6 +379,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             targets: SPEC_ACCEPTS_OVERLAP,
             load: SMALL_VALUES,
             relay_env: &[],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
         },
         Scenario {
             name: "rolling",
@@ -297,6 +396,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             targets: STRICT,
             load: SMALL_VALUES,
             relay_env: &[],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
         },
         Scenario {
             name: "rolling-fast",
@@ -312,6 +413,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             targets: MEASURED_REFUSALS,
             load: SMALL_VALUES,
             relay_env: &[],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
         },
         Scenario {
             name: "herd-20",
@@ -324,6 +427,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             targets: MEASURED_REFUSALS,
             load: SMALL_VALUES,
             relay_env: &[],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
         },
         Scenario {
             name: "dynamodb-faults",
@@ -343,6 +448,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             targets: MEASURED_REFUSALS,
             load: SMALL_VALUES,
             relay_env: &[],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
         },
         Scenario {
             name: "kafka-faults",
@@ -355,6 +462,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             targets: MEASURED_REFUSALS,
             load: SMALL_VALUES,
             relay_env: &[],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
         },
         Scenario {
             name: "clock-within",
@@ -370,6 +479,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             targets: MEASURED_REFUSALS,
             load: SMALL_VALUES,
             relay_env: &[],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
         },
         Scenario {
             name: "clock-ahead-5s",
@@ -382,6 +493,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             targets: SPEC_ACCEPTS_OVERLAP,
             load: SMALL_VALUES,
             relay_env: &[],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
         },
         Scenario {
             name: "clock-behind-5s",
@@ -394,6 +507,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
             targets: SPEC_ACCEPTS_OVERLAP,
             load: SMALL_VALUES,
             relay_env: &[],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
         },
         Scenario {
             name: "graceful-stops",
@@ -411,6 +526,8 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
                 ..SMALL_VALUES
             },
             relay_env: &[],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
         },
         Scenario {
             name: "large-items",
@@ -433,6 +550,7 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
                 pace: Duration::from_millis(500),
                 value_bytes: LARGE_VALUE_BYTES,
                 burst: if long { 40 } else { 10 },
+                late_commit_ms: None,
             },
             // A batch of 300 KB items (up to 4 MiB by default) takes DynamoDB Local and
             // the broker on this 2-core machine longer than the harness's 1 s renew interval
@@ -446,8 +564,64 @@ pub fn scenarios(profile: Profile) -> Vec<Scenario> {
                 // the same size: at a load average of 12 here nothing was published.
                 ("OUTBOX_MAX_IN_FLIGHT_BYTES", "8388608"),
             ],
+            delivery: Delivery::AtLeastOnce,
+            short_writes: None,
+        },
+        chaos(Delivery::AtLeastOnce),
+        chaos(Delivery::ExactlyOnce),
+        Scenario {
+            name: "restore-exactly-once",
+            number: "20",
+            meaning: "exactly once, the table restored from a backup under its name (same ARN): a snapshot of every item mid-run, later the relays stopped, the table deleted, created again and the snapshot put back, the relays started again; late commits behind holes",
+            bucket_count: 8,
+            relays: vec![None; 3],
+            stagger: Duration::ZERO,
+            fault: Fault::Restore {
+                snapshot_after: Duration::from_secs(if long { 15 } else { 3 }),
+                restore_after: Duration::from_secs(if long { 30 } else { 6 }),
+                writes_after: Duration::from_secs(if long { 15 } else { 4 }),
+            },
+            targets: MEASURED_REFUSALS,
+            load: LATE_COMMITS,
+            relay_env: &[],
+            delivery: Delivery::ExactlyOnce,
+            short_writes: None,
         },
     ]
+}
+
+/// Scenario 19 in one delivery mode: the same chaos, the same load, the same seed's
+/// schedule (each run has its own seed: the schedules differ by their random draws).
+fn chaos(delivery: Delivery) -> Scenario {
+    let exactly_once = delivery == Delivery::ExactlyOnce;
+    Scenario {
+        name: if exactly_once {
+            "chaos-exactly-once"
+        } else {
+            "chaos-at-least-once"
+        },
+        number: "19",
+        meaning: if exactly_once {
+            "exactly once (`outboxctl relay --delivery exactly-once`), read committed: three relays, one killed with SIGKILL every 1-2 s and replaced, one stopped 4.5 s (past its 3 s lease) and resumed, the broker killed and restarted; writers commit late behind holes"
+        } else {
+            "the same chaos at least once (the default delivery): the duplicates exactly-once prevents"
+        },
+        bucket_count: 8,
+        relays: vec![None; 3],
+        stagger: Duration::ZERO,
+        fault: Fault::Chaos {
+            stop_for: Duration::from_millis(4500),
+        },
+        targets: if exactly_once {
+            CHAOS_EXACTLY_ONCE
+        } else {
+            CHAOS_AT_LEAST_ONCE
+        },
+        load: LATE_COMMITS,
+        relay_env: &[],
+        delivery,
+        short_writes: Some(Duration::from_secs(12)),
+    }
 }
 
 /// What a run needs.
@@ -502,6 +676,8 @@ pub struct Outcome {
     /// Answers in which DynamoDB refused a condition of a relay's write, counted at the
     /// proxy every relay reaches DynamoDB through (apart from what the relays count).
     pub wire_refused: u64,
+    /// Of those, by operation (`UpdateItem`, `DeleteItem`, ...).
+    pub wire_refused_by_operation: BTreeMap<String, u64>,
     /// Relays that stopped cleanly whose final log event or exit summary counts other
     /// refused writes than their log's refusal events, or lacks the count
     /// ([`fleet::Fleet::refusal_disagreements`]).
@@ -516,6 +692,16 @@ pub struct Outcome {
     pub proxy: Option<serde_json::Value>,
     /// Where its history is.
     pub dir: PathBuf,
+    /// How the relays delivered (`at-least-once`, `exactly-once`).
+    pub delivery: String,
+    /// The restore's figures ([`Fault::Restore`]).
+    pub restore: Option<check::RestoreFigures>,
+    /// Exactly once, from the relays' logs: buckets taken (a transactional producer
+    /// initialised, fencing the previous one, then the watermark read), and batches whose
+    /// every message a watermark covered (published in a committed transaction whose relay
+    /// died, or lost the transaction's outcome, before its deletes: deleted without being
+    /// sent again).
+    pub exactly_once_log: Option<(usize, usize)>,
 }
 
 impl Outcome {
@@ -543,6 +729,21 @@ impl Outcome {
         }
         if f.never_drained > 0 {
             m.push(format!("{} messages never drained", f.never_drained));
+        }
+        if self.targets.zero_duplicates && f.duplicates > 0 {
+            m.push(format!(
+                "{} duplicates read committed (max {} copies of a message)",
+                f.duplicates, f.max_copies
+            ));
+        }
+        if let Some(r) = &self.restore {
+            m.extend(r.missed());
+            if f.max_copies > 2 {
+                m.push(format!(
+                    "a message read {} times: a restore replays it once at most",
+                    f.max_copies
+                ));
+            }
         }
         if !self.targets.inversions_allowed && f.order_inversions > 0 {
             m.push(format!("{} per-key order inversions", f.order_inversions));
@@ -695,42 +896,138 @@ fn value_of(key: &str, counter: u64, bytes: usize) -> String {
         .to_string()
 }
 
-/// Writers: one task per key, enqueuing one message at a time until `stop` (the first
-/// `load.burst` of each key without a pause).
+/// One writer task's key: its topic, and whether it commits late ([`Load::late_commit_ms`]).
+#[derive(Debug, Clone)]
+struct WriterKey {
+    key: String,
+    topic: String,
+    late: bool,
+    /// Its bucket goes quiet from the snapshot to the restore ([`Fault::Restore`]).
+    quiet: bool,
+}
+
+/// What the writer tasks share with the scenario: stop for good, or pause (a table being
+/// restored), and how many enqueues are under way (a late commit counts from its
+/// reservation to its commit).
+#[derive(Debug, Default)]
+struct WriteControl {
+    stop: AtomicBool,
+    paused: AtomicBool,
+    in_flight: AtomicUsize,
+    /// The quiet buckets' writers hold off too ([`WriterKey::quiet`]).
+    quiet: AtomicBool,
+    /// Enqueues of the quiet buckets' writers under way.
+    quiet_in_flight: AtomicUsize,
+}
+
+impl WriteControl {
+    /// Pauses the quiet buckets' writers and waits until none of their enqueues is under
+    /// way.
+    async fn quieten(&self) {
+        self.quiet.store(true, Ordering::SeqCst);
+        while self.quiet_in_flight.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Pauses the writers and waits until no enqueue is under way.
+    async fn pause(&self) {
+        self.paused.store(true, Ordering::SeqCst);
+        while self.in_flight.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn resume(&self) {
+        self.quiet.store(false, Ordering::SeqCst);
+        self.paused.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Writers: one task per key, enqueuing one message at a time until `control.stop` (the
+/// first `load.burst` of each key without a pause), holding off while paused. A late key
+/// reserves, waits, then commits its message with a business write of its own.
 async fn write(
+    client: aws_sdk_dynamodb::Client,
     writer: DynamoDbOutboxWriter,
-    keys: Vec<(String, String)>,
+    keys: Vec<WriterKey>,
     load: Load,
-    stop: Arc<AtomicBool>,
+    control: Arc<WriteControl>,
     acks: Arc<Mutex<Vec<Ack>>>,
+    seed: u64,
 ) -> u64 {
     let pace = load.pace;
-    let tasks = keys.into_iter().map(|(key, topic)| {
+    let tasks = keys.into_iter().enumerate().map(|(i, wk)| {
         let writer = writer.clone();
-        let stop = stop.clone();
+        let client = client.clone();
+        let control = control.clone();
         let acks = acks.clone();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_add(i as u64));
         tokio::spawn(async move {
+            let WriterKey {
+                key,
+                topic,
+                late,
+                quiet,
+            } = wk;
             let mut failed = 0u64;
             let mut counter = 0u64;
-            while !stop.load(Ordering::SeqCst) {
+            let done_with = |control: &WriteControl| {
+                control.in_flight.fetch_sub(1, Ordering::SeqCst);
+                if quiet {
+                    control.quiet_in_flight.fetch_sub(1, Ordering::SeqCst);
+                }
+            };
+            while !control.stop.load(Ordering::SeqCst) {
+                control.in_flight.fetch_add(1, Ordering::SeqCst);
+                if quiet {
+                    control.quiet_in_flight.fetch_add(1, Ordering::SeqCst);
+                }
+                if control.paused.load(Ordering::SeqCst)
+                    || (quiet && control.quiet.load(Ordering::SeqCst))
+                {
+                    done_with(&control);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
                 let value = value_of(&key, counter, load.value_bytes);
                 let message = writer
                     .message(topic.clone())
                     .with_key(key.clone())
                     .with_value(value);
-                match writer.enqueue(std::slice::from_ref(&message)).await {
+                let delay = match (late, load.late_commit_ms) {
+                    (true, Some((lo, hi))) => Some(Duration::from_millis(rng.gen_range(lo..hi))),
+                    _ => None,
+                };
+                let done = match delay {
+                    None => writer
+                        .enqueue(std::slice::from_ref(&message))
+                        .await
+                        .map(|done| {
+                            done.into_iter()
+                                .map(|e| (e.message_id.to_string(), e.bucket, e.sequence))
+                                .collect::<Vec<_>>()
+                        })
+                        .map_err(|e| e.to_string()),
+                    Some(delay) => commit_late(&client, &writer, &key, counter, &message, delay)
+                        .await
+                        .map(|one| vec![one]),
+                };
+                done_with(&control);
+                match done {
                     Ok(done) => {
                         let at = now_us();
                         let mut acks = acks.lock().unwrap_or_else(|e| e.into_inner());
-                        for e in done {
+                        for (message_id, bucket, sequence) in done {
                             acks.push(Ack {
-                                message_id: e.message_id.to_string(),
+                                message_id,
                                 key: key.clone(),
                                 counter,
                                 topic: topic.clone(),
-                                bucket: e.bucket,
-                                sequence: e.sequence,
+                                bucket,
+                                sequence,
                                 acked_at_us: at,
+                                late: delay.is_some(),
                             });
                         }
                     }
@@ -751,6 +1048,63 @@ async fn write(
     failed
 }
 
+/// A late commit (docs/protocol.md, section 1.3; item-schema.md): reserves the message's
+/// sequence number (the counter's `ADD`), waits `delay`, then commits the message with a
+/// business write (the key's latest counter, in the application's own partition of the
+/// table) in one `TransactWriteItems`. Its message id, bucket and sequence number.
+async fn commit_late(
+    client: &aws_sdk_dynamodb::Client,
+    writer: &DynamoDbOutboxWriter,
+    key: &str,
+    counter: u64,
+    message: &OutboxMessage,
+    delay: Duration,
+) -> Result<(String, u32, u64), String> {
+    use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+    let options = writer.options();
+    let put = writer
+        .transact_write_item(message)
+        .await
+        .map_err(|e| e.to_string())?;
+    let stored = put
+        .put()
+        .ok_or("transact_write_item returned no Put")
+        .and_then(|p| {
+            dynamo_outbox::protocol::schema::parse_message(
+                &dynamo_outbox::protocol::schema::Keys::new(options),
+                p.item(),
+            )
+            .map_err(|_| "the Put's item is no message")
+        })?;
+    tokio::time::sleep(delay).await;
+    let business = Put::builder()
+        .table_name(&options.table_name)
+        .item(
+            &options.partition_key_attribute,
+            AttributeValue::S(format!("harness-business#{key}")),
+        )
+        .item(
+            &options.sort_key_attribute,
+            AttributeValue::S("latest".into()),
+        )
+        .item("Counter", AttributeValue::N(counter.to_string()))
+        .build()
+        .map_err(|e| e.to_string())?;
+    client
+        .transact_write_items()
+        .transact_items(TransactWriteItem::builder().put(business).build())
+        .transact_items(put)
+        .send()
+        .await
+        .map_err(|e| dynamo_outbox::error::transaction_error(e).to_string())?;
+    writer.notify_committed(std::slice::from_ref(message));
+    Ok((
+        message.message_id.to_string(),
+        stored.bucket,
+        stored.sequence,
+    ))
+}
+
 /// How long a fault's stop or start waits for the fleet to settle (or a new relay to join).
 const SETTLE_BOUND: Duration = Duration::from_secs(10);
 
@@ -764,14 +1118,19 @@ struct Setup {
     fleet: Fleet,
     writer: DynamoDbOutboxWriter,
     /// Each writer's key and topic.
-    keys: Vec<(String, String)>,
-    /// The Kafka proxy's, when the scenario has one.
+    keys: Vec<WriterKey>,
+    /// The Kafka proxy's or the private broker's, when the scenario has one.
     bootstrap: Option<String>,
     kafka_proxy: Option<broker::ProxiedBroker>,
     topics: Vec<String>,
+    /// Exactly-once delivery: the scenario's watermark topic.
+    watermark_topic: Option<String>,
     options: dynamo_outbox::OutboxOptions,
     client: aws_sdk_dynamodb::Client,
     dir: PathBuf,
+    /// The broker of the scenario's own ([`Fault::Chaos`]): dropped (killed, its data
+    /// removed) after the relays.
+    private_kafka: Option<Arc<Mutex<PrivateKafka>>>,
 }
 
 /// What the faults of a scenario counted while the writers ran.
@@ -799,6 +1158,8 @@ struct Written {
     writes_started_us: i64,
     write_seconds: f64,
     injected: Injected,
+    /// What the restore saw ([`Fault::Restore`]).
+    restore: Option<check::RestoreRecord>,
 }
 
 /// One scenario, by phase: its resources, the initial relays, the settle wait, the writes
@@ -844,14 +1205,39 @@ async fn set_up(config: &Config, s: &Scenario, seed: u64) -> Result<Setup, Strin
         Fault::KafkaProxy => Some(broker::ProxiedBroker::start().await?),
         _ => None,
     };
-    let bootstrap = kafka_proxy.as_ref().map(|b| b.bootstrap());
+    let private_kafka = match &s.fault {
+        Fault::Chaos { .. } => Some(
+            tokio::task::spawn_blocking(PrivateKafka::start)
+                .await
+                .map_err(|e| format!("starting a private broker: {e}"))??,
+        ),
+        _ => None,
+    };
+    let bootstrap = kafka_proxy
+        .as_ref()
+        .map(|b| b.bootstrap())
+        .or_else(|| private_kafka.as_ref().map(PrivateKafka::bootstrap));
     for t in &topics {
         create_topic(bootstrap.as_deref(), t, 3)?;
     }
-    let keys: Vec<(String, String)> = pick_keys(s.bucket_count, s.load.keys_per_bucket)
+    let watermark_topic = (s.delivery == Delivery::ExactlyOnce)
+        .then(|| format!("harness-{}-{run_tag}-watermarks", s.name));
+    if let Some(t) = &watermark_topic {
+        create_topic(bootstrap.as_deref(), t, 1)?;
+    }
+    let mut per_bucket = vec![0usize; s.bucket_count as usize];
+    let keys: Vec<WriterKey> = pick_keys(s.bucket_count, s.load.keys_per_bucket)
         .into_iter()
         .enumerate()
-        .map(|(i, (k, _))| (k, topics[i % topics.len()].clone()))
+        .map(|(i, (key, bucket))| {
+            per_bucket[bucket as usize] += 1;
+            WriterKey {
+                key,
+                topic: topics[i % topics.len()].clone(),
+                late: s.load.late_commit_ms.is_some() && per_bucket[bucket as usize] == 2,
+                quiet: matches!(s.fault, Fault::Restore { .. }) && bucket % 2 == 1,
+            }
+        })
         .collect();
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone())
         .map_err(|e| format!("writer: {e}"))?;
@@ -870,6 +1256,12 @@ async fn set_up(config: &Config, s: &Scenario, seed: u64) -> Result<Setup, Strin
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+    fleet.extra_args = vec!["--delivery".into(), s.delivery.to_string()];
+    if let Some(t) = &watermark_topic {
+        fleet
+            .extra_env
+            .push(("OUTBOX_WATERMARK_TOPIC".into(), t.clone()));
+    }
     Ok(Setup {
         proxy,
         inject_dynamodb_faults: s.fault.proxy_mix().is_some(),
@@ -879,9 +1271,11 @@ async fn set_up(config: &Config, s: &Scenario, seed: u64) -> Result<Setup, Strin
         bootstrap,
         kafka_proxy,
         topics,
+        watermark_topic,
         options,
         client,
         dir,
+        private_kafka: private_kafka.map(|k| Arc::new(Mutex::new(k))),
     })
 }
 
@@ -941,26 +1335,57 @@ async fn write_while_faulted(
     seed: u64,
     setup: &mut Setup,
 ) -> Result<Written, String> {
-    let stop = Arc::new(AtomicBool::new(false));
+    let control = Arc::new(WriteControl::default());
     let acks = Arc::new(Mutex::new(Vec::new()));
     let writes_started_us = now_us();
     let keys = std::mem::take(&mut setup.keys);
-    let writer = setup.writer.clone();
-    let writers = tokio::spawn(write(writer, keys, s.load, stop.clone(), acks.clone()));
+    let writers = tokio::spawn(write(
+        setup.client.clone(),
+        setup.writer.clone(),
+        keys,
+        s.load,
+        control.clone(),
+        acks.clone(),
+        seed,
+    ));
     if setup.inject_dynamodb_faults {
         setup.proxy.set_enabled(true);
     }
-    let writes_for = config.profile.writes_for();
-    let mut injector = Injector {
-        fleet: &mut setup.fleet,
-        outboxctl: &config.outboxctl,
-        writes_until: tokio::time::Instant::now() + writes_for,
-        rng: rand::rngs::StdRng::seed_from_u64(seed),
+    let writes_for = s.writes_for(config.profile);
+    let (injected, restore) = match s.fault {
+        Fault::Restore {
+            snapshot_after,
+            restore_after,
+            writes_after,
+        } => {
+            let times = (snapshot_after, restore_after, writes_after);
+            let (record, writes_until) = restore_mid_run(config, s, setup, &control, times).await?;
+            tokio::time::sleep_until(writes_until).await;
+            let injected = Injected {
+                faults: 1,
+                graceful_stops: s.relays.len(),
+            };
+            (injected, Some(record))
+        }
+        _ => {
+            let mut injector = Injector {
+                fleet: &mut setup.fleet,
+                outboxctl: &config.outboxctl,
+                writes_until: tokio::time::Instant::now() + writes_for,
+                rng: rand::rngs::StdRng::seed_from_u64(seed),
+            };
+            let injected = injector
+                .inject(
+                    &s.fault,
+                    s.relays.len(),
+                    setup.kafka_proxy.as_ref(),
+                    setup.private_kafka.as_ref(),
+                )
+                .await?;
+            (injected, None)
+        }
     };
-    let injected = injector
-        .inject(&s.fault, s.relays.len(), setup.kafka_proxy.as_ref())
-        .await?;
-    stop.store(true, Ordering::SeqCst);
+    control.stop.store(true, Ordering::SeqCst);
     let failed_enqueues = writers.await.unwrap_or(0);
     let write_seconds = (now_us() - writes_started_us) as f64 / 1e6;
     Ok(Written {
@@ -969,7 +1394,308 @@ async fn write_while_faulted(
         writes_started_us,
         write_seconds,
         injected,
+        restore,
     })
+}
+
+/// [`Fault::Restore`]: the snapshot after `times.0`, the restore after `times.1` (see the
+/// fault's docs); what it saw, and when the writes end (`times.2` after the restore).
+async fn restore_mid_run(
+    config: &Config,
+    s: &Scenario,
+    setup: &mut Setup,
+    control: &WriteControl,
+    times: (Duration, Duration, Duration),
+) -> Result<(check::RestoreRecord, tokio::time::Instant), String> {
+    let (snapshot_after, restore_after, writes_after) = times;
+    let t0 = tokio::time::Instant::now();
+    let (client, options) = (&setup.client, &setup.options);
+    let arn_before = table_arn(client, options).await?;
+    tokio::time::sleep_until(t0 + snapshot_after).await;
+    // Half the buckets go quiet until the restore: their writers stop (what they had under
+    // way lands first), so that the last transaction of each, the one its watermark lists
+    // at the restore, is likely to publish messages of the snapshot.
+    control.quieten().await;
+    let snapshot_started_us = now_us();
+    let items = snapshot(client, options).await?;
+    let snapshot_ended_us = now_us();
+    save_jsonl(
+        &setup.dir.join("snapshot.jsonl"),
+        items.iter().map(item_json),
+    );
+    tokio::time::sleep_until(t0 + restore_after).await;
+
+    // The application stops writing; the relays stop; what Kafka holds now.
+    let restore_started_us = now_us();
+    control.pause().await;
+    let all = setup.fleet.alive();
+    setup.fleet.terminate(&all).await;
+    let published = read_topics(
+        &setup.topics,
+        setup.bootstrap.as_deref(),
+        0,
+        Some(READ_COMMITTED),
+    )?;
+    let watermark_topic = setup
+        .watermark_topic
+        .as_deref()
+        .ok_or("the restore scenario runs exactly once")?;
+    let identity =
+        dynamo_outbox::protocol::watermark::OutboxIdentity::new(&arn_before, &options.key_prefix);
+    let watermarks = read_watermarks(
+        setup.bootstrap.as_deref(),
+        watermark_topic,
+        &identity,
+        s.bucket_count,
+    )
+    .await?;
+    let _ = std::fs::write(
+        setup.dir.join("watermarks-at-restore.json"),
+        serde_json::to_string_pretty(
+            &watermarks
+                .iter()
+                .map(|(b, w)| (b.to_string(), w.as_ref().map(|(text, _)| text.clone())))
+                .collect::<BTreeMap<_, _>>(),
+        )
+        .unwrap_or_default(),
+    );
+
+    // The restore: the table deleted, created again under its name, the snapshot put back.
+    restore_table(client, options, &items).await?;
+    let arn_after = table_arn(client, options).await?;
+    for _ in 0..s.relays.len() {
+        start_relay(&mut setup.fleet, &config.outboxctl, None, None)?;
+    }
+    // Before the writers resume: every acknowledgement after this is of the new table.
+    let restore_ended_us = now_us();
+    control.resume();
+
+    let keys = dynamo_outbox::protocol::schema::Keys::new(options);
+    let snapshot_messages: Vec<check::SnapshotMessage> = items
+        .iter()
+        .filter_map(|i| dynamo_outbox::protocol::schema::parse_message(&keys, i).ok())
+        .map(|m| {
+            let covered = watermarks
+                .get(&m.bucket)
+                .and_then(Option::as_ref)
+                .and_then(|(_, w)| w.as_ref().ok())
+                .is_some_and(|w| w.covers(m.sequence, &m.message.message_id));
+            check::SnapshotMessage {
+                message_id: m.message.message_id.to_string(),
+                bucket: m.bucket,
+                sequence: m.sequence,
+                covered_at_restore: covered,
+            }
+        })
+        .collect();
+    let record = check::RestoreRecord {
+        snapshot_items: items.len(),
+        snapshot: snapshot_messages,
+        snapshot_us: (snapshot_started_us, snapshot_ended_us),
+        restore_us: (restore_started_us, restore_ended_us),
+        published_before: published,
+        same_arn: arn_before == arn_after,
+        unreadable_watermarks: watermarks
+            .iter()
+            .filter_map(|(b, w)| match w {
+                Some((text, Err(e))) => Some(format!("bucket {b}: {text:?}: {e}")),
+                _ => None,
+            })
+            .collect(),
+    };
+    Ok((record, tokio::time::Instant::now() + writes_after))
+}
+
+/// The table's ARN (DescribeTable).
+async fn table_arn(
+    client: &aws_sdk_dynamodb::Client,
+    options: &dynamo_outbox::OutboxOptions,
+) -> Result<String, String> {
+    client
+        .describe_table()
+        .table_name(&options.table_name)
+        .send()
+        .await
+        .map_err(|e| format!("DescribeTable {}: {e:?}", options.table_name))?
+        .table
+        .and_then(|t| t.table_arn)
+        .ok_or_else(|| format!("DescribeTable {}: no ARN", options.table_name))
+}
+
+type Item = std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>;
+
+/// Every item of the table whose partition key starts with `prefix` (every item: ""), by a
+/// consistent scan.
+async fn scan_items(
+    client: &aws_sdk_dynamodb::Client,
+    options: &dynamo_outbox::OutboxOptions,
+    prefix: &str,
+) -> Result<Vec<Item>, String> {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let mut items = Vec::new();
+    let mut start = None;
+    loop {
+        let mut scan = client
+            .scan()
+            .table_name(&options.table_name)
+            .consistent_read(true)
+            .set_exclusive_start_key(start);
+        if !prefix.is_empty() {
+            scan = scan
+                .filter_expression("begins_with(#pk, :prefix)")
+                .expression_attribute_names("#pk", &options.partition_key_attribute)
+                .expression_attribute_values(":prefix", AttributeValue::S(prefix.into()));
+        }
+        let out = scan
+            .send()
+            .await
+            .map_err(|e| format!("scanning {}: {e:?}", options.table_name))?;
+        items.extend(out.items().iter().cloned());
+        match out.last_evaluated_key {
+            Some(k) if !k.is_empty() => start = Some(k),
+            _ => return Ok(items),
+        }
+    }
+}
+
+/// The snapshot of [`Fault::Restore`]: every item, then the sequence counters again (a
+/// counter only grows, so read last it is at least every number its bucket's items hold,
+/// as in a point-in-time backup).
+async fn snapshot(
+    client: &aws_sdk_dynamodb::Client,
+    options: &dynamo_outbox::OutboxOptions,
+) -> Result<Vec<Item>, String> {
+    let counters_prefix = format!("{}#SEQUENCE#", options.key_prefix);
+    let pk = |i: &Item| {
+        i.get(&options.partition_key_attribute)
+            .and_then(|v| v.as_s().ok())
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut items = scan_items(client, options, "").await?;
+    let counters = scan_items(client, options, &counters_prefix).await?;
+    items.retain(|i| !pk(i).starts_with(&counters_prefix));
+    items.extend(counters);
+    Ok(items)
+}
+
+/// The restore of [`Fault::Restore`]: the table deleted, created again under its name, and
+/// `items` put back.
+async fn restore_table(
+    client: &aws_sdk_dynamodb::Client,
+    options: &dynamo_outbox::OutboxOptions,
+    items: &[Item],
+) -> Result<(), String> {
+    use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
+    let name = &options.table_name;
+    client
+        .delete_table()
+        .table_name(name)
+        .send()
+        .await
+        .map_err(|e| format!("DeleteTable {name}: {e:?}"))?;
+    let gone_by = tokio::time::Instant::now() + Duration::from_secs(30);
+    while client
+        .describe_table()
+        .table_name(name)
+        .send()
+        .await
+        .is_ok()
+    {
+        if tokio::time::Instant::now() >= gone_by {
+            return Err(format!("{name} still exists 30 s after DeleteTable"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    dynamo_outbox::table::create_if_not_exists(client, options)
+        .await
+        .map_err(|e| format!("creating {name} again: {e}"))?;
+    for chunk in items.chunks(25) {
+        let mut requests: Vec<WriteRequest> = chunk
+            .iter()
+            .map(|i| {
+                PutRequest::builder()
+                    .set_item(Some(i.clone()))
+                    .build()
+                    .map(|p| WriteRequest::builder().put_request(p).build())
+                    .map_err(|e| e.to_string())
+            })
+            .collect::<Result<_, _>>()?;
+        for _ in 0..20 {
+            let out = client
+                .batch_write_item()
+                .request_items(name, requests.clone())
+                .send()
+                .await
+                .map_err(|e| format!("BatchWriteItem {name}: {e:?}"))?;
+            requests = out
+                .unprocessed_items
+                .and_then(|mut u| u.remove(name))
+                .unwrap_or_default();
+            if requests.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if !requests.is_empty() {
+            return Err(format!("BatchWriteItem {name}: items left unprocessed"));
+        }
+    }
+    Ok(())
+}
+
+/// A bucket's watermark as read: nothing committed (`None`), or the text and what it
+/// decodes to.
+type ReadWatermark = Option<(
+    String,
+    Result<dynamo_outbox::protocol::watermark::Watermark, String>,
+)>;
+
+/// Each bucket's watermark, read as the relays read it: rskafka's `OffsetFetch` with
+/// `require_stable`, from the broker at `bootstrap` (default: the stack's).
+async fn read_watermarks(
+    bootstrap: Option<&str>,
+    watermark_topic: &str,
+    identity: &dynamo_outbox::protocol::watermark::OutboxIdentity,
+    bucket_count: u32,
+) -> Result<BTreeMap<u32, ReadWatermark>, String> {
+    let bootstrap = match bootstrap {
+        Some(b) => b.to_string(),
+        None => outbox_testkit::try_stack_var("KAFKA_BOOTSTRAP_SERVERS")?,
+    };
+    let client = rskafka::client::ClientBuilder::new(vec![bootstrap])
+        .build()
+        .await
+        .map_err(|e| format!("connecting to the broker to read the watermarks: {e}"))?;
+    let mut watermarks = BTreeMap::new();
+    for bucket in 0..bucket_count {
+        let group = identity.group_id(bucket);
+        let committed = client
+            .fetch_committed_offset(&group, watermark_topic, 0, true)
+            .await
+            .map_err(|e| format!("the watermark of group {group}: {e}"))?;
+        let w = committed.and_then(|c| c.metadata).map(|text| {
+            let decoded = dynamo_outbox::protocol::watermark::Watermark::decode(&text)
+                .map_err(|e| e.to_string());
+            (text, decoded)
+        });
+        watermarks.insert(bucket, w);
+    }
+    Ok(watermarks)
+}
+
+/// An item as JSON (the snapshot's file): each attribute's value as the SDK's debug text.
+fn item_json(item: &Item) -> String {
+    let map: BTreeMap<&str, String> = item
+        .iter()
+        .map(|(k, v)| (k.as_str(), format!("{v:?}")))
+        .collect();
+    serde_json::to_string(&map).unwrap_or_default()
+}
+
+fn save_jsonl(path: &Path, lines: impl Iterator<Item = String>) {
+    let text: String = lines.map(|l| l + "\n").collect();
+    let _ = std::fs::write(path, text);
 }
 
 /// What every fault injection works with: the fleet, the fault schedule's random numbers
@@ -988,6 +1714,7 @@ impl Injector<'_> {
         fault: &Fault,
         initial_relays: usize,
         kafka_proxy: Option<&broker::ProxiedBroker>,
+        private_kafka: Option<&Arc<Mutex<PrivateKafka>>>,
     ) -> Result<Injected, String> {
         match fault {
             Fault::None | Fault::DynamoProxy(_) => {
@@ -1006,6 +1733,8 @@ impl Injector<'_> {
             Fault::RestartOne { after, index } => {
                 self.restart_one(*after, *index, initial_relays).await
             }
+            Fault::Chaos { stop_for } => self.inject_chaos(*stop_for, private_kafka).await,
+            Fault::Restore { .. } => Err("Fault::Restore runs in write_while_faulted".into()),
         }
     }
 
@@ -1289,6 +2018,126 @@ impl Injector<'_> {
     }
 }
 
+impl Injector<'_> {
+    /// [`Fault::Chaos`]: the kills all along, one stall past the lease, one broker restart.
+    async fn inject_chaos(
+        &mut self,
+        stop_for: Duration,
+        broker: Option<&Arc<Mutex<PrivateKafka>>>,
+    ) -> Result<Injected, String> {
+        let broker = broker.ok_or("Fault::Chaos needs the scenario's own broker")?;
+        let start = tokio::time::Instant::now();
+        // The stall first (while the broker runs, so that the stalled relay may hold an
+        // open transaction), then the broker's restart.
+        let stall_at = start + Duration::from_secs(1);
+        let restart_at = stall_at + stop_for + Duration::from_millis(500);
+        // The chaos goes on for the writes' time once the broker is back, at least.
+        let chaos_for = self.writes_until.saturating_duration_since(start);
+        let mut events = Vec::new();
+        let mut event = |what: String| {
+            events.push(format!("{} {what}", fleet::now_us()));
+        };
+        let mut faults = 0;
+        let mut stalled: Option<(usize, tokio::time::Instant)> = None;
+        let mut stall_done = false;
+        let mut broker_back = false;
+        let mut restart_begun = false;
+        let mut restart: Option<tokio::task::JoinHandle<Result<(), String>>> = None;
+        let mut next_kill = start + Duration::from_millis(self.rng.gen_range(1000..2000));
+        let give_up = start + Duration::from_secs(120);
+        loop {
+            let now = tokio::time::Instant::now();
+            if (now >= self.writes_until && broker_back) || now >= give_up {
+                break;
+            }
+            if let Some((victim, until)) = stalled {
+                if now >= until {
+                    self.fleet.resume(victim);
+                    stalled = None;
+                    event(format!("SIGCONT {}", self.fleet.relays[victim].id));
+                }
+            }
+            if !stall_done && now >= stall_at && now + stop_for < self.writes_until {
+                // A relay that owns buckets (by its log).
+                let owners = self.fleet.current_owners();
+                let owning: Vec<usize> = self
+                    .fleet
+                    .alive()
+                    .into_iter()
+                    .filter(|&i| {
+                        owners
+                            .values()
+                            .any(|o| o.contains(&self.fleet.relays[i].id))
+                    })
+                    .collect();
+                if let Some(&victim) = owning.get(self.rng.gen_range(0..owning.len().max(1))) {
+                    if self.fleet.pause(victim) {
+                        faults += 1;
+                        stalled = Some((victim, now + stop_for));
+                        stall_done = true;
+                        event(format!("SIGSTOP {}", self.fleet.relays[victim].id));
+                    }
+                }
+            }
+            if !restart_begun && now >= restart_at {
+                restart_begun = true;
+                let broker = Arc::clone(broker);
+                restart = Some(tokio::task::spawn_blocking(move || {
+                    broker.lock().unwrap_or_else(|e| e.into_inner()).restart()
+                }));
+                faults += 1;
+                event("broker SIGKILL, restarting".into());
+            }
+            if let Some(task) = restart.take_if(|t| t.is_finished()) {
+                task.await
+                    .map_err(|e| format!("restarting the broker: {e}"))?
+                    .map_err(|e| format!("restarting the broker: {e}"))?;
+                broker_back = true;
+                event("broker answers again".into());
+                let until = tokio::time::Instant::now() + chaos_for / 2;
+                self.writes_until = self.writes_until.max(until);
+            }
+            if now >= next_kill {
+                let stopped = stalled.map(|(v, _)| v);
+                let alive: Vec<usize> = self
+                    .fleet
+                    .alive()
+                    .into_iter()
+                    .filter(|&i| Some(i) != stopped)
+                    .collect();
+                if let Some(&victim) = alive.get(self.rng.gen_range(0..alive.len().max(1))) {
+                    if self.fleet.kill9(victim) {
+                        faults += 1;
+                        event(format!("SIGKILL {}", self.fleet.relays[victim].id));
+                    }
+                    self.sleep_ms(0..500).await;
+                    let new = self.start(None)?;
+                    event(format!("started {}", self.fleet.relays[new].id));
+                }
+                next_kill = tokio::time::Instant::now()
+                    + Duration::from_millis(self.rng.gen_range(1000..2000));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if let Some((victim, _)) = stalled {
+            self.fleet.resume(victim);
+            event(format!("SIGCONT {}", self.fleet.relays[victim].id));
+        }
+        event("chaos over".into());
+        let _ = std::fs::write(
+            self.fleet.dir().join("faults.log"),
+            events.join("\n") + "\n",
+        );
+        if !stall_done {
+            return Err("no relay owned a bucket to stall".into());
+        }
+        if !broker_back {
+            return Err("the broker did not answer again before the writes' end".into());
+        }
+        Ok(Injected::faults(faults))
+    }
+}
+
 /// The final drain with a healthy relay, the stop of every relay, the read of every topic
 /// from offset 0, and the checks.
 async fn finish(
@@ -1304,6 +2153,7 @@ async fn finish(
         writes_started_us,
         write_seconds,
         injected,
+        restore,
     } = written;
     setup.proxy.set_enabled(false);
     let (proxy_faults, proxy_stats) = fault_proxy_stats(&setup);
@@ -1320,14 +2170,49 @@ async fn finish(
             .send()
             .await;
     }
-    let deliveries = read_topics(
-        &setup.topics,
-        setup.bootstrap.as_deref(),
-        s.load.value_bytes,
-    )?;
     let acks = std::mem::take(&mut *acks.lock().unwrap_or_else(|e| e.into_inner()));
+    // Exactly once: what a read_committed consumer reads (waiting out the transactions a
+    // killed relay left open, which hold the last stable offset back until the next owner
+    // of their bucket or the broker's timeout aborts them), and how many records a
+    // read_uncommitted consumer reads (the aborted copies too).
+    let exactly_once = s.delivery == Delivery::ExactlyOnce;
+    let isolation = exactly_once.then_some(READ_COMMITTED);
+    let bootstrap = setup.bootstrap.as_deref();
+    let mut deliveries = read_topics(&setup.topics, bootstrap, s.load.value_bytes, isolation)?;
+    if exactly_once {
+        let read_by = tokio::time::Instant::now() + Duration::from_secs(20);
+        // A restore's rolled-back messages are in no topic: they are not waited for.
+        let expected = match &restore {
+            Some(r) => check::restore_truth(&acks, r),
+            None => acks.clone(),
+        };
+        while !every_ack_read(&expected, &deliveries, &left_in_table)
+            && tokio::time::Instant::now() < read_by
+        {
+            eprintln!(
+                "[harness] {}: acknowledged messages missing from the read_committed read \
+                 (a transaction still open holds the last stable offset back): reading again",
+                s.name
+            );
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            deliveries = read_topics(&setup.topics, bootstrap, s.load.value_bytes, isolation)?;
+        }
+    }
+    let uncommitted_records = if exactly_once {
+        Some(
+            read_topics(
+                &setup.topics,
+                bootstrap,
+                s.load.value_bytes,
+                Some(READ_UNCOMMITTED),
+            )?
+            .len(),
+        )
+    } else {
+        None
+    };
     let fleet = &mut setup.fleet;
-    let history = History {
+    let mut history = History {
         bucket_count: s.bucket_count,
         acks,
         failed_enqueues,
@@ -1336,9 +2221,18 @@ async fn finish(
         left_in_table,
         window_us: (writes_started_us, window_end),
         value_bytes: (s.load.value_bytes > 0).then_some(s.load.value_bytes),
+        uncommitted_records,
     };
     let dir = &setup.dir;
     save_history(dir, &history);
+    // A restore rolls the table back to its snapshot: the messages acknowledged after it
+    // and not published before the restore are gone with it (and so are their business
+    // writes). The ground truth is the rest.
+    let restore = restore.map(|r| {
+        let (truth, figures) = check::check_restore(&history, &r);
+        history.acks = truth;
+        figures
+    });
     let figures = check::check(&history);
     let stats = &setup.proxy.stats;
     let outcome = Outcome {
@@ -1357,12 +2251,27 @@ async fn finish(
         holds_releases: matches!(s.fault, Fault::Stops { .. }),
         summary_refused: fleet.summary_refused(),
         wire_refused: stats.condition_refused.load(Ordering::Relaxed),
+        wire_refused_by_operation: stats
+            .condition_refused_by_operation
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default(),
         refusal_disagreements: fleet.refusal_disagreements(),
         write_seconds,
         seconds: started.elapsed().as_secs_f64(),
         relay_errors: fleet.errors().into_iter().take(5).collect(),
         proxy: proxy_stats,
         dir: dir.clone(),
+        delivery: s.delivery.to_string(),
+        restore,
+        exactly_once_log: exactly_once.then(|| {
+            (
+                fleet.count_log_lines("took the bucket's transactional producer"),
+                fleet.count_log_lines(
+                    "every message of the batch was published in a committed transaction",
+                ),
+            )
+        }),
     };
     let _ = std::fs::write(
         dir.join("outcome.json"),
@@ -1434,17 +2343,25 @@ async fn drain(config: &Config, s: &Scenario, setup: &mut Setup) -> Result<Vec<S
     left_in_table.map_err(|e| format!("{}: {e}", s.name))
 }
 
-/// Every topic read back from offset 0, in parallel.
+/// `kafka.py read --isolation`: records of committed transactions only (and records
+/// written without transactions).
+const READ_COMMITTED: &str = "read_committed";
+/// `kafka.py read --isolation`: every record, those of aborted transactions too.
+const READ_UNCOMMITTED: &str = "read_uncommitted";
+
+/// Every topic read back from offset 0, in parallel (with `isolation`, as a consumer of
+/// that isolation level reads it).
 fn read_topics(
     topics: &[String],
     bootstrap: Option<&str>,
     value_bytes: usize,
-) -> Result<Vec<Delivery>, String> {
+    isolation: Option<&str>,
+) -> Result<Vec<check::Delivery>, String> {
     let mut deliveries = Vec::new();
-    let reads: Vec<Result<Vec<Delivery>, String>> = std::thread::scope(|scope| {
+    let reads: Vec<Result<Vec<check::Delivery>, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = topics
             .iter()
-            .map(|t| scope.spawn(|| read_topic(bootstrap, t, value_bytes > 0)))
+            .map(|t| scope.spawn(move || read_topic(bootstrap, t, value_bytes > 0, isolation)))
             .collect();
         handles
             .into_iter()
@@ -1455,6 +2372,16 @@ fn read_topics(
         deliveries.extend(r?);
     }
     Ok(deliveries)
+}
+
+/// Whether every acknowledged message not left in the table has a record in `deliveries`.
+fn every_ack_read(acks: &[Ack], deliveries: &[check::Delivery], left: &[String]) -> bool {
+    let read: std::collections::HashSet<&str> = deliveries
+        .iter()
+        .filter_map(|d| d.message_id.as_deref())
+        .chain(left.iter().map(String::as_str))
+        .collect();
+    acks.iter().all(|a| read.contains(a.message_id.as_str()))
 }
 
 /// Runs scripts/kafka.py (the independent client) with the stack's python; its stdout.
@@ -1514,7 +2441,12 @@ async fn left_message_ids(
 /// Every record of a topic from offset 0, read by the independent client (kafka.py,
 /// confluent-kafka), with its message-id header and timestamp; with `large`, the value's
 /// length instead of the value (`--value-head`).
-fn read_topic(bootstrap: Option<&str>, topic: &str, large: bool) -> Result<Vec<Delivery>, String> {
+fn read_topic(
+    bootstrap: Option<&str>,
+    topic: &str,
+    large: bool,
+    isolation: Option<&str>,
+) -> Result<Vec<check::Delivery>, String> {
     let mut args = Vec::new();
     if let Some(b) = bootstrap {
         args.extend(["--bootstrap", b]);
@@ -1523,9 +2455,12 @@ fn read_topic(bootstrap: Option<&str>, topic: &str, large: bool) -> Result<Vec<D
     if large {
         args.extend(["--value-head", "64"]);
     }
+    if let Some(level) = isolation {
+        args.extend(["--isolation", level]);
+    }
     let records = outbox_testkit::try_read_records(&args)?
         .into_iter()
-        .map(|r| Delivery {
+        .map(|r| check::Delivery {
             topic: topic.to_string(),
             partition: r.partition,
             offset: r.offset,
@@ -1571,8 +2506,18 @@ pub fn markdown_table(outcomes: &[Outcome]) -> String {
     );
     for o in outcomes {
         let f = &o.figures;
+        let wire = if o.wire_refused_by_operation.is_empty() {
+            o.wire_refused.to_string()
+        } else {
+            let ops: Vec<String> = o
+                .wire_refused_by_operation
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            format!("{}: {}", o.wire_refused, ops.join(", "))
+        };
         let refused = if f.refused.values().all(|v| *v == 0) {
-            format!("0 (wire {})", o.wire_refused)
+            format!("0 (wire {wire})")
         } else {
             f.refused
                 .iter()
@@ -1580,10 +2525,7 @@ pub fn markdown_table(outcomes: &[Outcome]) -> String {
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect::<Vec<_>>()
                 .join(", ")
-                + &format!(
-                    " ({} after startup; wire {})",
-                    f.refused_during_writes, o.wire_refused
-                )
+                + &format!(" ({} after startup; wire {wire})", f.refused_during_writes)
         };
         let missed = o.missed();
         s.push_str(&format!(
@@ -1618,6 +2560,75 @@ pub fn markdown_table(outcomes: &[Outcome]) -> String {
             o.seconds,
             if missed.is_empty() { "met".to_string() } else { format!("**missed**: {}", missed.join("; ")) },
         ));
+    }
+    s.push_str(&delivery_table(outcomes));
+    s
+}
+
+/// Scenarios 19 and 20 side by side (empty when none ran): what a consumer reads in each
+/// delivery mode under the same chaos, and what a restore replays.
+pub fn delivery_table(outcomes: &[Outcome]) -> String {
+    let chosen: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| o.number == "19" || o.number == "20")
+        .collect();
+    if chosen.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "\n| Scenario | Delivery | Relays started / faults | Acked | Records read (committed) | Records read uncommitted | Lost | Duplicates (max copies) | Order inversions | Left in table | Late commits / holes stepped over | Buckets taken / batches found published | Seconds |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for o in &chosen {
+        let f = &o.figures;
+        s.push_str(&format!(
+            "| {} | {} | {} / {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} / {} | {} | {:.0} |\n",
+            o.name,
+            o.delivery,
+            o.relays_started,
+            o.faults,
+            f.acked,
+            f.records,
+            f.uncommitted_records
+                .map_or_else(|| "-".to_string(), |n| n.to_string()),
+            f.lost,
+            f.duplicates,
+            f.max_copies,
+            f.order_inversions,
+            f.never_drained,
+            f.late_commits,
+            f.holes_stepped_over,
+            o.exactly_once_log
+                .map_or_else(|| "-".to_string(), |(t, c)| format!("{t} / {c}")),
+            o.seconds,
+        ));
+    }
+    for o in &chosen {
+        if let Some(r) = &o.restore {
+            s.push_str(&format!(
+                "\n{}: snapshot of {} items ({} messages); acked before the restore {} (rolled back with the table: {}), after it {}; \
+                 snapshot messages published before the restore {} (before the snapshot {}, during it {}, after it {}); \
+                 covered by the watermarks at the restore {} (of them without a record: {}); \
+                 expected duplicates {}, read twice {} (unexpected {}, expected but read once {}); same ARN: {}\n",
+                o.name,
+                r.snapshot_items,
+                r.snapshot_messages,
+                r.acked_before_restore,
+                r.rolled_back,
+                r.acked_after_restore,
+                r.snapshot_published,
+                r.published_before_snapshot,
+                r.published_during_snapshot,
+                r.published_after_snapshot,
+                r.covered_by_watermark,
+                r.covered_not_published,
+                r.expected_duplicates,
+                r.duplicates,
+                r.unexpected_duplicates,
+                r.expected_not_duplicated,
+                r.same_arn,
+            ));
+        }
     }
     s
 }

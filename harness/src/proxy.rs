@@ -58,6 +58,32 @@ pub struct ProxyStats {
     /// or a transaction cancelled by a `ConditionalCheckFailed` reason), passed on to the
     /// relay (dropped ones are not: no relay heard of them).
     pub condition_refused: AtomicU64,
+    /// Those refusals by the request's operation (`X-Amz-Target`: `UpdateItem`,
+    /// `DeleteItem`, ...).
+    pub condition_refused_by_operation: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+/// The operation of a raw HTTP request to DynamoDB: its `X-Amz-Target` header's value
+/// after the last dot (`DynamoDB_20120810.UpdateItem` gives `UpdateItem`).
+pub fn operation(request: &[u8]) -> String {
+    let end = request
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(request.len());
+    String::from_utf8_lossy(&request[..end])
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.trim().eq_ignore_ascii_case("x-amz-target").then(|| {
+                value
+                    .trim()
+                    .rsplit('.')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+        })
+        .unwrap_or_else(|| "unknown".into())
 }
 
 /// Whether a raw HTTP response from DynamoDB refuses a condition: a 4xx status whose JSON
@@ -360,6 +386,12 @@ async fn serve(
         }
         if refuses_condition(&response) {
             stats.condition_refused.fetch_add(1, Ordering::Relaxed);
+            *stats
+                .condition_refused_by_operation
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(operation(&request))
+                .or_default() += 1;
         }
         client_w.write_all(&response).await?;
     }
@@ -369,6 +401,14 @@ async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_the_operation_of_a_request() {
+        let request =
+            b"POST / HTTP/1.1\r\nhost: x\r\nX-Amz-Target: DynamoDB_20120810.DeleteItem\r\n\r\n{}";
+        assert_eq!(operation(request), "DeleteItem");
+        assert_eq!(operation(b"POST / HTTP/1.1\r\n\r\n"), "unknown");
+    }
 
     fn response(status: &str, body: &str) -> Vec<u8> {
         format!(
