@@ -172,7 +172,7 @@ impl DynamoDbOutboxStore {
     /// transactional ids and watermarks (`docs/protocol.md`, section 8.1).
     ///
     /// # Errors
-    /// [`crate::Error::Dynamo`] when the table cannot be described, or
+    /// [`crate::Error::DynamoDb`] when the table cannot be described, or
     /// [`crate::Error::Misconfiguration`] when DynamoDB gives no ARN.
     pub async fn table_arn(&self) -> Result<String> {
         let out = self
