@@ -208,28 +208,35 @@ impl Watermark {
         self.entries.remove(&sequence).is_some()
     }
 
-    /// How many of `candidates` (ascending sequence numbers above every one in the set,
-    /// as a batch is) can join the set with its text staying within
-    /// [`MAX_WATERMARK_BYTES`]: the batch is cut there.
+    /// How many of `candidates` (a batch's sequence numbers, in order; a message that
+    /// committed late into a hole may lie below the set's highest) can join the set with
+    /// its text staying within [`MAX_WATERMARK_BYTES`]: the batch is cut there. An entry's
+    /// length does not depend on its fingerprint, so none is needed.
     pub fn room_for(&self, candidates: impl IntoIterator<Item = u64>) -> usize {
-        let mut len = self.encoded_len();
-        let mut previous = self.highest();
-        let mut fits = 0;
-        for sequence in candidates {
-            len += match previous {
-                None => {
-                    // "-" becomes "{first} {fingerprint}".
-                    decimal_len(sequence) + 1 + FINGERPRINT_CHARS - 1
-                }
-                Some(p) => 1 + base36_len(sequence.saturating_sub(p)) + FINGERPRINT_CHARS,
-            };
-            if len > MAX_WATERMARK_BYTES {
-                break;
+        // Every entry takes at least a separator and a fingerprint: no more can fit.
+        let most = MAX_WATERMARK_BYTES / (FINGERPRINT_CHARS + 1) + 1;
+        let candidates: Vec<u64> = candidates.into_iter().take(most).collect();
+        let fits = |k: usize| {
+            let mut w = self.clone();
+            for &sequence in &candidates[..k] {
+                w.entries.insert(sequence, Fingerprint([0; 8]));
             }
-            previous = Some(sequence);
-            fits += 1;
+            w.encoded_len() <= MAX_WATERMARK_BYTES
+        };
+        // The largest k that fits (fitting only gets harder as k grows).
+        if fits(candidates.len()) {
+            return candidates.len();
         }
-        fits
+        let (mut lo, mut hi) = (0, candidates.len());
+        while lo + 1 < hi {
+            let mid = (lo + hi) / 2;
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
     }
 
     /// The text's length in bytes.
@@ -374,14 +381,6 @@ fn base36(mut n: u64) -> String {
     }
     out.reverse();
     String::from_utf8(out).unwrap_or_default()
-}
-
-fn base36_len(n: u64) -> usize {
-    base36(n).len()
-}
-
-fn decimal_len(n: u64) -> usize {
-    n.to_string().len()
 }
 
 #[cfg(test)]

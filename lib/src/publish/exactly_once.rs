@@ -21,7 +21,7 @@ use rskafka::client::transaction::{TransactionError, TransactionalProducer};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::classify::{not_authorized, protocol_error, verdict, Verdict};
+use super::classify::{not_authorized, verdict, Verdict};
 use super::kafka::{codec, now_millis, KafkaPublisher};
 use super::record::{estimated_size, to_record};
 use super::route::{chunks, plan, TopicRoute, Unroutable};
@@ -173,31 +173,6 @@ pub(crate) fn reconcile(watermark: &mut Watermark, batch: &[StoredMessage]) -> S
     }
 }
 
-/// How many of `to_publish` (in order) fit in the watermark's text with the in-doubt set.
-pub(crate) fn room(watermark: &Watermark, batch: &[StoredMessage], to_publish: &[usize]) -> usize {
-    let with = |k: usize| {
-        let mut w = watermark.clone();
-        for &i in &to_publish[..k] {
-            w.insert(batch[i].sequence, &batch[i].message.message_id);
-        }
-        w.encoded_len() <= crate::protocol::watermark::MAX_WATERMARK_BYTES
-    };
-    // The largest k that fits (fitting is monotone in k).
-    let (mut lo, mut hi) = (0, to_publish.len());
-    if with(hi) {
-        return hi;
-    }
-    while lo + 1 < hi {
-        let mid = (lo + hi) / 2;
-        if with(mid) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    lo
-}
-
 /// Why a transaction did not commit.
 struct Failed {
     /// Index of the first message (of the batch) it was about, when it was about one.
@@ -256,7 +231,9 @@ impl KafkaPublisher {
         }
         let mut end = batch.len();
         let mut limit_error = None;
-        let fits = room(&taken.watermark, batch, &split.to_publish);
+        let fits = taken
+            .watermark
+            .room_for(split.to_publish.iter().map(|&i| batch[i].sequence));
         if fits < split.to_publish.len() {
             end = split.to_publish[fits];
             limit_error = Some(Error::Kafka {
@@ -280,9 +257,6 @@ impl KafkaPublisher {
                 // Everything before `end` was covered.
                 return PublishOutcome::new(end, limit_error);
             }
-            let Some(taken) = slot.taken.as_mut() else {
-                break;
-            };
             let attempt = self.transaction(&binding, taken, bucket, batch, &publish, until);
             let result = match tokio::time::timeout_at(deadline, attempt).await {
                 Ok(r) => r,
@@ -632,9 +606,8 @@ impl KafkaPublisher {
     /// The error of a transactional produce to `topic`/`partition`: a rejection of the
     /// records as at least once, everything else retryable.
     fn produce_failure(&self, topic: &str, partition: i32, e: TransactionError) -> Error {
-        let cause = e.cause();
-        let rejection = match protocol_error(cause).map(|_| verdict(cause)) {
-            Some(Verdict::Reject(reason)) => Some(reason),
+        let rejection = match verdict(e.cause()) {
+            Verdict::Reject(reason) => Some(reason),
             _ => None,
         };
         match rejection {
@@ -703,7 +676,7 @@ mod tests {
         let w = identity().empty_watermark(3);
         let batch: Vec<StoredMessage> = (1..=400u64).map(|s| stored(s, u128::from(s))).collect();
         let all: Vec<usize> = (0..batch.len()).collect();
-        let fits = room(&w, &batch, &all);
+        let fits = w.room_for(all.iter().map(|&i| batch[i].sequence));
         assert!((280..400).contains(&fits), "{fits}");
         let mut full = w.clone();
         for m in &batch[..fits] {
@@ -712,6 +685,6 @@ mod tests {
         assert!(full.encoded_len() <= crate::protocol::watermark::MAX_WATERMARK_BYTES);
         full.insert(batch[fits].sequence, &batch[fits].message.message_id);
         assert!(full.encoded_len() > crate::protocol::watermark::MAX_WATERMARK_BYTES);
-        assert_eq!(room(&w, &batch, &all[..10]), 10);
+        assert_eq!(w.room_for(all[..10].iter().map(|&i| batch[i].sequence)), 10);
     }
 }
