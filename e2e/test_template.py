@@ -6,7 +6,8 @@ see in the deployed stack:
 
   - the relay's grants: kafka-cluster only with MskClusterArn, on that cluster and its
     KafkaTopics topics, and with Delivery=exactly-once also on the outbox's transactional
-    ids and groups and the watermark topic; dynamodb:DescribeTable with exactly-once only;
+    ids and groups and the watermark topic; dynamodb:DescribeTable and (on the message
+    partitions) dynamodb:PartiQLDelete with exactly-once only;
     secretsmanager:GetSecretValue on exactly the named Kafka secrets;
     their KMS key only with a secret; every DynamoDB item grant of the stack (relay,
     enqueue function, OutboxWriterPolicy) limited to dynamodb:LeadingKeys {KeyPrefix}#*;
@@ -179,12 +180,13 @@ ENQUEUE_ALARMS = {"EnqueueFaultsAlarm"}
 RELAY_KEYS = {"OutboxTable": ["{p}#COORDINATION", "{p}#MESSAGES#*"],
               "StartSuccessor": ["{p}#CONTINUATION#*"],
               "QuarantinePoison": ["{p}#DEADLETTER"],
-              "QuarantineFence": ["{p}#COORDINATION"]}
+              "QuarantineFence": ["{p}#COORDINATION"],
+              "ExactlyOnceConditionalDeletes": ["{p}#MESSAGES#*"]}
 ENQUEUE_KEYS = {"OutboxTable": ["{p}#MESSAGES#*", "{p}#SEQUENCE#*", "{p}#IDEMPOTENCY#*"]}
 WRITER_KEYS = {"OutboxTable": ["{p}#MESSAGES#*", "{p}#SEQUENCE#*"]}
 ITEM_ACTIONS = {"dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:PutItem",
                 "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem",
-                "dynamodb:ConditionCheckItem"}
+                "dynamodb:ConditionCheckItem", "dynamodb:PartiQLDelete"}
 VPC_POLICY = "arn:aws:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole"
 # The relay's kafka-cluster actions and the resource kind each is granted on: with
 # MskClusterArn, and (EXACTLY_ONCE_KAFKA) with Delivery=exactly-once too.
@@ -480,7 +482,8 @@ def check_setup(name: str, p: dict, t: dict) -> None:
 
 def check_exactly_once(p: dict, relay: list[dict], created: bool) -> None:
     """Delivery=exactly-once and only it: OUTBOX_DELIVERY and OUTBOX_WATERMARK_TOPIC in the
-    relay's environment (is_set_in check_setup), DescribeTable on the table, and with
+    relay's environment (is_set_in check_setup), DescribeTable on the table, PartiQLDelete
+    on its message partitions, and with
     MskClusterArn each transactional action on its own resource, in the cluster's
     partition, region and account: the transactional ids and groups of this stack's
     table (dynamo-outbox.{table}.*), and the watermark topic. Nothing of it otherwise."""
@@ -488,15 +491,20 @@ def check_exactly_once(p: dict, relay: list[dict], created: bool) -> None:
     exactly_once = get("Delivery", "at-least-once") == "exactly-once"
     msk = get("MskClusterArn")
     describe = [s for s in relay if "dynamodb:DescribeTable" in actions(s)]
+    partiql = [s for s in relay if "dynamodb:PartiQLDelete" in actions(s)]
     transactional = [s for s in relay if actions(s) & set(EXACTLY_ONCE_KAFKA)]
     if not exactly_once:
         eq(describe, [], "no DescribeTable without exactly-once")
+        eq(partiql, [], "no PartiQLDelete without exactly-once")
         eq(transactional, [], "no transactional, group or ReadData grant without exactly-once")
         return
     table_arn = ({"Fn::GetAtt": ["OutboxTable", "Arn"]} if created else
                  f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{get('TableName')}")
     eq([(actions(s), s["Resource"], s.get("Condition")) for s in describe],
        [({"dynamodb:DescribeTable"}, table_arn, None)], "DescribeTable on the table only")
+    # Its LeadingKeys (the message partitions) are checked with every item grant.
+    eq([actions(s) for s in partiql], [{"dynamodb:PartiQLDelete"}],
+       "PartiQLDelete, one statement of its own")
     if not msk:
         eq(transactional, [], "no kafka-cluster grant of transactions without MskClusterArn")
         return
@@ -744,8 +752,8 @@ def test_watermark_topic_is_a_kafka_topic_name():
                                                    "KafkaBootstrapServers": "b:9098"}, "cannot be")
 
 
-EXACTLY_ONCE_SIDS = {"ExactlyOnceTableArn", "MskTransactionalIds", "MskWatermarkGroups",
-                     "MskWatermarkTopic"}
+EXACTLY_ONCE_SIDS = {"ExactlyOnceTableArn", "ExactlyOnceConditionalDeletes",
+                     "MskTransactionalIds", "MskWatermarkGroups", "MskWatermarkTopic"}
 
 
 @pytest.mark.parametrize("label,params", [
@@ -768,7 +776,8 @@ def test_exactly_once_adds_its_grants_and_variables_and_nothing_else(label, para
     relay_eo = statements(exactly_once["Resources"]["RelayFunctionRole"])
     added = [s for s in relay_eo if s.get("Sid") in EXACTLY_ONCE_SIDS]
     eq({s["Sid"] for s in added},
-       EXACTLY_ONCE_SIDS if params.get("MskClusterArn") else {"ExactlyOnceTableArn"},
+       EXACTLY_ONCE_SIDS if params.get("MskClusterArn")
+       else {"ExactlyOnceTableArn", "ExactlyOnceConditionalDeletes"},
        "exactly-once's statements")
     eq([s for s in relay_eo if s.get("Sid") not in EXACTLY_ONCE_SIDS], relay_default,
        "every other statement as in at-least-once")

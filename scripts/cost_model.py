@@ -599,17 +599,25 @@ def per_hour(ticks_agg: dict, bell_agg: dict, period: float, window: float, key:
     return tick_part + bell_agg[key] * 3600 / window
 
 
+def delete_batches(requests: dict) -> float:
+    """The requests that delete published messages, at most 25 each: BatchWriteItem, or
+    with exactly-once delivery PartiQL's BatchExecuteStatement (conditional deletes)."""
+    return requests.get("BatchWriteItem", 0) + requests.get("BatchExecuteStatement", 0)
+
+
 def units(requests: dict, published: float) -> dict:
     """Request units from the operation counts (assumptions in the module doc and in
     BENCHMARKS.md): Query 1 RRU (strongly consistent, under 4 KB: the upper bound, the
     idle probes are eventually consistent, 0.5), UpdateItem / PutItem / DeleteItem 1 WRU,
-    BatchWriteItem 1 WRU per deleted message (= published), TransactWriteItems 2 per item
-    (one item each), GetItem 1 RRU."""
+    BatchWriteItem and (exactly-once's conditional deletes) BatchExecuteStatement 1 WRU
+    per deleted message (= published), TransactWriteItems 2 per item (one item each),
+    GetItem 1 RRU."""
     rru = requests.get("Query", 0) + requests.get("GetItem", 0)
     wru = (requests.get("UpdateItem", 0) + requests.get("PutItem", 0)
            + requests.get("DeleteItem", 0) + 2 * requests.get("TransactWriteItems", 0))
-    if requests.get("BatchWriteItem", 0):
-        wru += max(published, requests["BatchWriteItem"])
+    batches = delete_batches(requests)
+    if batches:
+        wru += max(published, batches)
     return {"rru": rru, "wru": wru}
 
 
@@ -789,7 +797,7 @@ def query_mix(cell: dict, message_bytes: int, coordination_bytes: int,
                     separated, so priced as probes)."""
     ph = cell["per_hour"]
     q = ph["dynamodb_requests"].get("Query", 0.0)
-    bw = ph["dynamodb_requests"].get("BatchWriteItem", 0.0)
+    bw = delete_batches(ph["dynamodb_requests"])
     published = ph["published"]
     coord = probe_strong = backlog = 0.0
     for w, r in runs_of(cell):
@@ -912,8 +920,7 @@ def log_bytes_h(cell: dict, buckets: int = BUCKETS) -> float:
         # An EMF document only from a run with something to report (lib/src/metrics/emf.rs).
         emf = size["emf"] if (r.get("published") or 0) > 0 else 0
         total += w * (lines * size["app"] + size["done"] + emf)
-    total += cell["per_hour"]["dynamodb_requests"].get("BatchWriteItem", 0.0) \
-        * size["duration_value"]
+    total += delete_batches(cell["per_hour"]["dynamodb_requests"]) * size["duration_value"]
     total += cell["per_hour"]["published"] * size["latency_value"]
     return total
 
@@ -1398,7 +1405,8 @@ def fmt(x, nd=1, unit=""):
 
 def op_short(req: dict) -> str:
     names = {"Query": "Q", "UpdateItem": "U", "PutItem": "P", "DeleteItem": "D",
-             "BatchWriteItem": "BW", "TransactWriteItems": "TW", "GetItem": "G"}
+             "BatchWriteItem": "BW", "BatchExecuteStatement": "BX", "TransactWriteItems": "TW",
+             "GetItem": "G"}
     return " ".join(f"{names.get(op, op)} {n:,.0f}" for op, n in sorted(req.items()))
 
 

@@ -47,7 +47,8 @@ pub enum Class {
     BacklogCount,
     /// Head `Query` of a bucket (the backlog sample's oldest-message read).
     BacklogHead,
-    /// `BatchWriteItem` deleting published messages.
+    /// `BatchWriteItem` deleting published messages (exactly-once: PartiQL
+    /// `BatchExecuteStatement`, each delete conditional on the message id).
     Delete,
     /// `BatchWriteItem` putting items (the benchmark's seeding).
     BatchPut,
@@ -354,6 +355,11 @@ impl Intercept for Classifier {
             classify_update(u)
         } else if let Some(b) = input.downcast_ref::<BatchWriteItemInput>() {
             classify_batch(b)
+        } else if input
+            .downcast_ref::<aws_sdk_dynamodb::operation::batch_execute_statement::BatchExecuteStatementInput>()
+            .is_some()
+        {
+            Class::Delete
         } else if input
             .downcast_ref::<aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsInput>()
             .is_some()

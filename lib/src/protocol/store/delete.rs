@@ -1,12 +1,14 @@
-//! Deleting published messages: `BatchWriteItem` in ascending chunks of 25, unprocessed
-//! items retried with bounded backoff. What cannot be deleted stays and is published
-//! again: a duplicate, never a loss.
+//! Deleting published messages in ascending chunks of 25, failed deletes retried with
+//! bounded backoff: by key with `BatchWriteItem`, or (exactly-once delivery) each
+//! conditional on its message id with PartiQL's `BatchExecuteStatement`. What cannot be
+//! deleted stays and is published again: a duplicate, never a loss.
 
 use std::time::Duration;
 
-use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
-use futures::future::join_all;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, BatchStatementErrorCodeEnum, BatchStatementRequest, DeleteRequest,
+    WriteRequest,
+};
 use tokio::time::Instant;
 use tracing::warn;
 use uuid::Uuid;
@@ -185,21 +187,39 @@ impl DynamoDbOutboxStore {
         Ok(deleted)
     }
 
+    /// The PartiQL statement that deletes one message if its key holds that message or
+    /// none: `DELETE FROM "{table}" WHERE "{pk}" = ? AND "{sk}" = ? AND "MessageId" = ?`.
+    /// DynamoDB answers a missing item with success and an item whose `MessageId` differs
+    /// with `ConditionalCheckFailed` ("PartiQL delete statements for DynamoDB", DynamoDB
+    /// developer guide): the condition `attribute_not_exists(PK) OR MessageId = :id`.
+    fn delete_if_same_statement(&self) -> String {
+        format!(
+            "DELETE FROM {} WHERE {} = ? AND {} = ? AND {} = ?",
+            partiql_name(&self.options.table_name),
+            partiql_name(&self.keys.pk),
+            partiql_name(&self.keys.sk),
+            partiql_name(attr::MESSAGE_ID),
+        )
+    }
+
     /// Deletes the messages `messages` (ascending sequences of `bucket`, each with its
-    /// message id) one `DeleteItem` each, conditional on the item holding that message or
-    /// none (`attribute_not_exists(PK) OR MessageId = :id`): a delete that lands late, after
-    /// a writer with a reset sequence counter put a new message under the same key, leaves
-    /// the new message instead of deleting it unpublished. Exactly-once delivery deletes so
-    /// (`docs/protocol.md`, section 8.4). A refused condition counts the message as gone
-    /// (it is: another message holds its key) and is logged as a warning. Returns how many leading ones
-    /// are known gone, with the deadline and attempts of [`Self::delete_messages`]: up to
-    /// [`CHUNK`] requests at once, failed ones retried.
+    /// message id), each conditional on its item holding that message or none: a delete
+    /// that lands late, after a writer with a reset sequence counter put a new message
+    /// under the same key, leaves the new message instead of deleting it unpublished.
+    /// Exactly-once delivery deletes so (`docs/protocol.md`, section 8.4). Up to [`CHUNK`]
+    /// deletes go in one PartiQL `BatchExecuteStatement` (each statement succeeds or fails
+    /// on its own; failed ones are retried). A refused condition counts the message as
+    /// gone (it is: another message holds its key) and is logged as a warning. Returns how
+    /// many leading ones are known gone, with the deadline and attempts of
+    /// [`Self::delete_messages`].
     pub async fn delete_messages_if_same(
         &self,
         bucket: u32,
         messages: &[(u64, Uuid)],
         deadline: Instant,
     ) -> Result<usize> {
+        let statement = self.delete_if_same_statement();
+        let pk = self.keys.message_pk(bucket);
         let mut deleted = 0;
         for chunk in messages.chunks(CHUNK) {
             if Instant::now() >= deadline && deleted > 0 {
@@ -210,55 +230,61 @@ impl DynamoDbOutboxStore {
             let mut last_error = None;
             let mut pause = Duration::from_millis(25);
             for attempt in 1..=MAX_ATTEMPTS {
-                let requests = chunk
+                let pending: Vec<usize> = (0..chunk.len()).filter(|i| !gone[*i]).collect();
+                let statements = pending
                     .iter()
-                    .zip(&gone)
-                    .enumerate()
-                    .filter(|(_, (_, done))| !**done)
-                    .map(|(i, ((seq, id), _))| async move {
-                        let request = self
-                            .client
-                            .delete_item()
-                            .table_name(&self.options.table_name)
-                            .set_key(Some(
-                                self.keys
-                                    .key(self.keys.message_pk(bucket), schema::message_sk(*seq)),
-                            ))
-                            .condition_expression("attribute_not_exists(#pk) OR #id = :id")
-                            .expression_attribute_names("#pk", &self.keys.pk)
-                            .expression_attribute_names("#id", attr::MESSAGE_ID)
-                            .expression_attribute_values(
-                                ":id",
-                                AttributeValue::S(id.hyphenated().to_string()),
-                            )
-                            .send();
-                        (i, tokio::time::timeout_at(deadline, request).await)
-                    });
-                for (i, result) in join_all(requests).await {
-                    match result {
-                        Ok(Ok(_)) => gone[i] = true,
-                        Ok(Err(e))
-                            if matches!(
-                                e.as_service_error(),
-                                Some(DeleteItemError::ConditionalCheckFailedException(_))
-                            ) =>
-                        {
-                            warn!(
-                                bucket,
-                                sequence = chunk[i].0,
-                                "another message holds the key of a published one (a reset \
-                                 sequence counter?): it is left in place, not deleted"
-                            );
-                            gone[i] = true;
-                        }
-                        Ok(Err(e)) => last_error = Some(from_sdk("DeleteItem", e)),
-                        Err(_) => {
-                            last_error =
-                                Some(Error::DeadlineExceeded("deleting published messages"))
+                    .map(|&i| {
+                        let (seq, id) = chunk[i];
+                        BatchStatementRequest::builder()
+                            .statement(&statement)
+                            .parameters(AttributeValue::S(pk.clone()))
+                            .parameters(AttributeValue::S(schema::message_sk(seq)))
+                            .parameters(AttributeValue::S(id.hyphenated().to_string()))
+                            .build()
+                            .expect("statement is set")
+                    })
+                    .collect();
+                let request = self
+                    .client
+                    .batch_execute_statement()
+                    .set_statements(Some(statements))
+                    .send();
+                let Ok(result) = tokio::time::timeout_at(deadline, request).await else {
+                    // Cut at the deadline: it may have applied. One strongly consistent
+                    // look says how much of the chunk is gone (a replaced message counts
+                    // as still there: published again, never lost).
+                    let sequences: Vec<u64> = chunk.iter().map(|(seq, _)| *seq).collect();
+                    let prefix = self.deleted_prefix(bucket, &sequences).await.unwrap_or(0);
+                    gone.iter_mut().take(prefix).for_each(|g| *g = true);
+                    last_error = Some(Error::DeadlineExceeded("deleting published messages"));
+                    break;
+                };
+                match result {
+                    Ok(out) => {
+                        for (&i, response) in pending.iter().zip(out.responses()) {
+                            match response.error() {
+                                None => gone[i] = true,
+                                Some(e) => match e.code() {
+                                    Some(BatchStatementErrorCodeEnum::ConditionalCheckFailed) => {
+                                        warn!(
+                                            bucket,
+                                            sequence = chunk[i].0,
+                                            "another message holds the key of a published one \
+                                             (a reset sequence counter?): it is left in place, \
+                                             not deleted"
+                                        );
+                                        gone[i] = true;
+                                    }
+                                    code => last_error = Some(statement_error(code, e.message())),
+                                },
+                            }
                         }
                     }
+                    Err(e) => last_error = Some(from_sdk("BatchExecuteStatement", e)),
                 }
+                let failed_for_good = last_error.as_ref().is_some_and(|e| !e.is_retryable());
                 if gone.iter().all(|g| *g)
+                    || failed_for_good
                     || attempt == MAX_ATTEMPTS
                     || Instant::now() + pause > deadline
                 {
@@ -281,5 +307,56 @@ impl DynamoDbOutboxStore {
             }
         }
         Ok(deleted)
+    }
+}
+
+/// `name` as a PartiQL quoted identifier (a double quote inside doubled).
+fn partiql_name(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// The error of one statement of a `BatchExecuteStatement`: retryable when DynamoDB says
+/// the statement may succeed later (throttling, a conflict, an internal error).
+fn statement_error(code: Option<&BatchStatementErrorCodeEnum>, message: Option<&str>) -> Error {
+    use BatchStatementErrorCodeEnum as Code;
+    let retryable = matches!(
+        code,
+        Some(
+            Code::ThrottlingError
+                | Code::ProvisionedThroughputExceeded
+                | Code::RequestLimitExceeded
+                | Code::TransactionConflict
+                | Code::InternalServerError
+        )
+    );
+    let code = code.map_or("unknown", |c| c.as_str());
+    Error::DynamoDb {
+        operation: "BatchExecuteStatement",
+        retryable,
+        request_id: None,
+        source: format!("{code}: {}", message.unwrap_or("no message")).into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partiql_names_are_quoted_with_inner_quotes_doubled() {
+        assert_eq!(partiql_name("orders.outbox-1"), "\"orders.outbox-1\"");
+        assert_eq!(partiql_name("P\"K"), "\"P\"\"K\"");
+    }
+
+    #[test]
+    fn throttled_statements_are_retried_and_refused_ones_are_not() {
+        let throttled = statement_error(Some(&BatchStatementErrorCodeEnum::ThrottlingError), None);
+        assert!(throttled.is_retryable());
+        let denied = statement_error(
+            Some(&BatchStatementErrorCodeEnum::AccessDenied),
+            Some("not authorized to perform dynamodb:PartiQLDelete"),
+        );
+        assert!(!denied.is_retryable());
+        assert!(crate::error::chain(&denied).contains("AccessDenied: not authorized"));
     }
 }
