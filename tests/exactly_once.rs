@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dynamo_outbox::message::StoredMessage;
+use dynamo_outbox::metrics::WriteKind;
 use dynamo_outbox::protocol::watermark::OutboxIdentity;
 use dynamo_outbox::publish::{Delivery, KafkaConfig, KafkaPublisher, Publisher};
 use dynamo_outbox::{
@@ -453,15 +454,41 @@ async fn a_late_delete_leaves_a_new_message_under_a_reused_key() {
         1
     );
 
-    // The first relay's late delete of the old message, on its id: the new one stays.
+    let next = writer
+        .message("t")
+        .with_key("k")
+        .with_value("next".to_string());
+    assert_eq!(
+        writer.enqueue(std::slice::from_ref(&next)).await.unwrap()[0].sequence,
+        2
+    );
+
+    // The first relay's late delete of the old message, on its id, in one request with
+    // the delete of a message still there (2) and of one already gone (3): the new one
+    // stays, the other two are gone, and the one refusal is counted as such.
     let gone = store
-        .delete_messages_if_same(0, &[(1, old.message_id)], late)
+        .delete_messages_if_same(
+            0,
+            &[
+                (1, old.message_id),
+                (2, next.message_id),
+                (3, uuid::Uuid::new_v4()),
+            ],
+            late,
+        )
         .await
         .unwrap();
-    assert_eq!(gone, 1, "the old message is gone either way");
+    assert_eq!(gone, 3, "the old message is gone either way");
     let left = store.fetch(0, None, 10).await.unwrap().messages;
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].message.message_id, new.message_id);
+    assert_eq!(
+        (
+            store.refused_writes().get(WriteKind::Delete),
+            store.refused_writes().total()
+        ),
+        (1, 1)
+    );
     // A delete by key alone (at least once's) would have removed it, unpublished.
     assert_eq!(store.delete_messages(0, &[1], late).await.unwrap(), 1);
     assert!(store.fetch(0, None, 10).await.unwrap().messages.is_empty());

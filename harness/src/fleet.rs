@@ -512,7 +512,14 @@ pub struct ParsedLog {
 
 /// The kinds of conditional write a relay makes (`WriteKind::as_str` of the library), the
 /// values of the `kind` field of a refusal event.
-pub const WRITE_KINDS: [&str; 5] = ["heartbeat", "renew", "release", "claim", "cleanup"];
+pub const WRITE_KINDS: [&str; 6] = [
+    "heartbeat",
+    "renew",
+    "release",
+    "claim",
+    "cleanup",
+    "delete",
+];
 
 /// The level of a log line (the word after the timestamp).
 fn level(line: &str) -> Option<&str> {

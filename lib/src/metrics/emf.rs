@@ -22,7 +22,7 @@
 //! | `PublishRejected` | Count | records the broker refused for good (part of `PublishFailures`) |
 //! | `PublishNotAuthorized` | Count | publishes the brokers refused the relay's principal (part of `PublishFailures`; retried, never poison); the document names each refusal in its `NotAuthorized` member |
 //! | `RefusedWrites` | Count | refused conditional writes, all kinds |
-//! | `RefusedWrites.<kind>` | Count | per kind: `heartbeat`, `renew`, `release`, `claim`, `cleanup` |
+//! | `RefusedWrites.<kind>` | Count | per kind: `heartbeat`, `renew`, `release`, `claim`, `cleanup`, `delete` (exactly-once) |
 //! | `LeasesAcquired` / `LeasesLost` | Count | leases claimed / lost |
 //! | `OwnedBuckets` | Count | buckets owned after the last acquisition (once one happened) |
 //! | `PendingMessages` | Count | sum over the sampled buckets (only the owner of bucket zero samples) |
@@ -96,7 +96,7 @@ pub const MAX_SAMPLES: usize = 1000;
 /// per acknowledged message up to this many, at most a hundred documents per flush.
 pub const MAX_LATENCY_SAMPLES: usize = 10_000;
 /// Every metric name a flush may report: 17 names, plus `RefusedWrites.<kind>` for the
-/// five kinds of [`WriteKind::ALL`], 22 metrics per dimension set at most.
+/// six kinds of [`WriteKind::ALL`], 23 metrics per dimension set at most.
 pub const METRIC_NAMES: [&str; 17] = [
     "Published",
     "PublishFailures",
@@ -957,7 +957,7 @@ mod tests {
     }
 
     #[test]
-    fn every_metric_name_is_known_and_the_total_is_22() {
+    fn every_metric_name_is_known_and_the_total_is_23() {
         let m = table_metrics();
         m.cold_start();
         m.published(0, 1);
@@ -978,7 +978,7 @@ mod tests {
         m.commit_to_ack(0, Duration::from_millis(1));
         let v = validate(&m.flush_at(1_764_500_000_000)[0]);
         assert_eq!(v.len(), METRIC_NAMES.len() + WriteKind::ALL.len());
-        assert_eq!(v.len(), 22);
+        assert_eq!(v.len(), 23);
         assert_eq!(v["QuarantinedItems"], json!(1));
         for name in v.keys() {
             assert!(

@@ -6,14 +6,13 @@
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{
-    AttributeValue, BatchStatementErrorCodeEnum, BatchStatementRequest, DeleteRequest,
-    WriteRequest,
+    AttributeValue, BatchStatementErrorCodeEnum, BatchStatementRequest, DeleteRequest, WriteRequest,
 };
 use tokio::time::Instant;
 use tracing::warn;
 use uuid::Uuid;
 
-use super::DynamoDbOutboxStore;
+use super::{DynamoDbOutboxStore, WriteKind};
 use crate::attr;
 use crate::error::{from_sdk, Error, Result};
 use crate::protocol::schema;
@@ -209,7 +208,8 @@ impl DynamoDbOutboxStore {
     /// Exactly-once delivery deletes so (`docs/protocol.md`, section 8.4). Up to [`CHUNK`]
     /// deletes go in one PartiQL `BatchExecuteStatement` (each statement succeeds or fails
     /// on its own; failed ones are retried). A refused condition counts the message as
-    /// gone (it is: another message holds its key) and is logged as a warning. Returns how
+    /// gone (it is: another message holds its key) and as a refused conditional write of
+    /// kind [`WriteKind::Delete`]. Returns how
     /// many leading ones are known gone, with the deadline and attempts of
     /// [`Self::delete_messages`].
     pub async fn delete_messages_if_same(
@@ -266,12 +266,15 @@ impl DynamoDbOutboxStore {
                                 None => gone[i] = true,
                                 Some(e) => match e.code() {
                                     Some(BatchStatementErrorCodeEnum::ConditionalCheckFailed) => {
+                                        // Another message holds the key: it is left in
+                                        // place, and the published one is gone.
+                                        self.refused.add(WriteKind::Delete);
                                         warn!(
+                                            kind = WriteKind::Delete.as_str(),
                                             bucket,
                                             sequence = chunk[i].0,
-                                            "another message holds the key of a published one \
-                                             (a reset sequence counter?): it is left in place, \
-                                             not deleted"
+                                            likely_cause = WriteKind::Delete.likely_cause(),
+                                            "conditional write refused"
                                         );
                                         gone[i] = true;
                                     }

@@ -38,6 +38,7 @@ use crate::protocol::schema::Keys;
 
 /// Kinds of conditional write a relay makes; a refusal of any of them is counted by kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum WriteKind {
     /// The heartbeat (and the stop stamp), refused when the record has a later timestamp.
     Heartbeat,
@@ -49,16 +50,20 @@ pub enum WriteKind {
     Claim,
     /// The cleanup of a stopped or dead relay's heartbeat record.
     Cleanup,
+    /// An exactly-once delete of a published message, refused when its key holds
+    /// another message.
+    Delete,
 }
 
 impl WriteKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [WriteKind; 5] = [
+    pub const ALL: [WriteKind; 6] = [
         WriteKind::Heartbeat,
         WriteKind::Renew,
         WriteKind::Release,
         WriteKind::Claim,
         WriteKind::Cleanup,
+        WriteKind::Delete,
     ];
 
     /// Lowercase name, as used in logs and metrics.
@@ -69,6 +74,7 @@ impl WriteKind {
             WriteKind::Release => "release",
             WriteKind::Claim => "claim",
             WriteKind::Cleanup => "cleanup",
+            WriteKind::Delete => "delete",
         }
     }
 
@@ -83,6 +89,9 @@ impl WriteKind {
             }
             WriteKind::Claim => "a peer claimed the bucket first: membership was changing while both planned",
             WriteKind::Cleanup => "another relay cleaned the record up, or the relay came back",
+            WriteKind::Delete => {
+                "a writer put a new message under a published one's key: its sequence counter was reset, or the table re-created or restored under its old name"
+            }
         }
     }
 }
@@ -90,7 +99,7 @@ impl WriteKind {
 /// Refused conditional writes by kind.
 #[derive(Debug, Default)]
 pub struct RefusedWrites {
-    counts: [AtomicU64; 5],
+    counts: [AtomicU64; WriteKind::ALL.len()],
 }
 
 impl RefusedWrites {
