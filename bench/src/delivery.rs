@@ -1,11 +1,14 @@
 //! Exactly once against at least once: drain throughput at the default batch size (the
 //! same backlog drained by one relay in each mode, runs alternating), the requests each
 //! mode sends per 1,000 messages, and how long a fresh relay (a new process: a new
-//! connection, no producer taken) takes to publish one message in each of its buckets.
+//! connection, no producer taken) takes to publish one message in each of its buckets; and
+//! what one delete costs the DynamoDB under test in each mode's way.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use dynamo_outbox::protocol::attr;
+use dynamo_outbox::protocol::schema::{self, Keys};
 use dynamo_outbox::publish::{Delivery, KafkaConfig, KafkaPublisher, TransactionCounts};
 use dynamo_outbox::{DynamoDbOutboxStore, Relay, RelayOptions};
 use tokio::time::Instant;
@@ -138,6 +141,56 @@ async fn first_messages(
     Ok(took)
 }
 
+/// What a delete of one message costs this DynamoDB, by key (at least once's
+/// `BatchWriteItem`) and conditional on its message id (exactly once's PartiQL
+/// `BatchExecuteStatement`): `count` messages of one bucket deleted each way, `rounds`
+/// times alternating, through the store's own calls. Totals per way.
+async fn delete_costs(
+    config: &aws_config::SdkConfig,
+    count: u64,
+    rounds: usize,
+) -> Result<(Duration, Duration)> {
+    let plain = support::client(config, None);
+    let table = support::fresh_table(&plain, 1, 8).await?;
+    let store = DynamoDbOutboxStore::new(plain.clone(), table.clone())?;
+    let keys = Keys::new(&table);
+    let (mut by_key, mut conditional) = (Duration::ZERO, Duration::ZERO);
+    for round in 0..rounds * 2 {
+        support::seed(&plain, &table, "bench-deletes", count, 1024, 16, None).await?;
+        let items = store.fetch_items(0, u32::try_from(count)?).await?;
+        let messages: Vec<(u64, uuid::Uuid)> = items
+            .iter()
+            .filter_map(|item| {
+                let seq = schema::parse_message_sk(item.get(&keys.sk)?.as_s().ok()?)?;
+                let id = item.get(attr::MESSAGE_ID)?.as_s().ok()?.parse().ok()?;
+                Some((seq, id))
+            })
+            .collect();
+        if messages.len() as u64 != count {
+            return Err(format!("seeded {count}, read back {}", messages.len()).into());
+        }
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let started = Instant::now();
+        let deleted = if (round % 2 == 0) == (round / 2 % 2 == 0) {
+            let sequences: Vec<u64> = messages.iter().map(|(seq, _)| *seq).collect();
+            let n = store.delete_messages(0, &sequences, deadline).await?;
+            by_key += started.elapsed();
+            n
+        } else {
+            let n = store
+                .delete_messages_if_same(0, &messages, deadline)
+                .await?;
+            conditional += started.elapsed();
+            n
+        };
+        if deleted != messages.len() {
+            return Err(format!("deleted {deleted} of {}", messages.len()).into());
+        }
+    }
+    support::drop_table(&plain, &table).await;
+    Ok((by_key, conditional))
+}
+
 /// Requests of `counts` per 1,000 messages of `messages`.
 fn per_thousand(n: u64, messages: u64) -> f64 {
     n as f64 * 1000.0 / messages.max(1) as f64
@@ -188,6 +241,15 @@ pub async fn run(args: &DeliveryArgs) -> Result<()> {
     println!(
         "throughput exactly-once / at-least-once: {:.2} (means {eo:.0} / {alo:.0} msg/s)",
         eo / alo.max(1e-9)
+    );
+    let (count, rounds) = (args.messages.min(5_000), args.pairs);
+    let (by_key, conditional) = delete_costs(&config, count, rounds).await?;
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / (count as f64 * rounds as f64);
+    println!(
+        "deletes on this DynamoDB, per message ({count} x {rounds}, alternating): by key (BatchWriteItem) {:.0} us, conditional (BatchExecuteStatement) {:.0} us: {:.2}x",
+        per(by_key),
+        per(conditional),
+        conditional.as_secs_f64() / by_key.as_secs_f64().max(1e-9)
     );
     for d in [Delivery::AtLeastOnce, Delivery::ExactlyOnce] {
         let Some(r) = runs.iter().find(|r| r.delivery == d) else {
