@@ -185,9 +185,11 @@ fn the_relay_gets_exactly_its_actions() {
             "dynamodb:GetRecords",
             "dynamodb:GetShardIterator",
             "dynamodb:ListStreams",
-            // Only with Delivery=exactly-once: the table's ARN, and with MskClusterArn the
-            // transactional ids, groups and watermark topic (see below).
+            // Only with Delivery=exactly-once: the table's ARN, the conditional deletes, and
+            // with MskClusterArn the transactional ids, groups and watermark topic (see
+            // below).
             "dynamodb:DescribeTable",
+            "dynamodb:PartiQLDelete",
             "kafka-cluster:DescribeTransactionalId",
             "kafka-cluster:AlterTransactionalId",
             "kafka-cluster:DescribeGroup",
@@ -922,6 +924,11 @@ fn relay_dynamodb_operations() -> BTreeSet<String> {
         (".batch_write_item()", "BatchWriteItem"),
         (".transact_write_items()", "TransactWriteItems"),
         (".transact_get_items()", "TransactGetItems"),
+        // PartiQL: the relay runs DELETE statements only (exactly-once's conditional
+        // deletes, a statement of their own: exactly_once_is_opt_in_and_brings_its_grants_only_with_it).
+        (".batch_execute_statement()", "PartiQLDelete"),
+        (".execute_statement()", "PartiQLDelete"),
+        (".execute_transaction()", "PartiQLDelete"),
     ];
     let mut files = Vec::new();
     for dir in [
@@ -981,7 +988,10 @@ fn the_relay_is_granted_the_table_operations_its_code_calls_and_put_item_only_to
     let lines = resource(&t, "RelayFunctionRole");
     let table = statement(&lines, "OutboxTable");
     let granted = actions(&table.lines().collect::<Vec<_>>());
-    assert_eq!(granted, relay_dynamodb_operations());
+    let mut called = relay_dynamodb_operations();
+    // Granted with exactly-once only, in a statement of its own.
+    assert!(called.remove("dynamodb:PartiQLDelete"), "{called:?}");
+    assert_eq!(granted, called);
     assert!(!granted.contains("dynamodb:PutItem"), "{granted:?}");
     // The move: a Put into the dead-letter partition and a check of the bucket's lease
     // item (ConditionCheckItem, so that a relay that lost the bucket moves nothing), each
@@ -1930,6 +1940,28 @@ fn exactly_once_is_opt_in_and_brings_its_grants_only_with_it() {
     assert!(
         store.contains(".describe_table()"),
         "the store reads the table's ARN"
+    );
+
+    // PartiQLDelete: exactly-once only, on the message partitions only; the store's
+    // conditional deletes are PartiQL DELETE statements (and the relay runs no other).
+    let (condition, granted, text) = relay_statement(&t, "ExactlyOnceConditionalDeletes");
+    assert_eq!(condition, "ExactlyOnce");
+    assert_eq!(granted, set(&["dynamodb:PartiQLDelete"]));
+    assert_contains_all(
+        &text,
+        &[
+            "- !GetAtt OutboxTable.Arn",
+            "ForAllValues:StringLike:",
+            "- !Sub \"${KeyPrefix}#MESSAGES#*\"",
+        ],
+    );
+    assert!(!text.contains("#COORDINATION"), "{text}");
+    let deletes =
+        std::fs::read_to_string(root().join("lib/src/protocol/store/delete.rs")).unwrap();
+    assert!(
+        deletes.contains(".batch_execute_statement()")
+            && deletes.contains("\"DELETE FROM {} WHERE"),
+        "the conditional deletes are PartiQL DELETEs"
     );
 
     // The Kafka grants of transactions: exactly-once with MskClusterArn only, each on its

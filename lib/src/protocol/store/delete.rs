@@ -209,9 +209,8 @@ impl DynamoDbOutboxStore {
     /// deletes go in one PartiQL `BatchExecuteStatement` (each statement succeeds or fails
     /// on its own; failed ones are retried). A refused condition counts the message as
     /// gone (it is: another message holds its key) and as a refused conditional write of
-    /// kind [`WriteKind::Delete`]. Returns how
-    /// many leading ones are known gone, with the deadline and attempts of
-    /// [`Self::delete_messages`].
+    /// kind [`WriteKind::Delete`]. Returns how many leading ones are known gone, with the
+    /// deadline and attempts of [`Self::delete_messages`].
     pub async fn delete_messages_if_same(
         &self,
         bucket: u32,
