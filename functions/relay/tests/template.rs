@@ -1956,8 +1956,7 @@ fn exactly_once_is_opt_in_and_brings_its_grants_only_with_it() {
         ],
     );
     assert!(!text.contains("#COORDINATION"), "{text}");
-    let deletes =
-        std::fs::read_to_string(root().join("lib/src/protocol/store/delete.rs")).unwrap();
+    let deletes = std::fs::read_to_string(root().join("lib/src/protocol/store/delete.rs")).unwrap();
     assert!(
         deletes.contains(".batch_execute_statement()")
             && deletes.contains("\"DELETE FROM {} WHERE"),
