@@ -221,17 +221,9 @@ impl<P: Publisher> Relay<P> {
         let acked = outcome.acknowledged.min(publishable.len());
         self.report_commit_to_ack(bucket, &publishable[..acked]);
         let sequences: Vec<u64> = publishable[..acked].iter().map(|m| m.sequence).collect();
-        let deleted = if self.publisher.delivery() == Delivery::ExactlyOnce {
-            let messages: Vec<(u64, uuid::Uuid)> = publishable[..acked]
-                .iter()
-                .map(|m| (m.sequence, m.message.message_id))
-                .collect();
-            self.delete_published_if_same(bucket, &messages, limits.delete)
-                .await
-        } else {
-            self.delete_published(bucket, &sequences, limits.delete)
-                .await
-        };
+        let deleted = self
+            .delete_published(bucket, &publishable[..acked], limits.delete)
+            .await;
         if let Some(first) = sequences.first() {
             debug!(
                 bucket,
@@ -391,52 +383,48 @@ impl<P: Publisher> Relay<P> {
             })
     }
 
-    /// Step five in exactly-once mode: each delete conditional on the message id
+    /// Step five, the delete of the acknowledged messages `acked`: how many leading ones
+    /// are known deleted. Deletes retry until `deadline` (no chunk starts after it, one in
+    /// flight is cut at it, so the chunks it did delete are counted), then give up: what
+    /// stays is published again (exactly once: the watermark covers it). In exactly-once
+    /// mode each delete is conditional on the message id
     /// ([`DynamoDbOutboxStore::delete_messages_if_same`]), so that a late delete never
     /// removes a new message under a reused key.
     ///
     /// [`DynamoDbOutboxStore::delete_messages_if_same`]: crate::DynamoDbOutboxStore::delete_messages_if_same
-    async fn delete_published_if_same(
+    async fn delete_published(
         &self,
         bucket: u32,
-        messages: &[(u64, uuid::Uuid)],
+        acked: &[StoredMessage],
         deadline: Instant,
     ) -> usize {
-        if messages.is_empty() {
+        if acked.is_empty() {
             return 0;
         }
-        match self
-            .store
-            .delete_messages_if_same(bucket, messages, deadline)
-            .await
-        {
-            Ok(n) => n,
-            Err(e) => {
-                warn!(bucket, error = %crate::error::chain(&e), "deleting published messages failed; a watermark covers them");
-                0
-            }
-        }
-    }
-
-    /// Step five, the delete of the acknowledged `sequences`: how many leading ones are
-    /// known deleted. Deletes retry until `deadline` (no chunk starts after it, one in
-    /// flight is cut at it, so the chunks it did delete are counted), then give up: what
-    /// stays is published again.
-    async fn delete_published(&self, bucket: u32, sequences: &[u64], deadline: Instant) -> usize {
-        if sequences.is_empty() {
-            return 0;
-        }
-        match self
-            .store
-            .delete_messages(bucket, sequences, deadline)
-            .await
-        {
-            Ok(n) => n,
-            Err(e) => {
-                warn!(bucket, error = %crate::error::chain(&e), "deleting published messages failed; they will be published again");
-                0
-            }
-        }
+        let exactly_once = self.publisher.delivery() == Delivery::ExactlyOnce;
+        let result = if exactly_once {
+            let messages: Vec<(u64, uuid::Uuid)> = acked
+                .iter()
+                .map(|m| (m.sequence, m.message.message_id))
+                .collect();
+            self.store
+                .delete_messages_if_same(bucket, &messages, deadline)
+                .await
+        } else {
+            let sequences: Vec<u64> = acked.iter().map(|m| m.sequence).collect();
+            self.store
+                .delete_messages(bucket, &sequences, deadline)
+                .await
+        };
+        result.unwrap_or_else(|e| {
+            let then = if exactly_once {
+                "a watermark covers them"
+            } else {
+                "they will be published again"
+            };
+            warn!(bucket, error = %crate::error::chain(&e), "deleting published messages failed; {then}");
+            0
+        })
     }
 }
 
