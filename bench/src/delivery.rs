@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dynamo_outbox::protocol::attr;
 use dynamo_outbox::protocol::schema::{self, Keys};
 use dynamo_outbox::publish::{Delivery, KafkaConfig, KafkaPublisher, TransactionCounts};
 use dynamo_outbox::{DynamoDbOutboxStore, Relay, RelayOptions};
@@ -160,11 +159,8 @@ async fn delete_costs(
         let items = store.fetch_items(0, u32::try_from(count)?).await?;
         let messages: Vec<(u64, uuid::Uuid)> = items
             .iter()
-            .filter_map(|item| {
-                let seq = schema::parse_message_sk(item.get(&keys.sk)?.as_s().ok()?)?;
-                let id = item.get(attr::MESSAGE_ID)?.as_s().ok()?.parse().ok()?;
-                Some((seq, id))
-            })
+            .filter_map(|item| schema::parse_message(&keys, item).ok())
+            .map(|m| (m.sequence, m.message.message_id))
             .collect();
         if messages.len() as u64 != count {
             return Err(format!("seeded {count}, read back {}", messages.len()).into());

@@ -1507,19 +1507,20 @@ async fn restore_mid_run(
 }
 
 /// The table's ARN (DescribeTable).
+/// The table's ARN, as a relay reads it ([`dynamo_outbox::DynamoDbOutboxStore::table_arn`]).
 async fn table_arn(
     client: &aws_sdk_dynamodb::Client,
     options: &dynamo_outbox::OutboxOptions,
 ) -> Result<String, String> {
-    client
-        .describe_table()
-        .table_name(&options.table_name)
-        .send()
-        .await
-        .map_err(|e| format!("DescribeTable {}: {e:?}", options.table_name))?
-        .table
-        .and_then(|t| t.table_arn)
-        .ok_or_else(|| format!("DescribeTable {}: no ARN", options.table_name))
+    let store = dynamo_outbox::DynamoDbOutboxStore::new(client.clone(), options.clone())
+        .map_err(|e| e.to_string())?;
+    store.table_arn().await.map_err(|e| {
+        format!(
+            "the ARN of {}: {}",
+            options.table_name,
+            dynamo_outbox::error::chain(&e)
+        )
+    })
 }
 
 type Item = std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>;
