@@ -179,6 +179,7 @@ ENQUEUE_ALARMS = {"EnqueueFaultsAlarm"}
 # shared table (docs/security.md).
 RELAY_KEYS = {"OutboxTable": ["{p}#COORDINATION", "{p}#MESSAGES#*"],
               "StartSuccessor": ["{p}#CONTINUATION#*"],
+              "RankWakeUps": ["{p}#WAKEUP"],
               "QuarantinePoison": ["{p}#DEADLETTER"],
               "QuarantineFence": ["{p}#COORDINATION"],
               "ExactlyOnceConditionalDeletes": ["{p}#MESSAGES#*"]}
@@ -393,8 +394,8 @@ def check_setup(name: str, p: dict, t: dict) -> None:
     puts = sorted(k for s in relay if "dynamodb:PutItem" in actions(s)
                   for k in s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
     eq(puts, sorted(([f"{prefix}#CONTINUATION#*"] if stream else [])
-                    + [f"{prefix}#DEADLETTER"]),
-       "the relay puts continuations with the doorbell, and dead letters")
+                    + [f"{prefix}#DEADLETTER", f"{prefix}#WAKEUP"]),
+       "the relay puts continuations with the doorbell, dead letters and wake-ups")
     checks = sorted(k for s in relay if "dynamodb:ConditionCheckItem" in actions(s)
                     for k in s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
     eq(checks, [f"{prefix}#COORDINATION"], "the move checks the bucket's lease only")

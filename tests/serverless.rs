@@ -969,3 +969,62 @@ async fn a_burst_of_wake_ups_against_a_throttled_coordination_partition_starts_f
     );
     assert_eq!(pending_messages(&client, &options).await, 0);
 }
+
+/// A wake-up is never lost behind a first one that died: a host that wrote its wake-up
+/// and never ran its relay (the item is written here by hand, as that host would have)
+/// comes first; the next woken host waits for that relay, sees none, and joins itself
+/// once the window after the first wake-up has passed, not before and not much later.
+#[tokio::test]
+async fn a_wake_up_behind_a_first_that_died_joins_once_the_window_has_passed() {
+    use dynamo_outbox::notification::{decide, CommitNotification, Decision, WAKEUP_WINDOW};
+    use dynamo_outbox::protocol::schema::{self, Keys};
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    enqueue(&writer, &random_name("dead-first"), &["a", "b"]).await;
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let keys = Keys::new(&options);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let written = Instant::now();
+    client
+        .put_item()
+        .table_name(&options.table_name)
+        .set_item(Some(
+            keys.key(keys.wakeup_pk(), schema::wakeup_sk(now_ms, "dead-host")),
+        ))
+        .send()
+        .await
+        .unwrap();
+    let id = random_name("live-host");
+    let decision = decide(
+        &store,
+        &CommitNotification::new(&options, 0..4),
+        &fast_relay_options(&id, 4),
+        Instant::now() + Duration::from_secs(30),
+        &id,
+        async {},
+    )
+    .await;
+    let waited = written.elapsed();
+    match &decision {
+        Decision::Join { uncovered, doubt } => {
+            assert!(!uncovered.is_empty(), "{decision:?}");
+            assert!(
+                doubt
+                    .as_deref()
+                    .is_some_and(|d| d.contains("first wake-up")),
+                "{decision:?}"
+            );
+        }
+        other => panic!("the wake-up behind a dead first was lost: {other:?}"),
+    }
+    assert!(
+        // The window counts from the dead host's time, taken a moment before `written`.
+        waited >= WAKEUP_WINDOW - Duration::from_millis(500)
+            && waited < WAKEUP_WINDOW + Duration::from_secs(5),
+        "joined {waited:?} after the dead host's wake-up"
+    );
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use dynamo_outbox::accounting::RequestCounter;
 use dynamo_outbox::lambda::{Ending, RelayHandler, RelaySettings, RelaySummary, Trigger};
-use dynamo_outbox::notification::{notification_jitter, Skip};
+use dynamo_outbox::notification::Skip;
 use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions, StopReason};
 use lambda_runtime::LambdaEvent;
 use outbox_testkit::*;
@@ -257,19 +257,11 @@ async fn a_burst_of_doorbells_on_an_idle_fleet_starts_one_relay() {
     let written = enqueue(&writer, &topic, &["p", "q", "r", "s"]).await;
     let (doorbell, _) = doorbell_since(&options, None);
     let (f, wire) = function(&options, &[]).await;
-    // The first doorbell looks again at once; the others after at least 150 ms (their
-    // jitter), by which time the first one's heartbeat has landed.
-    let first = (0..10_000)
-        .map(|i| format!("bell-{i}"))
-        .find(|id| notification_jitter(id) < Duration::from_millis(10))
-        .unwrap();
-    let later: Vec<String> = (0..10_000)
-        .map(|i| format!("bell-late-{i}"))
-        .filter(|id| notification_jitter(id) >= Duration::from_millis(150))
-        .take(4)
-        .collect();
+    // Five doorbells at once, with random request ids: the first wake-up (by time, then
+    // request id) joins, the others wait for its relay to cover the buckets.
+    let ids: Vec<String> = (0..5).map(|_| random_name("wake")).collect();
     let mut handles = Vec::new();
-    for id in std::iter::once(first).chain(later) {
+    for id in ids {
         let f = f.clone();
         let payload = doorbell.clone();
         handles.push(tokio::spawn(async move {

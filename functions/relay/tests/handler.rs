@@ -10,9 +10,7 @@ use std::time::Duration;
 use dynamo_outbox::lambda::{
     DeadlineSource, Ending, RelayHandler, RelaySettings, RelaySummary, Trigger,
 };
-use dynamo_outbox::notification::{
-    notification_jitter, CommitNotification, Skip, DETAIL_TYPE, SOURCE,
-};
+use dynamo_outbox::notification::{CommitNotification, Skip, DETAIL_TYPE, SOURCE};
 use dynamo_outbox::{DynamoDbOutboxWriter, OutboxOptions, StopReason};
 use lambda_runtime::LambdaEvent;
 use outbox_testkit::*;
@@ -375,29 +373,19 @@ async fn enqueue_four_more(
     (id_set(&batch), buckets)
 }
 
-/// A burst of five notifications for `buckets` to the idle fleet: they spread out by their
-/// jitter and look again, so the first to join covers the others. The first looks again
-/// at once; the others after at least 150 ms of jitter, by which time the first one's
-/// heartbeat has landed (notification_jitter: a hash of the request id). Their summaries,
-/// and the wire counter of their client.
+/// A burst of five notifications for `buckets` to the idle fleet, at once, with random
+/// request ids: the first wake-up (by time, then request id) joins, the others wait for
+/// its relay. Their summaries, and the wire counter of their client.
 async fn notify_the_idle_fleet(
     options: &OutboxOptions,
     buckets: &[u32],
 ) -> (Vec<RelaySummary>, dynamo_outbox::accounting::RequestCounter) {
     let (woken_client, woken_wire) = counted_client().await;
     let woken = RelayHandler::new(woken_client, settings(options, &[])).unwrap();
-    let first = (0..10_000)
-        .map(|i| format!("wake-{i}"))
-        .find(|id| notification_jitter(id) < Duration::from_millis(10))
-        .unwrap();
-    let later: Vec<String> = (0..10_000)
-        .map(|i| format!("wake-late-{i}"))
-        .filter(|id| notification_jitter(id) >= Duration::from_millis(150))
-        .take(4)
-        .collect();
-    let burst = futures::future::join_all(std::iter::once(first).chain(later).map(|id| {
+    let ids: Vec<String> = (0..5).map(|_| random_name("wake")).collect();
+    let burst = futures::future::join_all(ids.iter().map(|id| {
         woken.handle(event_with(
-            &id,
+            id,
             in_ms(Duration::from_secs(7)),
             notification(options, buckets),
         ))

@@ -908,6 +908,38 @@ fn the_relay_starts_its_successor_through_the_stream_or_without_one_by_invoking_
     );
 }
 
+/// A woken relay's tie-break (`lib/src/notification/wakeup.rs`, the one module that
+/// touches the wake-up partition): its PutItem and Query are granted in a statement of
+/// their own, on that partition only, and the module's only writes are to it.
+#[test]
+fn wake_ups_are_ranked_in_their_own_partition_only() {
+    let t = template();
+    let lines = resource(&t, "RelayFunctionRole");
+    let rank = statement(&lines, "RankWakeUps");
+    assert_eq!(
+        actions(&rank.lines().collect::<Vec<_>>()),
+        set(&["dynamodb:PutItem", "dynamodb:Query"])
+    );
+    let keys = dynamo_outbox::protocol::schema::Keys::new(&dynamo_outbox::OutboxOptions::new("t"));
+    let leading = format!(
+        "- !Sub \"${{KeyPrefix}}{}\"",
+        keys.wakeup_pk().strip_prefix(&keys.prefix).unwrap()
+    );
+    assert!(rank.contains(&leading), "{leading} missing:\n{rank}");
+    let code = std::fs::read_to_string(root().join("lib/src/notification/wakeup.rs")).unwrap();
+    let code = code.split("#[cfg(test)]").next().unwrap();
+    assert_eq!(code.matches(".put_item()").count(), 1);
+    assert_eq!(code.matches(".query()").count(), 1);
+    assert_eq!(
+        code.matches("wakeup_pk()").count(),
+        2,
+        "both on the wake-up partition"
+    );
+    for other in [".update_item()", ".delete_item()", ".batch_write_item()"] {
+        assert!(!code.contains(other), "{other}");
+    }
+}
+
 /// The DynamoDB operations the relay's code calls under the template's poison policy,
 /// `block` (the store the relay function runs: `lib/src/protocol/store/` without
 /// `quarantine.rs`, which `outboxctl quarantine` and only the `quarantine-after` policy use;

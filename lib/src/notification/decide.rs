@@ -20,13 +20,18 @@
 //!    Every notified bucket covered by a live relay: [`Skip::Covered`].
 //! 3. The uncovered buckets probed (strongly consistent, one item each); all empty (a
 //!    later stream batch of a commit already published): [`Skip::Empty`].
-//! 4. `prepare` (the host connects to Kafka, so that the time between the second look
-//!    and its heartbeat is short), then a pause: the request's jitter
-//!    ([`notification_jitter`], under [`JOIN_DELAY`]), or until live relays
-//!    take the buckets over when that is within [`HANDOVER_SETTLE_MAX`]. So a burst of
-//!    wake-ups to an idle fleet starts one relay (the first to join writes its heartbeat
-//!    first, and the later ones count its round's claims), and a handover starts none.
-//! 5. The second read: still uncovered, [`Decision::Join`]; otherwise [`Skip::Covered`].
+//! 4. The tie-break among simultaneous wake-ups ([`super::wakeup`]): the host writes its
+//!    wake-up (an unconditional put into `{prefix}#WAKEUP`) and, while `prepare` runs (the
+//!    host connects to Kafka, so that the time between the second look and its heartbeat
+//!    is short), pauses [`WAKEUP_SETTLE`] (at least twice its write's latency), then reads
+//!    the first wake-up of the last 3 s. Not first: it waits for the first one's relay,
+//!    looking again every [`FOLLOW_STEP`], and returns [`Skip::Covered`] once it covers
+//!    the buckets; when it has not within 3 s of the first wake-up (that host died, or
+//!    its relay stopped at once), it joins. So a burst of wake-ups to an idle fleet starts
+//!    one relay, whatever their request ids. A failed write or read ranks the host first.
+//! 5. When live relays take the buckets over within [`HANDOVER_SETTLE_MAX`] (a scheduled
+//!    handover), a pause until then, so that a handover starts no relay.
+//! 6. The second read: still uncovered, [`Decision::Join`]; otherwise [`Skip::Covered`].
 
 use std::future::Future;
 use std::time::Duration;
@@ -34,10 +39,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::wakeup::{Rank, WakeUps, WAKEUP_WINDOW};
 use super::CommitNotification;
 use crate::error::Error;
 use crate::options::RelayOptions;
-use crate::protocol::coordination::JOIN_DELAY;
 use crate::protocol::store::{Coverage, DynamoDbOutboxStore};
 
 /// Longest time a woken host waits for live relays to take uncovered buckets over before
@@ -88,18 +93,18 @@ pub enum Decision {
     },
 }
 
-/// How long a woken host that found uncovered buckets waits before it looks again: spread
-/// over `[0, JOIN_DELAY)` by its request id, so that the wake-ups of one burst look at
-/// different times.
-pub fn notification_jitter(request_id: &str) -> Duration {
-    let spread = JOIN_DELAY.as_millis() as u64;
-    let hash = crate::message::murmur2(request_id.as_bytes()) as u32 as u64;
-    Duration::from_millis(hash % spread)
-}
+/// The shortest pause between a woken host's wake-up write and its read of the first
+/// wake-up (it is at least twice the write's own latency): the writes of wake-ups that
+/// started together land before any of them reads.
+pub const WAKEUP_SETTLE: Duration = Duration::from_millis(100);
+/// How often a woken host that is not the first of its moment looks whether the first
+/// one's relay covers the buckets.
+pub const FOLLOW_STEP: Duration = Duration::from_millis(250);
 
 /// Decides what a host woken by `n` does (the steps in the module docs), bounded by
-/// `deadline`. `request_id` seeds the jitter; `prepare` runs once, only when the host may
-/// join, before the second look. Never fails: when it cannot tell, it joins.
+/// `deadline`. `request_id` names the host's wake-up (and spreads its retries); `prepare`
+/// runs once, only when the host may join, before the second look. Never fails: when it
+/// cannot tell, it joins.
 pub async fn decide<F>(
     store: &DynamoDbOutboxStore,
     n: &CommitNotification,
@@ -139,13 +144,37 @@ where
             uncovered: Some(first.uncovered),
         };
     }
-    prepare.await;
+    // Boxed: a handler's future holds this one, and the stack of a debug build's thread
+    // is small.
+    let first_of_moment = Box::pin(wait_for_the_first(store, deadline, request_id, prepare));
+    if let Some(after) = first_of_moment.await {
+        match Box::pin(follow(
+            store, &n.buckets, options, deadline, request_id, after,
+        ))
+        .await
+        {
+            Ok(None) => return covered(n, Vec::new()),
+            Ok(Some(uncovered)) => {
+                let doubt = format!(
+                    "the first wake-up of this moment ({} ms earlier) started no relay that \
+                     covers the buckets within {} s",
+                    after.as_millis(),
+                    WAKEUP_WINDOW.as_secs()
+                );
+                warn!(uncovered = ?uncovered, "wake-up: {doubt}; joining");
+                return Decision::Join {
+                    uncovered,
+                    doubt: Some(doubt),
+                };
+            }
+            Err(e) => return join_in_doubt(first.uncovered, &e),
+        }
+    }
     let settle = first
         .settles_in
         .filter(|s| *s <= HANDOVER_SETTLE_MAX)
         .unwrap_or(Duration::ZERO);
-    let again = Instant::now() + notification_jitter(request_id).max(settle);
-    tokio::time::sleep_until(again.min(deadline)).await;
+    tokio::time::sleep_until((Instant::now() + settle).min(deadline)).await;
     let second = match look_patiently(store, &n.buckets, options, deadline, request_id).await {
         Ok(c) => c.uncovered,
         Err(e) => return join_in_doubt(first.uncovered, &e),
@@ -157,6 +186,76 @@ where
     Decision::Join {
         uncovered: second,
         doubt: None,
+    }
+}
+
+/// Step 4's write and read, with `prepare` beside the pause: `None` when this host's
+/// wake-up comes first (or when the write or the read failed: the host then goes on as
+/// the first), else how long before its own the first one was written.
+async fn wait_for_the_first<F>(
+    store: &DynamoDbOutboxStore,
+    deadline: Instant,
+    request_id: &str,
+    prepare: F,
+) -> Option<Duration>
+where
+    F: Future<Output = ()>,
+{
+    let wakeups = WakeUps::new(store);
+    let started = Instant::now();
+    let announced = match tokio::time::timeout_at(deadline, wakeups.announce(request_id)).await {
+        Ok(Ok(a)) => Some(a),
+        Ok(Err(e)) => {
+            warn!(error = %crate::error::chain(&e), "wake-up: writing the wake-up failed; going on as the first");
+            None
+        }
+        Err(_) => None,
+    };
+    let settle = WAKEUP_SETTLE.max(started.elapsed() * 2);
+    let pause = tokio::time::sleep_until((Instant::now() + settle).min(deadline));
+    tokio::join!(prepare, pause);
+    let announced = announced?;
+    match tokio::time::timeout_at(deadline, wakeups.rank(&announced)).await {
+        Ok(Ok(Rank::First)) => None,
+        Ok(Ok(Rank::After(by))) => {
+            info!(
+                earlier_ms = by.as_millis() as u64,
+                "wake-up: another wake-up of this moment came first; waiting for its relay"
+            );
+            Some(by)
+        }
+        Ok(Err(e)) => {
+            warn!(error = %crate::error::chain(&e), "wake-up: reading the first wake-up failed; going on as the first");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// A host that is not the first of its moment: looks every [`FOLLOW_STEP`] until the
+/// buckets are covered (`Ok(None)`), or until [`WAKEUP_WINDOW`] has passed since the
+/// first wake-up was written, when it returns the buckets still uncovered.
+async fn follow(
+    store: &DynamoDbOutboxStore,
+    buckets: &[u32],
+    options: &RelayOptions,
+    deadline: Instant,
+    request_id: &str,
+    after: Duration,
+) -> crate::error::Result<Option<Vec<u32>>> {
+    let until = (Instant::now() + WAKEUP_WINDOW.saturating_sub(after)).min(deadline);
+    loop {
+        let next = Instant::now() + FOLLOW_STEP;
+        tokio::time::sleep_until(next.min(deadline)).await;
+        let uncovered = look_patiently(store, buckets, options, deadline, request_id)
+            .await?
+            .uncovered;
+        if uncovered.is_empty() {
+            return Ok(None);
+        }
+        if Instant::now() >= until {
+            return Ok(Some(uncovered));
+        }
     }
 }
 
@@ -248,29 +347,4 @@ async fn all_empty(store: &DynamoDbOutboxStore, buckets: &[u32], deadline: Insta
         }
     }
     true
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn notification_jitter_spreads_a_burst_under_the_join_delay() {
-        let jitters: Vec<Duration> = (0..1000)
-            .map(|i| notification_jitter(&format!("request-{i}")))
-            .collect();
-        assert!(jitters.iter().all(|j| *j < JOIN_DELAY));
-        // Spread over the whole window: every tenth of it gets some.
-        let mut tenths = [0; 10];
-        for j in &jitters {
-            tenths[(j.as_millis() * 10 / JOIN_DELAY.as_millis()) as usize] += 1;
-        }
-        assert!(tenths.iter().all(|n| *n >= 50), "{tenths:?}");
-        // The ids the relay function's idle-burst test relies on.
-        let ms = |id: &str| notification_jitter(id).as_millis();
-        assert_eq!(
-            ["wake-150", "wake-119", "wake-53", "wake-108", "wake-144"].map(ms),
-            [0, 56, 112, 167, 224]
-        );
-    }
 }

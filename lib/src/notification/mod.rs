@@ -19,7 +19,8 @@
 //! invocation. A relay started by one first reads the coordination partition once
 //! (one strongly consistent `Query`, no write) and returns at once when
 //! [`crate::protocol::coordination::Coordination::uncovered`] finds every notified bucket held by a
-//! live relay; only otherwise does it join the fleet as a relay.
+//! live relay; only otherwise does it join the fleet as a relay, and on an idle fleet only
+//! the first wake-up of its moment does (the others wait for its relay): see [`decide`].
 
 use std::fmt::Debug;
 
@@ -34,16 +35,21 @@ mod continuation;
 mod decide;
 mod local;
 mod successor;
+#[cfg(feature = "relay")]
+mod wakeup;
 #[cfg(feature = "lambda")]
 pub(crate) use continuation::ContinuationKey;
 #[cfg(feature = "relay")]
 pub use continuation::{StreamSuccessor, CONTINUATION_LIFETIME};
 #[cfg(feature = "relay")]
 pub use decide::{
-    decide, notification_jitter, Decision, Skip, HANDOVER_SETTLE_MAX, LOOK_ATTEMPTS, LOOK_BACKOFF,
+    decide, Decision, Skip, FOLLOW_STEP, HANDOVER_SETTLE_MAX, LOOK_ATTEMPTS, LOOK_BACKOFF,
+    WAKEUP_SETTLE,
 };
 pub use local::LocalNotifier;
 pub use successor::{Handoff, Successor, SUCCESSOR_LEAD};
+#[cfg(feature = "relay")]
+pub use wakeup::{WAKEUP_LIFETIME, WAKEUP_WINDOW};
 #[cfg(feature = "eventbridge")]
 mod eventbridge;
 #[cfg(feature = "eventbridge")]

@@ -9,8 +9,9 @@
 //! | Idempotency marker (this project) | `{prefix}#IDEMPOTENCY#{key}` | `IDEMPOTENCY` |
 //! | Dead letter (this project) | `{prefix}#DEADLETTER` | `{bucket, 10 digits}#{sequence, 19 digits}` |
 //! | Continuation (this project) | `{prefix}#CONTINUATION#{relayId}` | run start, Unix ms, 20 digits |
+//! | Wake-up (this project) | `{prefix}#WAKEUP` | time, Unix ms, 20 digits, `#`, request id |
 //!
-//! `{bucket}` in a partition key is plain decimal. The last three rows are this project's
+//! `{bucket}` in a partition key is plain decimal. The last four rows are this project's
 //! additions; they live in partitions no relay of the specification reads.
 
 use std::collections::HashMap;
@@ -103,6 +104,13 @@ impl Keys {
         format!("{}#CONTINUATION#", self.prefix)
     }
 
+    /// Partition key of the wake-ups about to join (one item per woken host that found
+    /// uncovered buckets with messages, sort key [`wakeup_sk`]): the first of a burst
+    /// joins, the others wait for it.
+    pub fn wakeup_pk(&self) -> String {
+        format!("{}#WAKEUP", self.prefix)
+    }
+
     /// Partition key of the dead letters.
     pub fn dead_letter_pk(&self) -> String {
         format!("{}#DEADLETTER", self.prefix)
@@ -145,6 +153,12 @@ pub const MAX_SEQUENCE: u64 = 9_999_999_999_999_999_999;
 /// Sort key of a continuation: the run's start in Unix milliseconds, 20 digits.
 pub fn continuation_sk(run_start_ms: u64) -> String {
     format!("{run_start_ms:020}")
+}
+
+/// Sort key of a wake-up: its time in Unix milliseconds (20 digits), `#`, its request id;
+/// so the wake-ups of a partition sort by time, then by request id.
+pub fn wakeup_sk(at_ms: u64, request_id: &str) -> String {
+    format!("{at_ms:020}#{request_id}")
 }
 
 /// Sort key of a message: the sequence number, 19 digits, zero padded.
