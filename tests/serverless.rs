@@ -970,6 +970,60 @@ async fn a_burst_of_wake_ups_against_a_throttled_coordination_partition_starts_f
     assert_eq!(pending_messages(&client, &options).await, 0);
 }
 
+/// The first wake-up of its moment on an idle fleet joins alone (its relay may skip most of
+/// the join delay); with a live relay in the coordination partition that covers none of
+/// the buckets (its heartbeat 1.5 s old, no lease), it joins but not alone, so its relay
+/// waits the whole join delay and the two relays' first plans see each other.
+#[tokio::test]
+async fn the_first_wake_up_on_an_idle_fleet_joins_alone_and_one_beside_a_live_relay_does_not() {
+    use dynamo_outbox::notification::{decide, CommitNotification, Decision};
+    let client = dynamodb().await;
+    let options = fresh_table(&client, 4).await;
+    let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
+    enqueue(&writer, &random_name("alone"), &["a", "b", "c"]).await;
+    let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
+    let wake = |id: String| {
+        let (store, options) = (store.clone(), options.clone());
+        async move {
+            decide(
+                &store,
+                &CommitNotification::new(&options, 0..4),
+                &fast_relay_options(&id, 4),
+                Instant::now() + Duration::from_secs(30),
+                &id,
+                async {},
+            )
+            .await
+        }
+    };
+    let joined_alone = |d: &Decision| match d {
+        Decision::Join {
+            uncovered,
+            doubt,
+            alone,
+            ..
+        } => {
+            assert_eq!(uncovered, &vec![0, 1, 2, 3], "{d:?}");
+            assert_eq!(doubt, &None, "{d:?}");
+            *alone
+        }
+        other => panic!("the wake-up did not join: {other:?}"),
+    };
+    assert!(joined_alone(&wake(random_name("first")).await));
+
+    // Past the first wake-up's window, so that the next one comes first of its own moment.
+    tokio::time::sleep(dynamo_outbox::notification::WAKEUP_WINDOW).await;
+    // A live relay whose heartbeat (1.5 s old) is older than a round's window (1 s) and
+    // younger than the lease (3 s): it holds and is about to claim nothing, so the buckets
+    // stay uncovered, but it is there.
+    let a_moment_ago = store.clock().now_ticks() - 15_000_000;
+    assert!(store
+        .heartbeat("live-peer", a_moment_ago, None)
+        .await
+        .unwrap());
+    assert!(!joined_alone(&wake(random_name("beside")).await));
+}
+
 /// A wake-up is never lost behind a first one that died: a host that wrote its wake-up
 /// and never ran its relay (the item is written here by hand, as that host would have)
 /// comes first; the next woken host waits for that relay, sees none, and joins itself
@@ -1010,8 +1064,13 @@ async fn a_wake_up_behind_a_first_that_died_joins_once_the_window_has_passed() {
     .await;
     let waited = written.elapsed();
     match &decision {
-        Decision::Join { uncovered, doubt } => {
+        Decision::Join {
+            uncovered,
+            doubt,
+            alone,
+        } => {
             assert!(!uncovered.is_empty(), "{decision:?}");
+            assert!(!alone, "it waited for another wake-up: {decision:?}");
             assert!(
                 doubt
                     .as_deref()

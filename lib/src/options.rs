@@ -469,6 +469,12 @@ pub struct RelayOptions {
     /// bucket behind it until an operator moves it ([`PoisonPolicy::Block`], the default),
     /// or move it to the dead-letter partition itself after a number of attempts.
     pub poison_policy: PoisonPolicy,
+    /// The pause between the first heartbeat and the first read of the coordination
+    /// partition ([`JOIN_DELAY`](crate::relay::JOIN_DELAY), capped at a quarter of the renew
+    /// interval). Shorter only for a relay that a woken host starts alone (the first
+    /// wake-up of its moment, no live relay in its last read): set by the Lambda handler,
+    /// never by an embedder.
+    pub(crate) join_delay: Duration,
 }
 
 /// What a relay does with a poison item: an item that cannot be read as a message, a
@@ -552,6 +558,7 @@ impl Default for RelayOptions {
             idle_stop: None,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             poison_policy: PoisonPolicy::Block,
+            join_delay: crate::protocol::coordination::JOIN_DELAY,
         }
     }
 }

@@ -641,7 +641,18 @@ impl RelayHandler {
                 )
                 .await
                 {
-                    Decision::Join { uncovered, doubt } => (Some(uncovered), doubt),
+                    Decision::Join {
+                        uncovered,
+                        doubt,
+                        alone,
+                    } => {
+                        if alone {
+                            // No other relay is starting beside this one: its first read
+                            // need not wait the full join delay.
+                            options.join_delay = crate::notification::WAKEUP_SETTLE;
+                        }
+                        (Some(uncovered), doubt)
+                    }
                     Decision::Skip { why, uncovered } => {
                         return Ok(RelaySummary::skipped(
                             options.relay_id,

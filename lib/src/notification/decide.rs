@@ -83,6 +83,11 @@ pub enum Decision {
         uncovered: Vec<u32>,
         /// Why the decision could not tell (a failed or timed-out read), when it could not.
         doubt: Option<String>,
+        /// This host's wake-up came first of its moment and the last read found no live
+        /// relay: no other relay is starting beside this one (short of a wake-up whose write
+        /// landed after this host's read), so its relay may read the coordination partition
+        /// [`WAKEUP_SETTLE`] after its first heartbeat instead of the full join delay.
+        alone: bool,
     },
     /// Return at once.
     Skip {
@@ -146,8 +151,8 @@ where
     }
     // Boxed: a handler's future holds this one, and the stack of a debug build's thread
     // is small.
-    let first_of_moment = Box::pin(wait_for_the_first(store, deadline, request_id, prepare));
-    if let Some(after) = first_of_moment.await {
+    let standing = Box::pin(wait_for_the_first(store, deadline, request_id, prepare)).await;
+    if let Some(Rank::After(after)) = standing {
         match Box::pin(follow(
             store, &n.buckets, options, deadline, request_id, after,
         ))
@@ -165,6 +170,7 @@ where
                 return Decision::Join {
                     uncovered,
                     doubt: Some(doubt),
+                    alone: false,
                 };
             }
             Err(e) => return join_in_doubt(first.uncovered, &e),
@@ -176,28 +182,30 @@ where
         .unwrap_or(Duration::ZERO);
     tokio::time::sleep_until((Instant::now() + settle).min(deadline)).await;
     let second = match look_patiently(store, &n.buckets, options, deadline, request_id).await {
-        Ok(c) => c.uncovered,
+        Ok(c) => c,
         Err(e) => return join_in_doubt(first.uncovered, &e),
     };
-    if second.is_empty() {
-        return covered(n, second);
+    if second.uncovered.is_empty() {
+        return covered(n, second.uncovered);
     }
-    info!(uncovered = ?second, "wake-up: buckets without a live relay, joining");
+    let alone = standing == Some(Rank::First) && second.live_relays == 0;
+    info!(uncovered = ?second.uncovered, alone, "wake-up: buckets without a live relay, joining");
     Decision::Join {
-        uncovered: second,
+        uncovered: second.uncovered,
         doubt: None,
+        alone,
     }
 }
 
-/// Step 4's write and read, with `prepare` beside the pause: `None` when this host's
-/// wake-up comes first (or when the write or the read failed: the host then goes on as
-/// the first), else how long before its own the first one was written.
+/// Step 4's write and read, with `prepare` beside the pause: where this host's wake-up
+/// stands, or `None` when the write or the read failed (the host then goes on as the
+/// first, not knowing whether another joins beside it).
 async fn wait_for_the_first<F>(
     store: &DynamoDbOutboxStore,
     deadline: Instant,
     request_id: &str,
     prepare: F,
-) -> Option<Duration>
+) -> Option<Rank>
 where
     F: Future<Output = ()>,
 {
@@ -216,13 +224,13 @@ where
     tokio::join!(prepare, pause);
     let announced = announced?;
     match tokio::time::timeout_at(deadline, wakeups.rank(&announced)).await {
-        Ok(Ok(Rank::First)) => None,
+        Ok(Ok(Rank::First)) => Some(Rank::First),
         Ok(Ok(Rank::After(by))) => {
             info!(
                 earlier_ms = by.as_millis() as u64,
                 "wake-up: another wake-up of this moment came first; waiting for its relay"
             );
-            Some(by)
+            Some(Rank::After(by))
         }
         Ok(Err(e)) => {
             warn!(error = %crate::error::chain(&e), "wake-up: reading the first wake-up failed; going on as the first");
@@ -334,6 +342,7 @@ fn join_in_doubt(uncovered: Vec<u32>, e: &Error) -> Decision {
     Decision::Join {
         uncovered,
         doubt: Some(doubt),
+        alone: false,
     }
 }
 

@@ -35,7 +35,7 @@ pub const WAKEUP_WINDOW: Duration = Duration::from_secs(3);
 pub const WAKEUP_LIFETIME: Duration = Duration::from_secs(3600);
 
 /// Where a woken host stands among the wake-ups of its moment.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Rank {
     /// No earlier wake-up in the window: this host joins.
     First,

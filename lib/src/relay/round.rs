@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, instrument, warn};
 
 use super::state::{Owned, RunState};
-use super::{Relay, BACKLOG_SAMPLE_INTERVAL, JOIN_DELAY};
+use super::{Relay, BACKLOG_SAMPLE_INTERVAL};
 use crate::error::{Error, Result};
 use crate::protocol::clock::{duration_to_ticks, ticks_to_duration};
 use crate::protocol::coordination::{Coordination, LeaseRecord, ReadExpiry};
@@ -221,7 +221,13 @@ impl<P: Publisher> Relay<P> {
             // Relays that start together (a scheduled fleet, a rollout) give each other's
             // first heartbeats a moment to land, so their first plans count each other
             // instead of claiming into each other's ranges.
-            tokio::time::sleep(JOIN_DELAY.min(self.options.lease_renew_interval / 4)).await;
+            // (JOIN_DELAY, unless the host started this relay alone: RelayOptions::join_delay.)
+            tokio::time::sleep(
+                self.options
+                    .join_delay
+                    .min(self.options.lease_renew_interval / 4),
+            )
+            .await;
         }
         ok
     }

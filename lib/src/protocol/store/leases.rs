@@ -29,6 +29,9 @@ pub struct Coverage {
     /// How long until live relays will have taken the uncovered buckets over, if every
     /// one of them has a taker.
     pub settles_in: Option<std::time::Duration>,
+    /// How many relays the read found live (a heartbeat within the lease duration and no
+    /// stop stamped; leavers included).
+    pub live_relays: usize,
 }
 
 // The protocol's steps, for the relay and for tools and tests that drive them: hidden
@@ -214,6 +217,7 @@ impl DynamoDbOutboxStore {
         Ok(Coverage {
             uncovered,
             settles_in,
+            live_relays: coordination.active_relays(now, lease).len(),
         })
     }
 
