@@ -65,8 +65,10 @@ burst  A burst of --messages (3000) messages of --value-bytes (1000) over --keys
        commit wakes a relay within a few seconds (docs/design.md).  Then (unless
        --no-compare) the same burst into another fresh table with ONE always-on relay
        (`outboxctl relay` with the same table settings and its defaults, started and
-       holding every bucket before the burst; SIGTERM once drained): its drain time, its
-       owner gaps, and the ratio of the two drain times.  The goals (the longest owner
+       holding every bucket before the burst; SIGTERM once drained), its table's stream
+       read by the same mapping model into a function that does nothing (so that its
+       writers share DynamoDB Local with the same reader as the Lambda run's): its drain
+       time, its owner gaps, and the ratio of the two drain times.  The goals (the longest owner
        gap after the first owner and, at most, before it <= 2 s; with the comparison,
        ratio <= 1.1) are reported under "goals"; they fail the run only with
        --enforce-goals.

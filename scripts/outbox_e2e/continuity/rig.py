@@ -77,7 +77,7 @@ def start_relay(args, workdir: str, started: list, table: str, prefix: str,
     return relay, tenv
 
 
-def start_poller(relay: Emulator, table: str, prefix: str, workdir: str, started: list,
+def start_poller(relay: "Emulator | NullFunction", table: str, prefix: str, workdir: str, started: list,
                  relay_timeout: float, shards: int) -> StreamPoller:
     """The stream mapping with the template's RelayDoorbell settings, over `shards`
     virtual shards (DynamoDB Local has one)."""
@@ -86,6 +86,34 @@ def start_poller(relay: Emulator, table: str, prefix: str, workdir: str, started
     started.append(poller)
     poller.settings = poller.wait_ready()
     return poller
+
+
+class NullFunction:
+    """An HTTP endpoint that answers every invocation at once with `null` (a function that
+    does nothing): what the always-on comparison's stream mapping invokes, so that its
+    writers share DynamoDB Local with the same stream reader as the Lambda run's."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (the http.server name)
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Length", "4")
+                self.end_headers()
+                self.wfile.write(b"null")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.invoke_url = (f"http://127.0.0.1:{self.server.server_address[1]}"
+                           "/2015-03-31/functions/RelayFunction/invocations")
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
 
 
 def stop_poller(poller: StreamPoller, started: list) -> dict:
