@@ -1005,7 +1005,14 @@ async fn the_first_wake_up_on_an_idle_fleet_joins_alone_and_one_beside_a_live_re
         } => {
             assert_eq!(uncovered, &vec![0, 1, 2, 3], "{d:?}");
             assert_eq!(doubt, &None, "{d:?}");
-            *alone
+            // Alone: its relay's heartbeat must land within ALONE_WITHIN of the last read.
+            if let Some(by) = alone {
+                assert!(
+                    *by <= Instant::now() + dynamo_outbox::notification::ALONE_WITHIN,
+                    "{d:?}"
+                );
+            }
+            alone.is_some()
         }
         other => panic!("the wake-up did not join: {other:?}"),
     };
@@ -1070,7 +1077,10 @@ async fn a_wake_up_behind_a_first_that_died_joins_once_the_window_has_passed() {
             alone,
         } => {
             assert!(!uncovered.is_empty(), "{decision:?}");
-            assert!(!alone, "it waited for another wake-up: {decision:?}");
+            assert!(
+                alone.is_none(),
+                "it waited for another wake-up: {decision:?}"
+            );
             assert!(
                 doubt
                     .as_deref()

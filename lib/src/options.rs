@@ -469,12 +469,12 @@ pub struct RelayOptions {
     /// bucket behind it until an operator moves it ([`PoisonPolicy::Block`], the default),
     /// or move it to the dead-letter partition itself after a number of attempts.
     pub poison_policy: PoisonPolicy,
-    /// The pause between the first heartbeat and the first read of the coordination
-    /// partition ([`JOIN_DELAY`](crate::relay::JOIN_DELAY), capped at a quarter of the renew
-    /// interval). Shorter only for a relay that a woken host starts alone (the first
-    /// wake-up of its moment, no live relay in its last read): set by the Lambda handler,
-    /// never by an embedder.
-    pub(crate) join_delay: Duration,
+    /// Set by the Lambda handler for a relay a woken host started alone
+    /// ([`Decision::Join`](crate::notification::Decision::Join)'s `alone`), never by an
+    /// embedder: when its first heartbeat lands by then, the first read waits
+    /// [`ALONE_JOIN_DELAY`](crate::protocol::coordination::ALONE_JOIN_DELAY) instead of
+    /// [`JOIN_DELAY`](crate::relay::JOIN_DELAY).
+    pub(crate) alone_until: Option<tokio::time::Instant>,
 }
 
 /// What a relay does with a poison item: an item that cannot be read as a message, a
@@ -558,7 +558,7 @@ impl Default for RelayOptions {
             idle_stop: None,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             poison_policy: PoisonPolicy::Block,
-            join_delay: crate::protocol::coordination::JOIN_DELAY,
+            alone_until: None,
         }
     }
 }

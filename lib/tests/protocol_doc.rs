@@ -603,6 +603,9 @@ fn check_constant(name: &str, value: &str, ex: &Example) -> bool {
             text(dynamo_outbox::publish::DEFAULT_MESSAGE_ID_HEADER)
         }
         "relay::JOIN_DELAY" => duration(dynamo_outbox::relay::JOIN_DELAY),
+        "coordination::ALONE_JOIN_DELAY" => {
+            duration(dynamo_outbox::protocol::coordination::ALONE_JOIN_DELAY)
+        }
         "relay::DEFAULT_STOP_RESERVE" => duration(dynamo_outbox::relay::DEFAULT_STOP_RESERVE),
         "relay::BACKLOG_SAMPLE_INTERVAL" => duration(dynamo_outbox::relay::BACKLOG_SAMPLE_INTERVAL),
         "coordination::HANDOVER_STEP" => {
@@ -664,7 +667,7 @@ fn check_constant(name: &str, value: &str, ex: &Example) -> bool {
     true
 }
 
-const CONSTANTS: [&str; 29] = [
+const CONSTANTS: [&str; 30] = [
     "RelayOptions.lease_duration",
     "RelayOptions.lease_renew_interval",
     "RelayOptions.poll_interval",
@@ -683,6 +686,7 @@ const CONSTANTS: [&str; 29] = [
     "headers::FORMAT_VERSION",
     "publish::DEFAULT_MESSAGE_ID_HEADER",
     "relay::JOIN_DELAY",
+    "coordination::ALONE_JOIN_DELAY",
     "relay::DEFAULT_STOP_RESERVE",
     "relay::BACKLOG_SAMPLE_INTERVAL",
     "coordination::HANDOVER_STEP",

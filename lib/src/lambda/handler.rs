@@ -646,11 +646,9 @@ impl RelayHandler {
                         doubt,
                         alone,
                     } => {
-                        if alone {
-                            // No other relay is starting beside this one: its first read
-                            // need not wait the full join delay.
-                            options.join_delay = crate::notification::WAKEUP_SETTLE;
-                        }
+                        // Started alone: its first read need not wait the full join delay
+                        // when its heartbeat lands soon enough.
+                        options.alone_until = alone;
                         (Some(uncovered), doubt)
                     }
                     Decision::Skip { why, uncovered } => {

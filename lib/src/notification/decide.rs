@@ -83,11 +83,12 @@ pub enum Decision {
         uncovered: Vec<u32>,
         /// Why the decision could not tell (a failed or timed-out read), when it could not.
         doubt: Option<String>,
-        /// This host's wake-up came first of its moment and the last read found no live
-        /// relay: no other relay is starting beside this one (short of a wake-up whose write
-        /// landed after this host's read), so its relay may read the coordination partition
-        /// [`WAKEUP_SETTLE`] after its first heartbeat instead of the full join delay.
-        alone: bool,
+        /// When this host's wake-up came first of its moment and its last read found no
+        /// live relay: the instant by which its relay's first heartbeat must land for the
+        /// relay to read the coordination partition [`ALONE_JOIN_DELAY`](crate::protocol::coordination::ALONE_JOIN_DELAY) after it instead
+        /// of the full join delay ([`ALONE_WITHIN`] after that read was sent). A relay that
+        /// starts later waits the full delay and reads after this one's claims.
+        alone: Option<Instant>,
     },
     /// Return at once.
     Skip {
@@ -102,9 +103,21 @@ pub enum Decision {
 /// wake-up (it is at least twice the write's own latency): the writes of wake-ups that
 /// started together land before any of them reads.
 pub const WAKEUP_SETTLE: Duration = Duration::from_millis(100);
+/// The longest such pause (a write slower than half of it is waited for no longer).
+pub const WAKEUP_SETTLE_MAX: Duration = Duration::from_secs(1);
+/// How long a woken host gives `prepare` (its Kafka connection, a head start) before it
+/// goes on without it; its relay connects by itself when it is not done. The hosts that
+/// follow it wait [`WAKEUP_WINDOW`] for its relay.
+pub const PREPARE_BOUND: Duration = Duration::from_secs(1);
 /// How often a woken host that is not the first of its moment looks whether the first
 /// one's relay covers the buckets.
 pub const FOLLOW_STEP: Duration = Duration::from_millis(250);
+/// How soon after a lone host's last read its relay's first heartbeat must land for the
+/// shorter first pause ([`ALONE_JOIN_DELAY`](crate::protocol::coordination::ALONE_JOIN_DELAY)): the relay then reads at most this plus
+/// that pause after the host's last read, and a relay whose heartbeat that read did not
+/// see reads [`crate::protocol::coordination::JOIN_DELAY`] after its own heartbeat,
+/// later.
+pub const ALONE_WITHIN: Duration = Duration::from_millis(100);
 
 /// Decides what a host woken by `n` does (the steps in the module docs), bounded by
 /// `deadline`. `request_id` names the host's wake-up (and spreads its retries); `prepare`
@@ -133,7 +146,7 @@ where
             uncovered: None,
         };
     }
-    let first = match look_patiently(store, &n.buckets, options, deadline, request_id).await {
+    let mut first = match look_patiently(store, &n.buckets, options, deadline, request_id).await {
         Ok(c) => c,
         Err(e) => return join_in_doubt(n.buckets.clone(), &e),
     };
@@ -149,6 +162,18 @@ where
             uncovered: Some(first.uncovered),
         };
     }
+    // A scheduled handover: live relays take the buckets over soon. Wait for it and look
+    // again before writing a wake-up, so that a handover costs no write.
+    if let Some(settle) = first.settles_in.filter(|s| *s <= HANDOVER_SETTLE_MAX) {
+        tokio::time::sleep_until((Instant::now() + settle).min(deadline)).await;
+        first = match look_patiently(store, &n.buckets, options, deadline, request_id).await {
+            Ok(c) => c,
+            Err(e) => return join_in_doubt(first.uncovered, &e),
+        };
+        if first.uncovered.is_empty() {
+            return covered(n, Vec::new());
+        }
+    }
     // Boxed: a handler's future holds this one, and the stack of a debug build's thread
     // is small.
     let standing = Box::pin(wait_for_the_first(store, deadline, request_id, prepare)).await;
@@ -161,26 +186,22 @@ where
             Ok(None) => return covered(n, Vec::new()),
             Ok(Some(uncovered)) => {
                 let doubt = format!(
-                    "the first wake-up of this moment ({} ms earlier) started no relay that \
-                     covers the buckets within {} s",
-                    after.as_millis(),
-                    WAKEUP_WINDOW.as_secs()
+                    "no relay covers the buckets {} s after the first wake-up of this moment \
+                     ({} ms before this one): its host may have died, or its relay stopped",
+                    WAKEUP_WINDOW.as_secs(),
+                    after.as_millis()
                 );
                 warn!(uncovered = ?uncovered, "wake-up: {doubt}; joining");
                 return Decision::Join {
                     uncovered,
                     doubt: Some(doubt),
-                    alone: false,
+                    alone: None,
                 };
             }
             Err(e) => return join_in_doubt(first.uncovered, &e),
         }
     }
-    let settle = first
-        .settles_in
-        .filter(|s| *s <= HANDOVER_SETTLE_MAX)
-        .unwrap_or(Duration::ZERO);
-    tokio::time::sleep_until((Instant::now() + settle).min(deadline)).await;
+    let look_sent = Instant::now();
     let second = match look_patiently(store, &n.buckets, options, deadline, request_id).await {
         Ok(c) => c,
         Err(e) => return join_in_doubt(first.uncovered, &e),
@@ -188,8 +209,9 @@ where
     if second.uncovered.is_empty() {
         return covered(n, second.uncovered);
     }
-    let alone = standing == Some(Rank::First) && second.live_relays == 0;
-    info!(uncovered = ?second.uncovered, alone, "wake-up: buckets without a live relay, joining");
+    let alone = (standing == Some(Rank::First) && second.live_relays == 0)
+        .then_some(look_sent + ALONE_WITHIN);
+    info!(uncovered = ?second.uncovered, alone = alone.is_some(), "wake-up: buckets without a live relay, joining");
     Decision::Join {
         uncovered: second.uncovered,
         doubt: None,
@@ -219,9 +241,19 @@ where
         }
         Err(_) => None,
     };
-    let settle = WAKEUP_SETTLE.max(started.elapsed() * 2);
+    // The pause lets the writes of wake-ups that started together land; after a failed
+    // write there is nothing to rank, and only the head start is waited for.
+    let settle = match announced {
+        Some(_) => WAKEUP_SETTLE
+            .max(started.elapsed() * 2)
+            .min(WAKEUP_SETTLE_MAX),
+        None => Duration::ZERO,
+    };
     let pause = tokio::time::sleep_until((Instant::now() + settle).min(deadline));
-    tokio::join!(prepare, pause);
+    // The head start is bounded: the other hosts wait for this one's relay.
+    let head_start =
+        tokio::time::timeout_at((Instant::now() + PREPARE_BOUND).min(deadline), prepare);
+    let _ = tokio::join!(head_start, pause);
     let announced = announced?;
     match tokio::time::timeout_at(deadline, wakeups.rank(&announced)).await {
         Ok(Ok(Rank::First)) => Some(Rank::First),
@@ -342,7 +374,7 @@ fn join_in_doubt(uncovered: Vec<u32>, e: &Error) -> Decision {
     Decision::Join {
         uncovered,
         doubt: Some(doubt),
-        alone: false,
+        alone: None,
     }
 }
 

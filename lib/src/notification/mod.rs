@@ -43,8 +43,8 @@ pub(crate) use continuation::ContinuationKey;
 pub use continuation::{StreamSuccessor, CONTINUATION_LIFETIME};
 #[cfg(feature = "relay")]
 pub use decide::{
-    decide, Decision, Skip, FOLLOW_STEP, HANDOVER_SETTLE_MAX, LOOK_ATTEMPTS, LOOK_BACKOFF,
-    WAKEUP_SETTLE,
+    decide, Decision, Skip, ALONE_WITHIN, FOLLOW_STEP, HANDOVER_SETTLE_MAX, LOOK_ATTEMPTS,
+    LOOK_BACKOFF, PREPARE_BOUND, WAKEUP_SETTLE, WAKEUP_SETTLE_MAX,
 };
 pub use local::LocalNotifier;
 pub use successor::{Handoff, Successor, SUCCESSOR_LEAD};

@@ -18,8 +18,12 @@ use crate::protocol::plan::{self, LeaseView, PlanInput};
 pub const ROUND_WINDOW: Duration = Duration::from_secs(1);
 /// Pause between a relay's first heartbeat and its first read of the coordination
 /// partition (at most a quarter of the renew interval), so that relays starting together
-/// see each other's heartbeats; woken hosts spread their second look over it.
+/// see each other's heartbeats.
 pub const JOIN_DELAY: Duration = Duration::from_millis(300);
+/// The same pause for a relay that a woken host started alone (the first wake-up of its
+/// moment, no live relay in the host's last read, its heartbeat landed soon after that
+/// read): no relay whose heartbeat the read did not see reads before this one's claims.
+pub const ALONE_JOIN_DELAY: Duration = Duration::from_millis(100);
 
 /// The heartbeat's `Delivery` of a relay in exactly-once mode.
 pub const DELIVERY_EXACTLY_ONCE: &str = "exactly-once";

@@ -13,7 +13,7 @@ use super::{Relay, BACKLOG_SAMPLE_INTERVAL};
 use crate::error::{Error, Result};
 use crate::protocol::clock::{duration_to_ticks, ticks_to_duration};
 use crate::protocol::coordination::{Coordination, LeaseRecord, ReadExpiry};
-use crate::protocol::coordination::{HANDOVER_STEP, HANDOVER_WATCH};
+use crate::protocol::coordination::{ALONE_JOIN_DELAY, HANDOVER_STEP, HANDOVER_WATCH, JOIN_DELAY};
 use crate::protocol::plan::{self, Plan, PlanInput};
 use crate::protocol::store::WriteKind;
 use crate::publish::Publisher;
@@ -221,13 +221,14 @@ impl<P: Publisher> Relay<P> {
             // Relays that start together (a scheduled fleet, a rollout) give each other's
             // first heartbeats a moment to land, so their first plans count each other
             // instead of claiming into each other's ranges.
-            // (JOIN_DELAY, unless the host started this relay alone: RelayOptions::join_delay.)
-            tokio::time::sleep(
-                self.options
-                    .join_delay
-                    .min(self.options.lease_renew_interval / 4),
-            )
-            .await;
+            // A relay a woken host started alone, whose heartbeat landed soon after the
+            // host's last read, pauses less (RelayOptions::alone_until).
+            let alone = self
+                .options
+                .alone_until
+                .is_some_and(|by| Instant::now() <= by);
+            let pause = if alone { ALONE_JOIN_DELAY } else { JOIN_DELAY };
+            tokio::time::sleep(pause.min(self.options.lease_renew_interval / 4)).await;
         }
         ok
     }
