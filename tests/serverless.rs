@@ -970,32 +970,37 @@ async fn a_burst_of_wake_ups_against_a_throttled_coordination_partition_starts_f
     assert_eq!(pending_messages(&client, &options).await, 0);
 }
 
+/// What a host woken for every bucket of `options`' outbox decides (fast relay options, a
+/// 30 s deadline, no head start).
+async fn wake_once(
+    store: &DynamoDbOutboxStore,
+    options: &dynamo_outbox::OutboxOptions,
+    id: &str,
+) -> dynamo_outbox::notification::Decision {
+    use dynamo_outbox::notification::{decide, CommitNotification};
+    decide(
+        store,
+        &CommitNotification::new(options, 0..4),
+        &fast_relay_options(id, 4),
+        Instant::now() + Duration::from_secs(30),
+        id,
+        async {},
+    )
+    .await
+}
+
 /// The first wake-up of its moment on an idle fleet joins alone (its relay may skip most of
 /// the join delay); with a live relay in the coordination partition that covers none of
 /// the buckets (its heartbeat 1.5 s old, no lease), it joins but not alone, so its relay
 /// waits the whole join delay and the two relays' first plans see each other.
 #[tokio::test]
 async fn the_first_wake_up_on_an_idle_fleet_joins_alone_and_one_beside_a_live_relay_does_not() {
-    use dynamo_outbox::notification::{decide, CommitNotification, Decision};
+    use dynamo_outbox::notification::Decision;
     let client = dynamodb().await;
     let options = fresh_table(&client, 4).await;
     let writer = DynamoDbOutboxWriter::new(client.clone(), options.clone()).unwrap();
     enqueue(&writer, &random_name("alone"), &["a", "b", "c"]).await;
     let store = DynamoDbOutboxStore::new(client.clone(), options.clone()).unwrap();
-    let wake = |id: String| {
-        let (store, options) = (store.clone(), options.clone());
-        async move {
-            decide(
-                &store,
-                &CommitNotification::new(&options, 0..4),
-                &fast_relay_options(&id, 4),
-                Instant::now() + Duration::from_secs(30),
-                &id,
-                async {},
-            )
-            .await
-        }
-    };
     let joined_alone = |d: &Decision| match d {
         Decision::Join {
             uncovered,
@@ -1016,7 +1021,9 @@ async fn the_first_wake_up_on_an_idle_fleet_joins_alone_and_one_beside_a_live_re
         }
         other => panic!("the wake-up did not join: {other:?}"),
     };
-    assert!(joined_alone(&wake(random_name("first")).await));
+    assert!(joined_alone(
+        &wake_once(&store, &options, &random_name("first")).await
+    ));
 
     // Past the first wake-up's window, so that the next one comes first of its own moment.
     tokio::time::sleep(dynamo_outbox::notification::WAKEUP_WINDOW).await;
@@ -1028,7 +1035,9 @@ async fn the_first_wake_up_on_an_idle_fleet_joins_alone_and_one_beside_a_live_re
         .heartbeat("live-peer", a_moment_ago, None)
         .await
         .unwrap());
-    assert!(!joined_alone(&wake(random_name("beside")).await));
+    assert!(!joined_alone(
+        &wake_once(&store, &options, &random_name("beside")).await
+    ));
 }
 
 /// A wake-up is never lost behind a first one that died: a host that wrote its wake-up
@@ -1037,7 +1046,7 @@ async fn the_first_wake_up_on_an_idle_fleet_joins_alone_and_one_beside_a_live_re
 /// once the window after the first wake-up has passed, not before and not much later.
 #[tokio::test]
 async fn a_wake_up_behind_a_first_that_died_joins_once_the_window_has_passed() {
-    use dynamo_outbox::notification::{decide, CommitNotification, Decision, WAKEUP_WINDOW};
+    use dynamo_outbox::notification::{Decision, WAKEUP_WINDOW};
     use dynamo_outbox::protocol::schema::{self, Keys};
     let client = dynamodb().await;
     let options = fresh_table(&client, 4).await;
@@ -1059,16 +1068,7 @@ async fn a_wake_up_behind_a_first_that_died_joins_once_the_window_has_passed() {
         .send()
         .await
         .unwrap();
-    let id = random_name("live-host");
-    let decision = decide(
-        &store,
-        &CommitNotification::new(&options, 0..4),
-        &fast_relay_options(&id, 4),
-        Instant::now() + Duration::from_secs(30),
-        &id,
-        async {},
-    )
-    .await;
+    let decision = wake_once(&store, &options, &random_name("live-host")).await;
     let waited = written.elapsed();
     match &decision {
         Decision::Join {

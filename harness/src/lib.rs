@@ -1506,7 +1506,6 @@ async fn restore_mid_run(
     Ok((record, tokio::time::Instant::now() + writes_after))
 }
 
-/// The table's ARN (DescribeTable).
 /// The table's ARN, as a relay reads it ([`dynamo_outbox::DynamoDbOutboxStore::table_arn`]).
 async fn table_arn(
     client: &aws_sdk_dynamodb::Client,

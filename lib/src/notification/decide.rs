@@ -20,18 +20,21 @@
 //!    Every notified bucket covered by a live relay: [`Skip::Covered`].
 //! 3. The uncovered buckets probed (strongly consistent, one item each); all empty (a
 //!    later stream batch of a commit already published): [`Skip::Empty`].
-//! 4. The tie-break among simultaneous wake-ups ([`super::wakeup`]): the host writes its
-//!    wake-up (an unconditional put into `{prefix}#WAKEUP`) and, while `prepare` runs (the
-//!    host connects to Kafka, so that the time between the second look and its heartbeat
-//!    is short), pauses [`WAKEUP_SETTLE`] (at least twice its write's latency), then reads
-//!    the first wake-up of the last 3 s. Not first: it waits for the first one's relay,
-//!    looking again every [`FOLLOW_STEP`], and returns [`Skip::Covered`] once it covers
-//!    the buckets; when it has not within 3 s of the first wake-up (that host died, or
-//!    its relay stopped at once), it joins. So a burst of wake-ups to an idle fleet starts
-//!    one relay, whatever their request ids. A failed write or read ranks the host first.
-//! 5. When live relays take the buckets over within [`HANDOVER_SETTLE_MAX`] (a scheduled
-//!    handover), a pause until then, so that a handover starts no relay.
-//! 6. The second read: still uncovered, [`Decision::Join`]; otherwise [`Skip::Covered`].
+//! 4. When live relays take the buckets over within [`HANDOVER_SETTLE_MAX`] (a scheduled
+//!    handover), a pause until then and a look again, so that a handover starts no relay
+//!    and writes nothing.
+//! 5. The tie-break among simultaneous wake-ups ([`super::wakeup`]): the host writes its
+//!    wake-up (an unconditional put into `{prefix}#WAKEUP`), pauses [`WAKEUP_SETTLE`] (at
+//!    least twice its write's latency, at most [`WAKEUP_SETTLE_MAX`]) while `prepare` runs
+//!    for at most [`PREPARE_BOUND`] (the host connects to Kafka, so that the time between
+//!    the second look and its heartbeat is short), then reads the first wake-up of the
+//!    last 3 s. Not first: it waits for the first one's relay, looking again every
+//!    [`FOLLOW_STEP`], and returns [`Skip::Covered`] once it covers the buckets; when it
+//!    has not within 3 s of the first wake-up (that host died, or its relay stopped at
+//!    once), it joins. So a burst of wake-ups to an idle fleet starts one relay, whatever
+//!    their request ids. A failed write or read ranks the host first.
+//! 6. The second read: still uncovered, [`Decision::Join`] (alone when first and no relay
+//!    is live); otherwise [`Skip::Covered`].
 
 use std::future::Future;
 use std::time::Duration;
@@ -231,16 +234,14 @@ async fn wait_for_the_first<F>(
 where
     F: Future<Output = ()>,
 {
-    let wakeups = WakeUps::new(store);
+    let wakeups = WakeUps { store };
     let started = Instant::now();
-    let announced = match tokio::time::timeout_at(deadline, wakeups.announce(request_id)).await {
-        Ok(Ok(a)) => Some(a),
-        Ok(Err(e)) => {
-            warn!(error = %crate::error::chain(&e), "wake-up: writing the wake-up failed; going on as the first");
-            None
-        }
-        Err(_) => None,
-    };
+    let announced = bounded(
+        deadline,
+        "writing the wake-up",
+        wakeups.announce(request_id),
+    )
+    .await;
     // The pause lets the writes of wake-ups that started together land; after a failed
     // write there is nothing to rank, and only the head start is waited for.
     let settle = match announced {
@@ -254,22 +255,34 @@ where
     let head_start =
         tokio::time::timeout_at((Instant::now() + PREPARE_BOUND).min(deadline), prepare);
     let _ = tokio::join!(head_start, pause);
-    let announced = announced?;
-    match tokio::time::timeout_at(deadline, wakeups.rank(&announced)).await {
-        Ok(Ok(Rank::First)) => Some(Rank::First),
-        Ok(Ok(Rank::After(by))) => {
-            info!(
-                earlier_ms = by.as_millis() as u64,
-                "wake-up: another wake-up of this moment came first; waiting for its relay"
-            );
-            Some(Rank::After(by))
-        }
-        Ok(Err(e)) => {
-            warn!(error = %crate::error::chain(&e), "wake-up: reading the first wake-up failed; going on as the first");
-            None
-        }
-        Err(_) => None,
+    let rank = bounded(
+        deadline,
+        "reading the first wake-up",
+        wakeups.rank(&announced?),
+    )
+    .await;
+    if let Some(Rank::After(by)) = rank {
+        info!(
+            earlier_ms = by.as_millis() as u64,
+            "wake-up: another wake-up of this moment came first; waiting for its relay"
+        );
     }
+    rank
+}
+
+/// A step of the tie-break bounded by `deadline`; `None` (logged) when it failed or ran
+/// out of time, and the host goes on as the first.
+async fn bounded<T>(
+    deadline: Instant,
+    what: &'static str,
+    step: impl Future<Output = crate::error::Result<T>>,
+) -> Option<T> {
+    let result = tokio::time::timeout_at(deadline, step)
+        .await
+        .unwrap_or(Err(Error::DeadlineExceeded(what)));
+    result
+        .map_err(|e| warn!(error = %crate::error::chain(&e), "wake-up: {what} failed; going on as the first"))
+        .ok()
 }
 
 /// A host that is not the first of its moment: looks every [`FOLLOW_STEP`] until the

@@ -16,15 +16,13 @@
 //! window, so an item that outlives its hour costs storage only. No relay of the
 //! specification reads this partition; the stream mapping's filters drop its inserts.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::attr;
 use crate::error::{from_sdk, Result};
-use crate::protocol::clock::Clock;
-use crate::protocol::schema::{self, Keys};
+use crate::protocol::schema;
 use crate::protocol::store::DynamoDbOutboxStore;
 use crate::ticks::unix_millis;
 
@@ -43,13 +41,10 @@ pub(crate) enum Rank {
     After(Duration),
 }
 
-/// The wake-up partition of one outbox.
-#[derive(Debug, Clone)]
-pub(crate) struct WakeUps {
-    client: aws_sdk_dynamodb::Client,
-    table: String,
-    keys: Keys,
-    clock: Arc<dyn Clock>,
+/// The wake-up partition of `store`'s outbox.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WakeUps<'a> {
+    pub(crate) store: &'a DynamoDbOutboxStore,
 }
 
 /// A wake-up as written: its time and sort key.
@@ -59,29 +54,21 @@ pub(crate) struct Announced {
     sk: String,
 }
 
-impl WakeUps {
-    /// The wake-up partition of `store`'s outbox.
-    pub(crate) fn new(store: &DynamoDbOutboxStore) -> Self {
-        WakeUps {
-            client: store.client().clone(),
-            table: store.options().table_name.clone(),
-            keys: store.keys().clone(),
-            clock: store.clock().clone(),
-        }
-    }
-
+impl WakeUps<'_> {
     /// Writes this host's wake-up, at the time of the store's clock.
     pub(crate) async fn announce(&self, request_id: &str) -> Result<Announced> {
-        let at_ms = unix_millis(self.clock.now_ticks());
+        let keys = self.store.keys();
+        let at_ms = unix_millis(self.store.clock().now_ticks());
         let sk = schema::wakeup_sk(at_ms, request_id);
-        let mut item = self.keys.key(self.keys.wakeup_pk(), sk.clone());
+        let mut item = keys.key(keys.wakeup_pk(), sk.clone());
         item.insert(
             attr::TIME_TO_LIVE.into(),
             AttributeValue::N((at_ms / 1000 + WAKEUP_LIFETIME.as_secs()).to_string()),
         );
-        self.client
+        self.store
+            .client()
             .put_item()
-            .table_name(&self.table)
+            .table_name(&self.store.options().table_name)
             .set_item(Some(item))
             .send()
             .await
@@ -92,22 +79,24 @@ impl WakeUps {
     /// Whether `mine` comes first among the wake-ups of the last [`WAKEUP_WINDOW`] before
     /// it (one strongly consistent query for the first item from there on).
     pub(crate) async fn rank(&self, mine: &Announced) -> Result<Rank> {
+        let keys = self.store.keys();
         let from = mine.at_ms.saturating_sub(WAKEUP_WINDOW.as_millis() as u64);
         let out = self
-            .client
+            .store
+            .client()
             .query()
-            .table_name(&self.table)
+            .table_name(&self.store.options().table_name)
             .key_condition_expression("#pk = :pk AND #sk >= :from")
-            .expression_attribute_names("#pk", &self.keys.pk)
-            .expression_attribute_names("#sk", &self.keys.sk)
-            .expression_attribute_values(":pk", AttributeValue::S(self.keys.wakeup_pk()))
+            .expression_attribute_names("#pk", &keys.pk)
+            .expression_attribute_names("#sk", &keys.sk)
+            .expression_attribute_values(":pk", AttributeValue::S(keys.wakeup_pk()))
             .expression_attribute_values(":from", AttributeValue::S(schema::wakeup_sk(from, "")))
             .consistent_read(true)
             .limit(1)
             .send()
             .await
             .map_err(|e| from_sdk("Query", e))?;
-        let first = out.items().first().map(|item| self.keys.key_of(item).1);
+        let first = out.items().first().map(|item| keys.key_of(item).1);
         Ok(match first {
             Some(sk) if sk < mine.sk.as_str() => {
                 // The item's time, from its first 20 digits; one that does not parse (written

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import http.server
 import json
 import os
 import threading
@@ -77,8 +78,8 @@ def start_relay(args, workdir: str, started: list, table: str, prefix: str,
     return relay, tenv
 
 
-def start_poller(relay: "Emulator | NullFunction", table: str, prefix: str, workdir: str, started: list,
-                 relay_timeout: float, shards: int) -> StreamPoller:
+def start_poller(relay: "Emulator | NullFunction", table: str, prefix: str, workdir: str,
+                 started: list, relay_timeout: float, shards: int) -> StreamPoller:
     """The stream mapping with the template's RelayDoorbell settings, over `shards`
     virtual shards (DynamoDB Local has one)."""
     poller = StreamPoller.templated(workdir, table, relay.invoke_url, prefix, relay_timeout,
@@ -94,8 +95,6 @@ class NullFunction:
     writers share DynamoDB Local with the same stream reader as the Lambda run's."""
 
     def __init__(self) -> None:
-        import http.server
-
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 (the http.server name)
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
